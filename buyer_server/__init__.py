@@ -1,0 +1,1 @@
+"""The buyer server: search, carts, purchases, feedback and history over TCP."""

@@ -1,0 +1,1 @@
+"""The `market` command: interactive buyer and seller shells, `serve` and `health`."""

@@ -1,0 +1,72 @@
+"""`market`: the command people type. Subcommands:
+
+  market serve            both servers in the foreground (SQLite by default)
+  market health HOST:PORT ping a server; exit 0 when it answers
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+from typing import Any
+
+from wire import Connection, ProtocolError
+from wire.config import DEFAULT_DB_URL, env
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the buyer and seller servers until Ctrl-C or SIGTERM."""
+    extra = ["--db-url", args.db_url, "--host", args.host]
+    procs = [subprocess.Popen([sys.executable, "-m", f"{role}_server", *extra,
+                               "--port", str(port)])
+             for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port))]
+
+    def stop(_signum: int, _frame: Any) -> None:
+        for proc in procs:
+            proc.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    codes = [proc.wait() for proc in procs]
+    return max(codes)
+
+
+def health(args: argparse.Namespace) -> int:
+    """Ping a server; print what answered."""
+    host, _, port = args.address.rpartition(":")
+    try:
+        with Connection(host or "127.0.0.1", int(port), timeout=args.timeout) as conn:
+            result = conn.call("ping")
+    except (OSError, ValueError, ProtocolError) as exc:
+        print(f"unhealthy: {args.address}: {exc}", file=sys.stderr)
+        return 1
+    print(f"ok: {result.get('server')} server {result.get('version')} at {args.address}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `market` argument parser."""
+    parser = argparse.ArgumentParser(prog="market", description="The marketplace command.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="run both servers in the foreground")
+    p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+    p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
+    p.add_argument("--buyer-port", type=int, default=int(env("MARKET_BUYER_PORT", 7001)))
+    p.add_argument("--seller-port", type=int, default=int(env("MARKET_SELLER_PORT", 7002)))
+    p.set_defaults(func=serve)
+    p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
+    p.add_argument("address", help="HOST:PORT")
+    p.add_argument("--timeout", type=float, default=3.0)
+    p.set_defaults(func=health)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `market`."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

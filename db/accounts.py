@@ -1,0 +1,171 @@
+"""Accounts and sessions: sign-up, login, logout and the token check of every call.
+
+Tokens are `secrets.token_urlsafe(32)` and only their SHA-256 is stored. A session
+ends at logout, after `idle_s` without a request, or `max_s` after login. The
+last-seen time is written at most every `touch_interval` so that reads stay reads.
+"""
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, and_, delete, insert, literal, select, update
+from sqlalchemy.exc import IntegrityError
+
+from wire.errors import ConflictError, UnauthenticatedError
+
+from .database import Database, now_ms
+from .passwords import hash_password, verify_password
+from .schema import cart_lines, saved_cart_lines, sessions, users
+
+T = TypeVar("T")
+WRONG_CREDENTIALS = "wrong username or password"
+
+
+@dataclass(frozen=True)
+class Session:
+    """The caller of a private op, as its token says."""
+
+    session_id: int
+    user_id: int
+    role: str
+    stale: bool = False  # last-seen time is due to be written
+
+
+@dataclass(frozen=True)
+class SessionPolicy:
+    """How long sessions live."""
+
+    idle_s: int = 300
+    max_s: int = 86400
+
+    @property
+    def touch_interval_ms(self) -> int:
+        """How stale last-seen may get before it is written again."""
+        return int(min(5.0, self.idle_s / 10) * 1000)
+
+
+def token_hash(token: str) -> str:
+    """What is stored for a token."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def create_account(db: Database, role: str, username: str, password: str, name: str) -> dict[str, Any]:
+    """A new buyer or seller account; CONFLICT when the username is taken."""
+    password_hash = hash_password(password)
+    row = {"role": role, "username": username, "name": name, "password_hash": password_hash,
+           "created_ms": now_ms()}
+    try:
+        user_id = db.run(lambda tx: tx.execute(insert(users).values(row)).inserted_primary_key[0])
+    except IntegrityError:
+        raise ConflictError(f"username {username!r} is taken") from None
+    return {"user_id": user_id}
+
+
+def login(db: Database, role: str, policy: SessionPolicy, username: str, password: str) -> dict[str, Any]:
+    """A new session; the same UNAUTHENTICATED message for a wrong username or password."""
+    found = db.run(lambda tx: _find_user(tx, role, username), write=False)
+    if not verify_password(found[1] if found else None, password) or found is None:
+        raise UnauthenticatedError(WRONG_CREDENTIALS)
+    user_id = found[0]
+    token = secrets.token_urlsafe(32)
+    db.run(lambda tx: _open_session(tx, role, user_id, token_hash(token), policy))
+    return {"token": token, "user_id": user_id, "idle_timeout_s": policy.idle_s}
+
+
+def _find_user(tx: Connection, role: str, username: str) -> tuple[int, str] | None:
+    row = tx.execute(select(users.c.user_id, users.c.password_hash)
+                     .where(users.c.role == role, users.c.username == username)).first()
+    return (row.user_id, row.password_hash) if row else None
+
+
+def _open_session(tx: Connection, role: str, user_id: int, hashed: str, policy: SessionPolicy) -> None:
+    now = now_ms()
+    _end_expired_sessions(tx, user_id, policy, now)
+    session_id = tx.execute(insert(sessions).values(
+        token_hash=hashed, user_id=user_id, role=role, created_ms=now, last_seen_ms=now,
+    )).inserted_primary_key[0]
+    if role == "buyer":
+        tx.execute(insert(cart_lines).from_select(
+            ["session_id", "item_id", "quantity"],
+            select(literal(session_id), saved_cart_lines.c.item_id, saved_cart_lines.c.quantity)
+            .where(saved_cart_lines.c.buyer_id == user_id)))
+
+
+def _end_expired_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: int) -> None:
+    expired = select(sessions.c.session_id).where(
+        sessions.c.user_id == user_id,
+        (sessions.c.last_seen_ms < now - (policy.idle_s * 1000 + policy.touch_interval_ms))
+        | (sessions.c.created_ms < now - policy.max_s * 1000))
+    ids = tx.execute(expired).scalars().all()
+    if ids:
+        tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
+        tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
+
+
+def logout(tx: Connection, session: Session) -> dict[str, Any]:
+    """End the session at once; its cart goes with it."""
+    tx.execute(delete(cart_lines).where(cart_lines.c.session_id == session.session_id))
+    tx.execute(delete(sessions).where(sessions.c.session_id == session.session_id))
+    return {}
+
+
+def authenticate(tx: Connection, role: str, token: str, policy: SessionPolicy,
+                 touch: bool) -> Session:
+    """The live session of a token, or UNAUTHENTICATED; writes last-seen if `touch`."""
+    row = tx.execute(select(sessions.c.session_id, sessions.c.user_id, sessions.c.created_ms,
+                            sessions.c.last_seen_ms)
+                     .where(and_(sessions.c.token_hash == token_hash(token),
+                                 sessions.c.role == role))).first()
+    if row is None:
+        raise UnauthenticatedError("unknown or logged-out session; log in again")
+    now = now_ms()
+    idle_ms = now - row.last_seen_ms
+    if idle_ms > policy.idle_s * 1000 + policy.touch_interval_ms or \
+            now - row.created_ms > policy.max_s * 1000:
+        raise UnauthenticatedError("session expired; log in again")
+    stale = idle_ms >= policy.touch_interval_ms
+    session = Session(row.session_id, row.user_id, role, stale and not touch)
+    if stale and touch:
+        touch_session(tx, session)
+    return session
+
+
+def touch_session(tx: Connection, session: Session) -> None:
+    """Record activity on a session."""
+    tx.execute(update(sessions).where(sessions.c.session_id == session.session_id)
+               .values(last_seen_ms=now_ms()))
+
+
+class SessionGate:
+    """Runs a private op: the token check and the op in one transaction."""
+
+    def __init__(self, db: Database, role: str, policy: SessionPolicy) -> None:
+        self.db, self.role, self.policy = db, role, policy
+
+    def run(self, token: str, write: bool, work: Callable[[Connection, Session], T]) -> T:
+        """`work(tx, session)` for the token's live session, else UNAUTHENTICATED."""
+        sessions_seen: list[Session] = []
+
+        def transaction(tx: Connection) -> T:
+            session = authenticate(tx, self.role, token, self.policy, touch=write)
+            sessions_seen.append(session)
+            return work(tx, session)
+
+        result = self.db.run(transaction, write=write)
+        if sessions_seen and sessions_seen[-1].stale:
+            self.db.run(lambda tx: touch_session(tx, sessions_seen[-1]))
+        return result
+
+
+def account_handlers(db: Database, role: str, policy: SessionPolicy, version: str) -> dict[str, Any]:
+    """The ops both servers have: ping, create_account, login, logout."""
+    return {
+        "ping": lambda: {"server": role, "version": version},
+        "create_account": lambda **a: create_account(db, role, **a),
+        "login": lambda **a: login(db, role, policy, **a),
+        "logout": logout,
+    }

@@ -1,0 +1,85 @@
+"""Carts: the session's cart and the buyer's saved cart.
+
+The session's cart starts as a copy of the saved cart (at login, in accounts) and
+is gone at logout; `save_cart` copies it back. Lines are shown with the item's
+current name and price and how many are still on sale.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, delete, insert, literal, select, update
+
+from wire.errors import ConflictError
+from wire.values import format_money
+
+from .accounts import Session
+from .catalog import load_item
+from .schema import cart_lines, items, saved_cart_lines
+
+
+def cart_to_wire(tx: Connection, session: Session) -> dict[str, Any]:
+    """The session's cart as the protocol's cart object."""
+    rows = tx.execute(select(cart_lines.c.item_id, items.c.name, items.c.price_cents,
+                             cart_lines.c.quantity, items.c.quantity.label("available"))
+                      .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
+                      .where(cart_lines.c.session_id == session.session_id)
+                      .order_by(cart_lines.c.item_id)).all()
+    lines = [{"item_id": r.item_id, "name": r.name, "price": format_money(r.price_cents),
+              "quantity": r.quantity, "available": r.available} for r in rows]
+    total = sum(r.price_cents * r.quantity for r in rows)
+    return {"cart": {"items": lines, "total": format_money(total)}}
+
+
+def _in_cart(tx: Connection, session: Session, item_id: int) -> int:
+    return tx.execute(select(cart_lines.c.quantity).where(
+        cart_lines.c.session_id == session.session_id, cart_lines.c.item_id == item_id)).scalar() or 0
+
+
+def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
+    """Add units of an item; CONFLICT when the cart would hold more than is on sale."""
+    available = load_item(tx, item_id).quantity
+    held = _in_cart(tx, session, item_id)
+    if held + quantity > available:
+        raise ConflictError(f"item {item_id}: only {available} left"
+                            + (f", {held} already in your cart" if held else ""))
+    if held:
+        tx.execute(update(cart_lines).where(cart_lines.c.session_id == session.session_id,
+                                            cart_lines.c.item_id == item_id)
+                   .values(quantity=held + quantity))
+    else:
+        tx.execute(insert(cart_lines).values(session_id=session.session_id, item_id=item_id,
+                                             quantity=quantity))
+    return cart_to_wire(tx, session)
+
+
+def remove_from_cart(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
+    """Take units out of the cart; removing all or more removes the line."""
+    held = _in_cart(tx, session, item_id)
+    line = (cart_lines.c.session_id == session.session_id) & (cart_lines.c.item_id == item_id)
+    if held > quantity:
+        tx.execute(update(cart_lines).where(line).values(quantity=held - quantity))
+    elif held:
+        tx.execute(delete(cart_lines).where(line))
+    return cart_to_wire(tx, session)
+
+
+def display_cart(tx: Connection, session: Session) -> dict[str, Any]:
+    """The session's cart."""
+    return cart_to_wire(tx, session)
+
+
+def clear_cart(tx: Connection, session: Session) -> dict[str, Any]:
+    """Empty the session's cart (the saved cart stays)."""
+    tx.execute(delete(cart_lines).where(cart_lines.c.session_id == session.session_id))
+    return {"cart": {"items": [], "total": "0.00"}}
+
+
+def save_cart(tx: Connection, session: Session) -> dict[str, Any]:
+    """Make the session's cart the buyer's saved cart."""
+    tx.execute(delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == session.user_id))
+    tx.execute(insert(saved_cart_lines).from_select(
+        ["buyer_id", "item_id", "quantity"],
+        select(literal(session.user_id), cart_lines.c.item_id,
+               cart_lines.c.quantity).where(cart_lines.c.session_id == session.session_id)))
+    return cart_to_wire(tx, session)

@@ -1,0 +1,155 @@
+"""Items and ratings: listing, pricing, removing, displaying, searching.
+
+Keywords live twice: as the item's JSON list (returned in order, no extra query)
+and as rows of item_keywords (the search index). Search ranks by matching
+keywords, then item_id, and pages with a cursor over exactly that order.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Connection, Row, desc, func, insert, literal, select, update
+
+from wire.errors import ConflictError, ForbiddenError, NotFoundError
+from wire.values import decode_cursor, encode_cursor, format_money
+
+from .accounts import Session
+from .database import now_ms
+from .schema import item_keywords, items, users
+
+ITEM_COLUMNS = (items.c.item_id, items.c.seller_id, items.c.name, items.c.category, items.c.keywords,
+                items.c.item_condition, items.c.price_cents, items.c.quantity, items.c.thumbs_up,
+                items.c.thumbs_down)
+
+
+def item_to_wire(row: Row[Any]) -> dict[str, Any]:
+    """An item row as the protocol's item object."""
+    return {"item_id": row.item_id, "seller_id": row.seller_id, "name": row.name,
+            "category": row.category, "keywords": json.loads(row.keywords),
+            "condition": row.item_condition, "price": format_money(row.price_cents),
+            "quantity": row.quantity, "thumbs_up": row.thumbs_up, "thumbs_down": row.thumbs_down}
+
+
+def split_page(rows: list[Any], limit: int, cursor_of: Any) -> tuple[list[Any], str | None]:
+    """Rows of one page and the cursor of the next (None on the last page)."""
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, cursor_of(rows[-1])
+
+
+def put_item(tx: Connection, session: Session, name: str, category: int, keywords: list[str],
+             condition: str, price: int, quantity: int) -> dict[str, Any]:
+    """List a new item for sale."""
+    item_id = tx.execute(insert(items).values(
+        seller_id=session.user_id, name=name, category=category, keywords=json.dumps(keywords),
+        item_condition=condition, price_cents=price, quantity=quantity, listed=quantity,
+        created_ms=now_ms())).inserted_primary_key[0]
+    if keywords:
+        tx.execute(insert(item_keywords),
+                   [{"keyword": k, "item_id": item_id, "category": category} for k in keywords])
+    return {"item_id": item_id}
+
+
+def load_item(tx: Connection, item_id: int) -> Row[Any]:
+    """One item row, or NOT_FOUND."""
+    row = tx.execute(select(*ITEM_COLUMNS).where(items.c.item_id == item_id)).first()
+    if row is None:
+        raise NotFoundError(f"no item {item_id}")
+    return row
+
+
+def _own_item(tx: Connection, session: Session, item_id: int) -> Row[Any]:
+    row = load_item(tx, item_id)
+    if row.seller_id != session.user_id:
+        raise ForbiddenError(f"item {item_id} belongs to another seller")
+    return row
+
+
+def change_price(tx: Connection, session: Session, item_id: int, price: int) -> dict[str, Any]:
+    """Set a new price on one of the seller's items."""
+    _own_item(tx, session, item_id)
+    tx.execute(update(items).where(items.c.item_id == item_id).values(price_cents=price))
+    return item_to_wire(load_item(tx, item_id))
+
+
+def remove_item(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
+    """Take units of one of the seller's items off sale."""
+    _own_item(tx, session, item_id)
+    taken = tx.execute(update(items)
+                       .where(items.c.item_id == item_id, items.c.quantity >= quantity)
+                       .values(quantity=items.c.quantity - quantity,
+                               removed=items.c.removed + quantity)).rowcount
+    if taken != 1:
+        left = load_item(tx, item_id).quantity
+        raise ConflictError(f"item {item_id}: only {left} on sale, cannot remove {quantity}")
+    return item_to_wire(load_item(tx, item_id))
+
+
+def display_items(tx: Connection, session: Session, limit: int, cursor: str | None) -> dict[str, Any]:
+    """The seller's items still on sale, by item_id."""
+    after = decode_cursor(cursor, 1)[0] if cursor else 0
+    rows = tx.execute(select(*ITEM_COLUMNS)
+                      .where(items.c.seller_id == session.user_id, items.c.item_id > after,
+                             items.c.quantity > 0)
+                      .order_by(items.c.item_id).limit(limit + 1)).all()
+    rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.item_id))
+    return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
+
+
+def get_item(tx: Connection, session: Session, item_id: int) -> dict[str, Any]:
+    """One item, also when sold out."""
+    return item_to_wire(load_item(tx, item_id))
+
+
+def search_items(tx: Connection, session: Session, category: int | None, keywords: list[str],
+                 limit: int, cursor: str | None) -> dict[str, Any]:
+    """Items on sale, by category and/or keywords, best match first."""
+    if keywords:
+        return _search_by_keywords(tx, category, keywords, limit, cursor)
+    after = decode_cursor(cursor, 1)[0] if cursor else 0
+    query = select(*ITEM_COLUMNS).where(items.c.quantity > 0, items.c.item_id > after)
+    if category is not None:
+        query = query.where(items.c.category == category)
+    rows = tx.execute(query.order_by(items.c.item_id).limit(limit + 1)).all()
+    rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.item_id))
+    return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
+
+
+def _search_by_keywords(tx: Connection, category: int | None, keywords: list[str], limit: int,
+                        cursor: str | None) -> dict[str, Any]:
+    matches = func.count().label("matches")
+    ranked = (select(item_keywords.c.item_id, matches)
+              .where(item_keywords.c.keyword.in_(keywords))
+              .group_by(item_keywords.c.item_id))
+    if category is not None:
+        ranked = ranked.where(item_keywords.c.category == category)
+    ranked_sq = ranked.subquery()
+    query = (select(*ITEM_COLUMNS, ranked_sq.c.matches)
+             .join_from(ranked_sq, items, items.c.item_id == ranked_sq.c.item_id)
+             .where(items.c.quantity > 0))
+    if cursor:
+        last_matches, last_id = decode_cursor(cursor, 2)
+        query = query.where((ranked_sq.c.matches < last_matches)
+                            | ((ranked_sq.c.matches == literal(last_matches))
+                               & (items.c.item_id > last_id)))
+    rows = tx.execute(query.order_by(desc(ranked_sq.c.matches), items.c.item_id)
+                      .limit(limit + 1)).all()
+    rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.matches, r.item_id))
+    return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
+
+
+def seller_rating(tx: Connection, seller_id: int) -> dict[str, Any]:
+    """A seller's votes and units sold, or NOT_FOUND."""
+    row = tx.execute(select(users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold)
+                     .where(users.c.user_id == seller_id, users.c.role == "seller")).first()
+    if row is None:
+        raise NotFoundError(f"no seller {seller_id}")
+    return {"seller_id": seller_id, "thumbs_up": row.thumbs_up, "thumbs_down": row.thumbs_down,
+            "items_sold": row.items_sold}
+
+
+def get_seller_rating(tx: Connection, session: Session, seller_id: int | None = None) -> dict[str, Any]:
+    """The rating of the given seller, or of the calling seller."""
+    return seller_rating(tx, seller_id if seller_id is not None else session.user_id)

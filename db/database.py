@@ -1,0 +1,110 @@
+"""Running transactions: retries on deadlocks and lock timeouts, and database
+errors turned into the protocol's UNAVAILABLE / BUSY in one place.
+
+A transaction is a plain function of a SQLAlchemy Connection; `Database.run` calls
+it inside BEGIN ... COMMIT and calls it again (a bounded number of times) when the
+database asks for a retry, so the function must do all its work through `tx`.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy import Connection, insert, select
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+from wire.errors import BusyError, UnavailableError
+
+from .engine import WRITE_OPTION, is_sqlite, make_engine
+from .schema import SCHEMA_VERSION, metadata, schema_info
+
+T = TypeVar("T")
+log = logging.getLogger("market.db")
+MAX_ATTEMPTS = 8
+_RETRY_ERRNOS = {1205, 1213}  # lock wait timeout, deadlock (Galera certification failures too)
+_UNAVAILABLE_ERRNOS = {1040, 1053, 2002, 2003, 2005, 2006, 2013, 2055}
+
+
+class RetryTransaction(Exception):
+    """Raised inside a transaction to roll it back and run it again."""
+
+
+def now_ms() -> int:
+    """Current time as integer epoch milliseconds."""
+    return int(time.time() * 1000)
+
+
+class Database:
+    """An engine plus the transaction runner every data function goes through."""
+
+    def __init__(self, url: str, pool_size: int = 16) -> None:
+        self.url = url
+        self.engine = make_engine(url, pool_size)
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    def run(self, work: Callable[[Connection], T], *, write: bool = True) -> T:
+        """Run `work(tx)` in one transaction, retrying what the database says to retry."""
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                return self._run_once(work, write)
+            except RetryTransaction:
+                pass
+            except IntegrityError:
+                raise
+            except PoolTimeoutError:
+                raise BusyError("every database connection is in use; try again") from None
+            except DBAPIError as exc:
+                if _is_unavailable(exc):
+                    log.warning("database unavailable: %s", exc.orig)
+                    raise UnavailableError("the database cannot be reached; nothing was changed") from None
+                if not _is_retryable(exc):
+                    raise
+            time.sleep(random.uniform(0, 0.002 * 2**attempt))
+        raise BusyError("the database is too busy to finish this; nothing was changed")
+
+    def _run_once(self, work: Callable[[Connection], T], write: bool) -> T:
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(**{WRITE_OPTION: write})
+            with conn.begin():
+                return work(conn)
+
+    def create_schema(self) -> None:
+        """Create missing tables; safe when several servers start at once."""
+        for attempt in range(5):
+            try:
+                with self.engine.begin() as conn:
+                    metadata.create_all(conn, checkfirst=True)
+                    if conn.execute(select(schema_info.c.version)).first() is None:
+                        conn.execute(insert(schema_info).values(version=SCHEMA_VERSION))
+                return
+            except (OperationalError, IntegrityError, DBAPIError):
+                if attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))  # another process is creating it right now
+
+    @property
+    def is_sqlite(self) -> bool:
+        """True for the embedded SQLite database."""
+        return is_sqlite(self.engine)
+
+
+def _errno(exc: DBAPIError) -> int | None:
+    return getattr(exc.orig, "errno", None)
+
+
+def _is_retryable(exc: DBAPIError) -> bool:
+    if _errno(exc) in _RETRY_ERRNOS:
+        return True
+    message = str(exc.orig).lower()
+    return "database is locked" in message or "deadlock" in message
+
+
+def _is_unavailable(exc: DBAPIError) -> bool:
+    return exc.connection_invalidated or _errno(exc) in _UNAVAILABLE_ERRNOS

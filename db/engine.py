@@ -1,0 +1,65 @@
+"""The engine factory: the one place where SQLite and MySQL/MariaDB differ.
+
+SQLite: WAL, a busy timeout, and transactions begun by us so that writers take the
+write lock up front (BEGIN IMMEDIATE) instead of failing to upgrade half-way.
+MySQL/MariaDB: mysql-connector-python's C extension, utf8mb4 with binary collation
+(text comes back exactly as sent), READ COMMITTED, a pool the size of the worker
+pool, pre-ping and recycling so a restarted database is survived.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+WRITE_OPTION = "market_write"  # execution option: this transaction writes
+_MYSQL_DRIVER = "mysql+mysqlconnector"
+
+
+def make_engine(url: str, pool_size: int = 16) -> Engine:
+    """A pooled engine for an SQLAlchemy URL (mysql:// means mysql-connector)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, pool_size)
+    if parsed.get_backend_name() in ("mysql", "mariadb"):
+        return _mysql_engine(parsed.set(drivername=_MYSQL_DRIVER), pool_size)
+    raise ValueError(f"unsupported database URL {parsed.render_as_string(hide_password=True)}; "
+                     "use sqlite:///FILE or mysql://USER:PASS@HOST:PORT/DB")
+
+
+def is_sqlite(engine: Engine) -> bool:
+    """True for the embedded SQLite database."""
+    return engine.dialect.name == "sqlite"
+
+
+def _sqlite_engine(url: str, pool_size: int) -> Engine:
+    engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_timeout=30,
+                           connect_args={"timeout": 30, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves, below
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        writes = conn.get_execution_options().get(WRITE_OPTION, True)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
+
+    return engine
+
+
+def _mysql_engine(url: Any, pool_size: int) -> Engine:
+    return create_engine(
+        url,
+        pool_size=pool_size, max_overflow=0, pool_timeout=10,
+        pool_pre_ping=True, pool_recycle=1800,
+        isolation_level="READ COMMITTED",
+        connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin", "use_pure": False,
+                      "connection_timeout": 5, "autocommit": False},
+    )

@@ -1,0 +1,153 @@
+"""Purchases, purchase history and feedback.
+
+A purchase is one transaction: stock is taken with conditional updates in item_id
+order (so concurrent purchases lock in the same order), the order and its lines are
+written, sellers' `items_sold` grow, the card is charged, and the carts are emptied;
+any failure rolls all of it back. An idempotency key is a unique constraint: a
+second purchase with the same key waits for the first, then replays its answer.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, Row, and_, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from wire.errors import ConflictError, ForbiddenError
+from wire.values import decode_cursor, encode_cursor, format_money, format_time
+
+from .accounts import Session
+from .catalog import load_item, split_page
+from .database import RetryTransaction, now_ms
+from .schema import cart_lines, feedback, items, order_lines, orders, saved_cart_lines, users
+
+# charge(amount_cents, card_name, card_number, card_expiry, idempotency_key); raises on refusal.
+Charge = Callable[[int, str, str, str, str | None], None]
+
+
+def make_purchase(tx: Connection, session: Session, card_name: str, card_number: str,
+                  card_expiry: str, idempotency_key: str | None, *, charge: Charge) -> dict[str, Any]:
+    """Buy the whole cart or nothing."""
+    if idempotency_key is not None:
+        done = _order_by_key(tx, session.user_id, idempotency_key)
+        if done is not None:
+            return done
+    cart = tx.execute(select(cart_lines.c.item_id, cart_lines.c.quantity)
+                      .where(cart_lines.c.session_id == session.session_id)
+                      .order_by(cart_lines.c.item_id)).all()
+    if not cart:
+        raise ConflictError("your cart is empty")
+    order_id = _insert_order(tx, session.user_id, idempotency_key)
+    for line in cart:
+        _take_stock(tx, line.item_id, line.quantity)
+    lines = _write_lines(tx, session.user_id, order_id, dict(cart))
+    total = sum(line["cents"] * line["quantity"] for line in lines)
+    tx.execute(update(orders).where(orders.c.order_id == order_id).values(total_cents=total))
+    charge(total, card_name, card_number, card_expiry, idempotency_key)
+    tx.execute(delete(cart_lines).where(cart_lines.c.session_id == session.session_id))
+    tx.execute(delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == session.user_id))
+    return _receipt(order_id, total, lines)
+
+
+def _insert_order(tx: Connection, buyer_id: int, key: str | None) -> int:
+    try:
+        return int(tx.execute(insert(orders).values(
+            buyer_id=buyer_id, total_cents=0, idempotency_key=key, created_ms=now_ms(),
+        )).inserted_primary_key[0])
+    except IntegrityError:
+        raise RetryTransaction from None  # the same key has just committed: replay it
+
+
+def _take_stock(tx: Connection, item_id: int, quantity: int) -> None:
+    taken = tx.execute(update(items)
+                       .where(items.c.item_id == item_id, items.c.quantity >= quantity)
+                       .values(quantity=items.c.quantity - quantity, sold=items.c.sold + quantity))
+    if taken.rowcount != 1:
+        left = load_item(tx, item_id).quantity
+        raise ConflictError(f"item {item_id}: only {left} left")
+
+
+def _write_lines(tx: Connection, buyer_id: int, order_id: int,
+                 quantities: dict[int, int]) -> list[dict[str, Any]]:
+    rows = tx.execute(select(items.c.item_id, items.c.seller_id, items.c.name, items.c.price_cents)
+                      .where(items.c.item_id.in_(quantities)).order_by(items.c.item_id)).all()
+    lines = [{"item_id": r.item_id, "name": r.name, "quantity": quantities[r.item_id],
+              "cents": r.price_cents, "seller_id": r.seller_id} for r in rows]
+    tx.execute(insert(order_lines), [
+        {"order_id": order_id, "item_id": ln["item_id"], "buyer_id": buyer_id,
+         "seller_id": ln["seller_id"], "name": ln["name"], "quantity": ln["quantity"],
+         "price_cents": ln["cents"]} for ln in lines])
+    sold: Counter[int] = Counter()
+    for ln in lines:
+        sold[ln["seller_id"]] += ln["quantity"]
+    for seller_id in sorted(sold):
+        tx.execute(update(users).where(users.c.user_id == seller_id)
+                   .values(items_sold=users.c.items_sold + sold[seller_id]))
+    return lines
+
+
+def _receipt(order_id: int, total: int, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"order_id": order_id, "total": format_money(total),
+            "lines": [{"item_id": ln["item_id"], "name": ln["name"], "quantity": ln["quantity"],
+                       "price": format_money(ln["cents"])} for ln in lines]}
+
+
+def _order_by_key(tx: Connection, buyer_id: int, key: str) -> dict[str, Any] | None:
+    order = tx.execute(select(orders.c.order_id, orders.c.total_cents)
+                       .where(orders.c.buyer_id == buyer_id, orders.c.idempotency_key == key)).first()
+    if order is None:
+        return None
+    rows = tx.execute(select(order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
+                             order_lines.c.price_cents.label("cents"))
+                      .where(order_lines.c.order_id == order.order_id)
+                      .order_by(order_lines.c.item_id)).all()
+    return _receipt(order.order_id, order.total_cents, [dict(r._mapping) for r in rows])
+
+
+def provide_feedback(tx: Connection, session: Session, item_id: int, vote: str) -> dict[str, Any]:
+    """One vote per item bought, counted for the item and its seller."""
+    item = load_item(tx, item_id)
+    bought = tx.execute(select(order_lines.c.order_id).where(
+        order_lines.c.buyer_id == session.user_id, order_lines.c.item_id == item_id).limit(1)).first()
+    if bought is None:
+        raise ForbiddenError(f"you have not bought item {item_id}")
+    try:
+        tx.execute(insert(feedback).values(buyer_id=session.user_id, item_id=item_id, vote=vote,
+                                           created_ms=now_ms()))
+    except IntegrityError:
+        raise ConflictError(f"you have already rated item {item_id}") from None
+    column = "thumbs_up" if vote == "up" else "thumbs_down"
+    tx.execute(update(items).where(items.c.item_id == item_id)
+               .values({column: items.c[column] + 1}))
+    tx.execute(update(users).where(users.c.user_id == item.seller_id)
+               .values({column: users.c[column] + 1}))
+    return {}
+
+
+def get_purchase_history(tx: Connection, session: Session, limit: int,
+                         cursor: str | None) -> dict[str, Any]:
+    """The buyer's purchased lines, newest order first."""
+    query = (select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.name,
+                    order_lines.c.quantity, order_lines.c.price_cents, orders.c.created_ms,
+                    feedback.c.vote)
+             .join_from(order_lines, orders, orders.c.order_id == order_lines.c.order_id)
+             .outerjoin(feedback, and_(feedback.c.buyer_id == order_lines.c.buyer_id,
+                                       feedback.c.item_id == order_lines.c.item_id))
+             .where(order_lines.c.buyer_id == session.user_id))
+    if cursor:
+        last_order, last_item = decode_cursor(cursor, 2)
+        query = query.where((order_lines.c.order_id < last_order)
+                            | ((order_lines.c.order_id == last_order)
+                               & (order_lines.c.item_id > last_item)))
+    rows = tx.execute(query.order_by(order_lines.c.order_id.desc(), order_lines.c.item_id)
+                      .limit(limit + 1)).all()
+    rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.order_id, r.item_id))
+    return {"purchases": [_history_line(r) for r in rows], "next_cursor": next_cursor}
+
+
+def _history_line(row: Row[Any]) -> dict[str, Any]:
+    return {"order_id": row.order_id, "item_id": row.item_id, "name": row.name,
+            "quantity": row.quantity, "price": format_money(row.price_cents),
+            "purchased_at": format_time(row.created_ms / 1000), "feedback": row.vote}

@@ -1,0 +1,151 @@
+"""The marketplace's tables: one MetaData, SQLAlchemy Core.
+
+Money is integer cents, times are integer epoch milliseconds, and every id is
+chosen by the database. Uniqueness rules the protocol relies on (one account per
+role and username, one vote per buyer and item, one order per idempotency key)
+are constraints here, never read-then-write checks in Python.
+"""
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+SCHEMA_VERSION = 1
+metadata = MetaData()
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+# Usernames compare case-sensitively on every database (SQLite does by default).
+Username = String(32).with_variant(String(32, collation="utf8mb4_bin"), "mysql", "mariadb")
+_MYSQL = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+
+
+def _counter(name: str) -> Column[int]:
+    return Column(name, BigInteger, nullable=False, default=0, server_default="0")
+
+
+schema_info = Table(
+    "schema_info", metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    **_MYSQL,
+)
+
+users = Table(
+    "users", metadata,
+    Column("user_id", Id, primary_key=True, autoincrement=True),
+    Column("role", String(6), nullable=False),
+    Column("username", Username, nullable=False),
+    Column("name", String(32), nullable=False),
+    Column("password_hash", String(200), nullable=False),
+    _counter("thumbs_up"), _counter("thumbs_down"), _counter("items_sold"),
+    Column("created_ms", BigInteger, nullable=False),
+    UniqueConstraint("role", "username", name="uq_users_role_username"),
+    **_MYSQL,
+)
+
+sessions = Table(
+    "sessions", metadata,
+    Column("session_id", Id, primary_key=True, autoincrement=True),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("user_id", BigInteger, ForeignKey("users.user_id"), nullable=False, index=True),
+    Column("role", String(6), nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("last_seen_ms", BigInteger, nullable=False),
+    **_MYSQL,
+)
+
+items = Table(
+    "items", metadata,
+    Column("item_id", Id, primary_key=True, autoincrement=True),
+    Column("seller_id", BigInteger, ForeignKey("users.user_id"), nullable=False),
+    Column("name", String(32), nullable=False),
+    Column("category", SmallInteger, nullable=False),
+    Column("keywords", Text, nullable=False),  # JSON list, as given (lower-cased)
+    Column("item_condition", String(4), nullable=False),
+    Column("price_cents", BigInteger, nullable=False),
+    Column("quantity", BigInteger, nullable=False),  # on sale now
+    _counter("listed"), _counter("sold"), _counter("removed"),  # listed = quantity + sold + removed
+    _counter("thumbs_up"), _counter("thumbs_down"),
+    Column("created_ms", BigInteger, nullable=False),
+    Index("ix_items_seller", "seller_id", "item_id"),
+    Index("ix_items_category", "category", "item_id"),
+    **_MYSQL,
+)
+
+item_keywords = Table(
+    "item_keywords", metadata,
+    Column("keyword", String(8), nullable=False),
+    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
+    Column("category", SmallInteger, nullable=False),  # an item's category never changes
+    PrimaryKeyConstraint("keyword", "item_id"),
+    Index("ix_item_keywords_category", "keyword", "category", "item_id"),
+    **_MYSQL,
+)
+
+cart_lines = Table(
+    "cart_lines", metadata,
+    Column("session_id", BigInteger, ForeignKey("sessions.session_id"), nullable=False),
+    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
+    Column("quantity", BigInteger, nullable=False),
+    PrimaryKeyConstraint("session_id", "item_id"),
+    **_MYSQL,
+)
+
+saved_cart_lines = Table(
+    "saved_cart_lines", metadata,
+    Column("buyer_id", BigInteger, ForeignKey("users.user_id"), nullable=False),
+    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
+    Column("quantity", BigInteger, nullable=False),
+    PrimaryKeyConstraint("buyer_id", "item_id"),
+    **_MYSQL,
+)
+
+orders = Table(
+    "orders", metadata,
+    Column("order_id", Id, primary_key=True, autoincrement=True),
+    Column("buyer_id", BigInteger, ForeignKey("users.user_id"), nullable=False),
+    Column("total_cents", BigInteger, nullable=False),
+    Column("idempotency_key", String(128), nullable=True),
+    Column("created_ms", BigInteger, nullable=False),
+    UniqueConstraint("buyer_id", "idempotency_key", name="uq_orders_idempotency"),
+    Index("ix_orders_buyer", "buyer_id", "order_id"),
+    **_MYSQL,
+)
+
+order_lines = Table(
+    "order_lines", metadata,
+    Column("order_id", BigInteger, ForeignKey("orders.order_id"), nullable=False),
+    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
+    Column("buyer_id", BigInteger, nullable=False),
+    Column("seller_id", BigInteger, nullable=False),
+    Column("name", String(32), nullable=False),
+    Column("quantity", BigInteger, nullable=False),
+    Column("price_cents", BigInteger, nullable=False),
+    PrimaryKeyConstraint("order_id", "item_id"),
+    Index("ix_order_lines_buyer_item", "buyer_id", "item_id"),
+    Index("ix_order_lines_buyer_order", "buyer_id", "order_id"),
+    Index("ix_order_lines_seller", "seller_id"),
+    **_MYSQL,
+)
+
+feedback = Table(
+    "feedback", metadata,
+    Column("buyer_id", BigInteger, ForeignKey("users.user_id"), nullable=False),
+    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
+    Column("vote", String(4), nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+    PrimaryKeyConstraint("buyer_id", "item_id"),
+    **_MYSQL,
+)

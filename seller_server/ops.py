@@ -1,0 +1,21 @@
+"""The seller server: a table of op name -> handler (the db transaction functions)."""
+from __future__ import annotations
+
+from db import Database, accounts, catalog
+from wire import SELLER_OPS, __version__
+from wire.app import App
+from wire.config import Settings
+
+
+def build_app(settings: Settings, db: Database) -> App:
+    """The seller server's App over a database."""
+    policy = accounts.SessionPolicy(settings.session_idle_s, settings.session_max_s)
+    handlers = {
+        **accounts.account_handlers(db, "seller", policy, __version__),
+        "get_seller_rating": catalog.get_seller_rating,
+        "put_item": catalog.put_item,
+        "change_price": catalog.change_price,
+        "remove_item": catalog.remove_item,
+        "display_items": catalog.display_items,
+    }
+    return App(SELLER_OPS, handlers, accounts.SessionGate(db, "seller", policy))

@@ -1,0 +1,141 @@
+"""Fixtures: real databases (a fresh SQLite file, a fresh MariaDB database) and real
+servers on port 0, in-process, with connections to them.
+
+MariaDB tests skip with a reason when no server answers, unless CI=true, where an
+unreachable MariaDB fails the run. Set MARKET_TEST_MYSQL_URL to use another server.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from buyer_server.ops import build_app as build_buyer_app
+from db import Database
+from seller_server.ops import build_app as build_seller_app
+from wire import Connection
+from wire.config import Settings
+from wire.server import Server, ServerLimits
+
+MYSQL_ADMIN_URL = os.environ.get("MARKET_TEST_MYSQL_URL", "mysql+mysqlconnector://root@127.0.0.1:3306/test")
+PASSWORD = "correct horse"
+CARD = {"card_name": "A Buyer", "card_number": "4111111111111111", "card_expiry": "12/39"}
+_names = itertools.count(1)
+
+
+def unique_name(prefix: str = "user") -> str:
+    """A username no other test uses."""
+    return f"{prefix}{next(_names)}_{secrets.token_hex(3)}"
+
+
+def _mysql_reachable() -> str | None:
+    url = create_engine(MYSQL_ADMIN_URL).url
+    try:
+        with socket.create_connection((url.host or "127.0.0.1", url.port or 3306), timeout=2):
+            return None
+    except OSError as exc:
+        return f"no MariaDB/MySQL server answers at {url.host}:{url.port or 3306} ({exc})"
+
+
+@pytest.fixture(scope="session")
+def mysql_server() -> str:
+    """The admin URL of a reachable MariaDB; skip (or fail under CI=true) otherwise."""
+    problem = _mysql_reachable()
+    if problem:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true requires MariaDB: {problem}")
+        pytest.skip(problem)
+    return MYSQL_ADMIN_URL
+
+
+def fresh_mysql_database(admin_url: str) -> Iterator[str]:
+    """Create a database of its own for one test; drop it afterwards."""
+    name = f"market_test_{os.getpid()}_{secrets.token_hex(4)}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"))
+    try:
+        yield admin.url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "mariadb"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
+    """A fresh, empty database of each kind."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'market.db'}"
+    else:
+        yield from fresh_mysql_database(request.getfixturevalue("mysql_server"))
+
+
+@pytest.fixture
+def database(db_url: str) -> Iterator[Database]:
+    """The data layer over a fresh database, schema created."""
+    db = Database(db_url, pool_size=8)
+    db.create_schema()
+    yield db
+    db.close()
+
+
+@dataclass
+class Market:
+    """Both servers running in this process over one database."""
+
+    db: Database
+    buyer_server: Server
+    seller_server: Server
+    connections: list[Connection] = field(default_factory=list)
+
+    def connect(self, role: str) -> Connection:
+        """A new connection to the buyer or seller server."""
+        server = self.buyer_server if role == "buyer" else self.seller_server
+        conn = Connection(*server.address, timeout=30)
+        self.connections.append(conn)
+        return conn
+
+    def user(self, role: str, name: str | None = None) -> Connection:
+        """A connection logged in as a new account of that role."""
+        conn = self.connect(role)
+        username = name or unique_name(role)
+        conn.user_id = conn.call("create_account",  # type: ignore[attr-defined]
+                                 {"username": username, "password": PASSWORD, "name": username})["user_id"]
+        conn.token = conn.call("login", {"username": username, "password": PASSWORD})["token"]
+        return conn
+
+    def item(self, seller: Connection, **overrides: Any) -> int:
+        """List an item (defaults for every field) and return its id."""
+        args = {"name": "Lamp", "category": 2, "keywords": ["desk", "light"], "condition": "used",
+                "price": "12.50", "quantity": 5, **overrides}
+        return int(seller.call("put_item", args)["item_id"])
+
+
+def start_market(db: Database, settings: Settings | None = None,
+                 limits: ServerLimits = ServerLimits(threads=8), **app_kwargs: Any) -> Market:
+    """Start both servers on port 0 over a database."""
+    buyer = Server(build_buyer_app(settings or Settings(role="buyer"), db, **app_kwargs),
+                   limits=limits)
+    seller = Server(build_seller_app(settings or Settings(role="seller"), db), limits=limits)
+    buyer.start()
+    seller.start()
+    return Market(db, buyer, seller)
+
+
+@pytest.fixture
+def market(database: Database) -> Iterator[Market]:
+    """Buyer and seller servers on a fresh database (each kind)."""
+    m = start_market(database)
+    yield m
+    for conn in m.connections:
+        conn.close()
+    m.buyer_server.shutdown()
+    m.seller_server.shutdown()

@@ -1,0 +1,51 @@
+"""Dispatch of one request: op lookup, token check, argument check, handler.
+
+Checks run in the order PROTOCOL.md fixes: UNKNOWN_OP, then UNAUTHENTICATED, then
+BAD_REQUEST, then the op's own errors. A private op runs inside the transaction
+that checked its token (the gate), so a call costs one transaction.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .envelope import ok_response, parse_request
+from .errors import UnauthenticatedError, UnknownOpError
+from .ops import OpSpec
+
+Handler = Callable[..., dict[str, Any]]
+
+
+class Gate(Protocol):
+    """Runs work(tx, session) for a token's live session, or raises UNAUTHENTICATED."""
+
+    def run(self, token: str, write: bool, work: Callable[[Any, Any], Any]) -> Any: ...
+
+
+class App:
+    """A server's ops: specs from wire.ops paired with handlers.
+
+    Public handlers are called as handler(**args); private ones as
+    handler(tx, session, **args) inside the gate's transaction.
+    """
+
+    def __init__(self, specs: dict[str, OpSpec], handlers: dict[str, Handler], gate: Gate) -> None:
+        missing = set(specs) ^ set(handlers)
+        if missing:
+            raise ValueError(f"ops without a spec or a handler: {sorted(missing)}")
+        self.specs, self.handlers, self.gate = specs, handlers, gate
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The response to one request message (errors are raised, not returned)."""
+        request = parse_request(message)
+        spec = self.specs.get(request.op)
+        if spec is None:
+            raise UnknownOpError(f"no op {request.op!r} on this server")
+        handler = self.handlers[request.op]
+        if spec.public:
+            return ok_response(request.id, handler(**spec.validate(request.args)))
+        if not request.token:
+            raise UnauthenticatedError(f"{request.op} needs a token; log in first")
+        result = self.gate.run(request.token, spec.writes,
+                               lambda tx, session: handler(tx, session, **spec.validate(request.args)))
+        return ok_response(request.id, result)

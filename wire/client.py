@@ -1,0 +1,112 @@
+"""A blocking client connection: request in, result out, error codes as exceptions.
+
+It reconnects by itself at the next call after the server went away. A call that
+fails in flight is repeated once only when repeating is safe: a read-only op, or a
+request that carries an idempotency key. Anything else raises ConnectionLostError.
+"""
+from __future__ import annotations
+
+import select
+import socket
+from typing import Any
+
+from .envelope import make_request
+from .errors import error_from_wire
+from .framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+from .ops import READ_ONLY_OPS
+
+
+class ConnectionLostError(OSError):
+    """The connection broke while a request that is unsafe to repeat was in flight."""
+
+
+class Connection:
+    """One persistent connection to a buyer or seller server."""
+
+    def __init__(self, host: str, port: int, *, timeout: float = 30.0,
+                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.host, self.port, self.timeout, self.max_frame = host, port, timeout, max_frame
+        self.token: str | None = None
+        self.reconnects = 0
+        self._sock: socket.socket | None = None
+        self._decoder = FrameDecoder(max_frame)
+        self._next_id = 0
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connect(self) -> None:
+        """Open the socket if it is not open (or if the server has closed it since)."""
+        if self._sock is not None and _closed_by_peer(self._sock):
+            self.close()
+            self.reconnects += 1
+        if self._sock is None:
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock, self._decoder = sock, FrameDecoder(self.max_frame)
+
+    def close(self) -> None:
+        """Close the socket; the next call opens a new one."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def call(self, op: str, args: dict[str, Any] | None = None, *,
+             token: str | None = None) -> dict[str, Any]:
+        """Send one request and return its result, raising the error code's exception."""
+        self._next_id += 1
+        message = make_request(op, args, token or self.token, self._next_id)
+        response = self._round_trip(message, _safe_to_repeat(op, args))
+        if response.get("ok"):
+            return dict(response.get("result") or {})
+        raise error_from_wire(response.get("error"))
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Send one raw message (for pipelining and tests)."""
+        self.connect()
+        assert self._sock is not None
+        self._sock.sendall(encode_frame(message))
+
+    def receive(self) -> dict[str, Any]:
+        """Read one raw response message."""
+        assert self._sock is not None
+        while (message := self._decoder.next_message()) is None:
+            data = self._sock.recv(65536)
+            if not data:
+                raise ConnectionResetError("the server closed the connection")
+            self._decoder.feed(data)
+        return message
+
+    def _round_trip(self, message: dict[str, Any], repeatable: bool) -> dict[str, Any]:
+        self.connect()
+        try:
+            self.send(message)
+            return self.receive()
+        except OSError as exc:
+            self.close()
+            if not repeatable:
+                raise ConnectionLostError(
+                    f"connection lost during {message['op']}; it may or may not have been applied"
+                ) from exc
+        self.reconnects += 1
+        self.send(message)
+        return self.receive()
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """True when the server has hung up (an idle timeout or a restart) since the last call."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(0):
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _safe_to_repeat(op: str, args: dict[str, Any] | None) -> bool:
+    return op in READ_ONLY_OPS or bool(args and args.get("idempotency_key"))

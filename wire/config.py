@@ -1,0 +1,69 @@
+"""Settings of servers, client and simulator, read in one place.
+
+Precedence: command-line flag, then the environment, then a `.env` file in the
+working folder (python-dotenv), then the default. Every name is listed, with its
+default and a comment, in `.env.example`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from dotenv import load_dotenv
+
+DEFAULT_DB_URL = "sqlite:///market.db"
+DEFAULT_PORTS = {"buyer": 7001, "seller": 7002}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a server process is configured with."""
+
+    role: str
+    host: str = "127.0.0.1"
+    port: int = 7001
+    db_url: str = DEFAULT_DB_URL
+    max_frame: int = 1 << 20
+    max_connections: int = 1000
+    idle_timeout_s: float = 300.0
+    frame_deadline_s: float = 10.0
+    threads: int = 16
+    session_idle_s: int = 300
+    session_max_s: int = 86400
+    payment_decline_rate: float = 0.0
+    log_level: str = "INFO"
+
+
+def env(name: str, default: Any = None) -> Any:
+    """A MARKET_* setting from the environment or `.env`, else the default."""
+    load_dotenv(override=False)
+    return os.environ.get(name, default)
+
+
+def server_settings(role: str, argv: list[str] | None = None) -> Settings:
+    """Settings for the buyer or seller server from flags, environment and `.env`."""
+    parser = argparse.ArgumentParser(prog=f"python -m {role}_server",
+                                     description=f"Run the marketplace {role} server.")
+    parser.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int,
+                        default=int(env(f"MARKET_{role.upper()}_PORT", DEFAULT_PORTS[role])),
+                        help="0 picks a free port")
+    parser.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL),
+                        help="SQLAlchemy URL (default: an SQLite file market.db here)")
+    parser.add_argument("--threads", type=int, default=int(env("MARKET_THREADS", 16)),
+                        help="worker threads (and database connections) per process")
+    parser.add_argument("--log-level", default=env("MARKET_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    return Settings(
+        role=role, host=args.host, port=args.port, db_url=args.db_url, threads=args.threads,
+        max_frame=int(env("MARKET_MAX_FRAME", 1 << 20)),
+        max_connections=int(env("MARKET_MAX_CONNECTIONS", 1000)),
+        idle_timeout_s=float(env("MARKET_IDLE_TIMEOUT_S", 300)),
+        frame_deadline_s=float(env("MARKET_FRAME_DEADLINE_S", 10)),
+        session_idle_s=int(env("MARKET_SESSION_IDLE_S", 300)),
+        session_max_s=int(env("MARKET_SESSION_MAX_S", 86400)),
+        payment_decline_rate=float(env("MARKET_PAYMENT_DECLINE_RATE", 0)),
+        log_level=args.log_level,
+    )

@@ -1,0 +1,111 @@
+"""Sans-IO framing: a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
+
+FrameDecoder takes bytes in any chunking and yields messages; it checks the length
+header before buffering a frame's body, so a hostile length allocates nothing.
+JSON is parsed strictly: no NaN/Infinity, no duplicate keys, no lone surrogates.
+"""
+from __future__ import annotations
+
+import json
+import re
+import struct
+from typing import Any
+
+from .errors import BadFrameError, FrameTooLargeError
+
+HEADER = struct.Struct(">I")
+DEFAULT_MAX_FRAME = 1 << 20
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    """One message as a frame."""
+    body = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    data = body.encode("utf-8")
+    return HEADER.pack(len(data)) + data
+
+
+def _reject_constant(name: str) -> Any:
+    raise BadFrameError(f"{name} is not allowed in JSON")
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise BadFrameError("duplicate key in JSON object")
+    return obj
+
+
+def _check_no_lone_surrogates(value: Any) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadFrameError("lone surrogate in JSON string") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_no_lone_surrogates(key)
+            _check_no_lone_surrogates(item)
+    elif isinstance(value, list):
+        for item in value:
+            _check_no_lone_surrogates(item)
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    """Parse one frame's body strictly into a JSON object."""
+    try:
+        text = body.decode("utf-8")
+        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_object)
+    except BadFrameError:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise BadFrameError(f"frame is not UTF-8 JSON: {type(exc).__name__}") from None
+    if not isinstance(value, dict):
+        raise BadFrameError("frame is not a JSON object")
+    if _SURROGATE_ESCAPE.search(text):
+        _check_no_lone_surrogates(value)
+    return value
+
+
+class FrameDecoder:
+    """Bytes in, messages out; raises BadFrameError or FrameTooLargeError on bad input."""
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buffer = bytearray()
+        self._length: int | None = None
+
+    def feed(self, data: bytes) -> None:
+        """Add received bytes."""
+        self._buffer += data
+
+    @property
+    def in_frame(self) -> bool:
+        """True while part of a frame has arrived but not all of it."""
+        return bool(self._buffer) or self._length is not None
+
+    def next_message(self) -> dict[str, Any] | None:
+        """The next complete message, or None until more bytes arrive."""
+        if self._length is None:
+            if len(self._buffer) < HEADER.size:
+                return None
+            (length,) = HEADER.unpack_from(self._buffer)
+            if length == 0:
+                raise BadFrameError("frame length is 0")
+            if length > self.max_frame:
+                raise FrameTooLargeError(f"frame length {length} is over the limit of {self.max_frame}")
+            del self._buffer[: HEADER.size]
+            self._length = length
+        if len(self._buffer) < self._length:
+            return None
+        body = bytes(self._buffer[: self._length])
+        del self._buffer[: self._length]
+        self._length = None
+        return decode_body(body)
+
+    def messages(self) -> list[dict[str, Any]]:
+        """Every complete message buffered so far."""
+        out = []
+        while (message := self.next_message()) is not None:
+            out.append(message)
+        return out

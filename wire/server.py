@@ -1,0 +1,349 @@
+"""The server loop both servers share: one I/O thread, a bounded pool of workers.
+
+The I/O thread accepts, reads and decodes frames (framing.FrameDecoder) for every
+connection through a selector; complete requests queue on their connection and one
+worker at a time answers them in order, so pipelining keeps its order and the thread
+count stays fixed however many clients connect. Exceptions become error responses
+in `respond`, the one place where that translation happens.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .envelope import error_response, request_id
+from .errors import BusyError, InternalError, ProtocolError
+from .framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+
+log = logging.getLogger("market.server")
+_READ_SIZE = 65536
+_PAUSE_AFTER = 64  # queued requests on one connection before we stop reading it
+
+
+class App(Protocol):
+    """What the loop serves: a message in, a response message out."""
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Connection limits of one server process."""
+
+    max_connections: int = 1000
+    max_frame: int = DEFAULT_MAX_FRAME
+    idle_timeout_s: float = 300.0
+    frame_deadline_s: float = 10.0
+    send_timeout_s: float = 10.0
+    threads: int = 16
+
+
+def respond(app: App, message: dict[str, Any] | ProtocolError) -> dict[str, Any]:
+    """The response to one decoded message (or to a framing error), never raising."""
+    if isinstance(message, ProtocolError):
+        return error_response(None, message)
+    try:
+        return app.handle(message)
+    except ProtocolError as exc:
+        return error_response(request_id(message), exc)
+    except Exception:
+        log.exception("internal error serving op %r", message.get("op"))
+        return error_response(request_id(message), InternalError())
+
+
+class _Connection:
+    """One client's socket, decoder and queue of requests awaiting an answer."""
+
+    def __init__(self, sock: socket.socket, max_frame: int) -> None:
+        self.sock = sock
+        self.decoder = FrameDecoder(max_frame)
+        self.pending: collections.deque[dict[str, Any] | ProtocolError] = collections.deque()
+        self.lock = threading.Lock()
+        self.busy = False          # a worker is draining `pending`
+        self.closing = False       # close once the worker is done
+        self.closed = False
+        self.reading = True
+        self.last_activity = time.monotonic()
+        self.frame_started: float | None = None
+
+
+class Server:
+    """A threaded TCP server for one App; see the module docstring."""
+
+    def __init__(self, app: App, host: str = "127.0.0.1", port: int = 0,
+                 limits: ServerLimits = ServerLimits(), reuse_port: bool = False) -> None:
+        self.app = app
+        self.limits = limits
+        self._listener = _listen(host, port, reuse_port)
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._calls: collections.deque[Callable[[], None]] = collections.deque()
+        self._connections: set[_Connection] = set()
+        self._pool = ThreadPoolExecutor(limits.threads, thread_name_prefix="market-worker")
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The (host, port) actually bound."""
+        host, port = self._listener.getsockname()[:2]
+        return host, port
+
+    @property
+    def connection_count(self) -> int:
+        """Open client connections."""
+        return len(self._connections)
+
+    def serve_forever(self) -> None:
+        """Run the I/O loop until shutdown() is called; then finish in-flight work."""
+        self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        next_sweep = time.monotonic() + 0.5
+        try:
+            while not self._stopping.is_set():
+                for key, _ in self._selector.select(timeout=0.5):
+                    self._dispatch_event(key.data)
+                if time.monotonic() >= next_sweep:
+                    self._sweep_timeouts()
+                    next_sweep = time.monotonic() + 0.5
+        finally:
+            self._finish()
+
+    def start(self) -> threading.Thread:
+        """serve_forever in a daemon thread (for tests and embedding)."""
+        thread = threading.Thread(target=self.serve_forever, name="market-io", daemon=True)
+        thread.start()
+        return thread
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop accepting, answer what is queued, close everything."""
+        self._stopping.set()
+        self._wake()
+        if wait:
+            self._stopped.wait()
+
+    # -- I/O thread -------------------------------------------------------------
+
+    def _dispatch_event(self, data: Any) -> None:
+        if data == "accept":
+            self._accept_all()
+        elif data == "wake":
+            self._run_calls()
+        else:
+            self._read(data)
+
+    def _accept_all(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. EMFILE: leave it in the backlog for now
+                log.warning("accept failed: %s", exc)
+                return
+            self._admit(sock)
+
+    def _admit(self, sock: socket.socket) -> None:
+        if len(self._connections) >= self.limits.max_connections:
+            _refuse_busy(sock)
+            return
+        sock.setblocking(True)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _set_send_timeout(sock, self.limits.send_timeout_s)
+        conn = _Connection(sock, self.limits.max_frame)
+        self._connections.add(conn)
+        self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(_READ_SIZE, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        now = time.monotonic()
+        conn.last_activity = now
+        conn.decoder.feed(data)
+        self._queue_messages(conn)
+        if conn.decoder.in_frame:
+            conn.frame_started = conn.frame_started or now
+        else:
+            conn.frame_started = None
+
+    def _queue_messages(self, conn: _Connection) -> None:
+        try:
+            messages: list[dict[str, Any] | ProtocolError] = list(conn.decoder.messages())
+        except ProtocolError as exc:
+            messages = [exc]
+        if not messages:
+            return
+        if isinstance(messages[-1], ProtocolError):
+            self._stop_reading(conn)
+        with conn.lock:
+            conn.pending.extend(messages)
+            start = not conn.busy
+            conn.busy = True
+        if len(conn.pending) > _PAUSE_AFTER:
+            self._stop_reading(conn)
+        if start:
+            self._pool.submit(self._drain, conn)
+
+    def _stop_reading(self, conn: _Connection) -> None:
+        if conn.reading and not conn.closed:
+            self._selector.unregister(conn.sock)
+            conn.reading = False
+
+    def _resume_reading(self, conn: _Connection) -> None:
+        if not conn.reading and not conn.closed and not conn.closing:
+            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+            conn.reading = True
+
+    def _sweep_timeouts(self) -> None:
+        now = time.monotonic()
+        for conn in list(self._connections):
+            if conn.busy:
+                continue
+            if conn.frame_started is not None:
+                if now - conn.frame_started > self.limits.frame_deadline_s:
+                    log.info("closing a connection that did not finish its frame in time")
+                    self._close(conn)
+            elif now - conn.last_activity > self.limits.idle_timeout_s:
+                self._close(conn)
+
+    def _close(self, conn: _Connection) -> None:
+        """Close now, or when its worker finishes; always on the I/O thread."""
+        with conn.lock:
+            if conn.closed:
+                return
+            if conn.busy:
+                conn.closing = True
+                self._stop_reading(conn)
+                return
+            conn.closed = True
+        if conn.reading:
+            self._selector.unregister(conn.sock)
+            conn.reading = False
+        self._connections.discard(conn)
+        conn.sock.close()
+
+    def _call_soon(self, call: Callable[[], None]) -> None:
+        self._calls.append(call)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _run_calls(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        while self._calls:
+            self._calls.popleft()()
+
+    def _finish(self) -> None:
+        self._selector.unregister(self._listener)
+        self._listener.close()
+        self._pool.shutdown(wait=True)
+        self._run_calls()
+        for conn in list(self._connections):
+            conn.busy = False
+            self._close(conn)
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        self._stopped.set()
+
+    # -- worker threads ---------------------------------------------------------
+
+    def _drain(self, conn: _Connection) -> None:
+        """Answer a connection's queued requests in order (one worker per connection)."""
+        while True:
+            with conn.lock:
+                if not conn.pending or conn.closed:
+                    conn.busy = False
+                    break
+                message = conn.pending.popleft()
+            if not self._send(conn, respond(self.app, message)):
+                conn.pending.clear()
+            elif isinstance(message, ProtocolError):
+                conn.pending.clear()
+                conn.closing = True
+        conn.last_activity = time.monotonic()
+        if conn.closing:
+            self._call_soon(lambda: self._close(conn))
+        elif not conn.reading:
+            self._call_soon(lambda: self._resume_reading(conn))
+
+    def _send(self, conn: _Connection, response: dict[str, Any]) -> bool:
+        try:
+            conn.sock.sendall(encode_frame(response))
+            return True
+        except OSError:
+            conn.closing = True
+            return False
+
+
+def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _set_send_timeout(sock: socket.socket, seconds: float) -> None:
+    whole = int(seconds)
+    timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
+def _refuse_busy(sock: socket.socket) -> None:
+    """Tell a connection over the limit BUSY and close it, without blocking."""
+    try:
+        sock.setblocking(False)
+        sock.send(encode_frame(error_response(None, BusyError("too many connections; try again later"))))
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def run_server(app: App, host: str, port: int, limits: ServerLimits,
+               on_stop: Callable[[], None] = lambda: None) -> None:
+    """Serve in the foreground until SIGTERM or Ctrl-C, then stop cleanly."""
+    import signal
+
+    server = Server(app, host, port, limits)
+    bound_host, bound_port = server.address
+    print(f"listening on {bound_host}:{bound_port}", flush=True)
+
+    def stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        server.shutdown(wait=False)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.serve_forever()
+    on_stop()

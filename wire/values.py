@@ -1,0 +1,168 @@
+"""Value rules of PROTOCOL.md: one validator per kind of field, and args checking.
+
+A validator takes (field name, raw JSON value) and returns the normalised value
+(money as integer cents, keywords lower-cased) or raises BadRequestError naming
+the field. Formatting helpers turn normalised values back into wire form.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import BadRequestError
+
+Validator = Callable[[str, Any], Any]
+
+MAX_CENTS = 100_000_000
+_USERNAME = re.compile(r"[A-Za-z0-9_.\-]{3,32}")
+_MONEY = re.compile(r"(\d{1,9})(?:\.(\d{1,2}))?")
+_EXPIRY = re.compile(r"(\d\d)/(\d\d)")
+
+
+def integer(low: int, high: int) -> Validator:
+    """An integer in [low, high]; booleans and floats are refused."""
+    def check(name: str, value: Any) -> int:
+        if type(value) is not int:
+            raise BadRequestError(f"{name}: must be an integer")
+        if not low <= value <= high:
+            raise BadRequestError(f"{name}: must be from {low} to {high}")
+        return value
+    return check
+
+
+def text(low: int, high: int, *, printable: bool = False, pattern: re.Pattern[str] | None = None,
+         what: str = "") -> Validator:
+    """A string of low..high characters, optionally printable or matching a pattern."""
+    def check(name: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise BadRequestError(f"{name}: must be a string")
+        if not low <= len(value) <= high:
+            raise BadRequestError(f"{name}: must be {low} to {high} characters")
+        if printable and not value.isprintable():
+            raise BadRequestError(f"{name}: must be printable text")
+        if pattern is not None and not pattern.fullmatch(value):
+            raise BadRequestError(f"{name}: must be {what}")
+        return value
+    return check
+
+
+def choice(*options: str) -> Validator:
+    """One of a few strings."""
+    def check(name: str, value: Any) -> str:
+        if value not in options or not isinstance(value, str):
+            raise BadRequestError(f"{name}: must be one of {', '.join(repr(o) for o in options)}")
+        return value
+    return check
+
+
+def money(name: str, value: Any) -> int:
+    """A decimal string with at most two fraction digits, as integer cents."""
+    match = _MONEY.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise BadRequestError(f"{name}: must be a decimal string like \"12.50\"")
+    cents = int(match.group(1)) * 100 + int((match.group(2) or "0").ljust(2, "0"))
+    if not 1 <= cents <= MAX_CENTS:
+        raise BadRequestError(f"{name}: must be from 0.01 to 1000000.00")
+    return cents
+
+
+def keywords(name: str, value: Any) -> list[str]:
+    """0-5 distinct strings of 1-8 characters, lower-cased, in the order given."""
+    if not isinstance(value, list):
+        raise BadRequestError(f"{name}: must be a list of strings")
+    if len(value) > 5:
+        raise BadRequestError(f"{name}: at most 5 keywords")
+    out: list[str] = []
+    for word in value:
+        if not isinstance(word, str) or not 1 <= len(word) <= 8:
+            raise BadRequestError(f"{name}: each keyword must be a string of 1 to 8 characters")
+        if word.lower() in out:
+            raise BadRequestError(f"{name}: keyword {word!r} is given twice")
+        out.append(word.lower())
+    return out
+
+
+def card_number(name: str, value: Any) -> str:
+    """12-19 digits passing the Luhn check."""
+    if not isinstance(value, str) or not value.isascii() or not value.isdigit() \
+            or not 12 <= len(value) <= 19:
+        raise BadRequestError(f"{name}: must be 12 to 19 digits")
+    if not luhn_valid(value):
+        raise BadRequestError(f"{name}: fails the Luhn check")
+    return value
+
+
+def luhn_valid(digits: str) -> bool:
+    """The Luhn checksum of a digit string."""
+    total = 0
+    for index, char in enumerate(reversed(digits)):
+        digit = int(char)
+        if index % 2 == 1:
+            digit = digit * 2 - 9 if digit > 4 else digit * 2
+        total += digit
+    return total % 10 == 0
+
+
+def card_expiry(name: str, value: Any) -> str:
+    """"MM/YY", valid through the end of that month (UTC)."""
+    match = _EXPIRY.fullmatch(value) if isinstance(value, str) else None
+    if match is None or not 1 <= int(match.group(1)) <= 12:
+        raise BadRequestError(f"{name}: must be \"MM/YY\"")
+    now = datetime.now(UTC)
+    if (2000 + int(match.group(2)), int(match.group(1))) < (now.year, now.month):
+        raise BadRequestError(f"{name}: the card has expired")
+    return value
+
+
+def cursor(name: str, value: Any) -> str:
+    """An opaque paging cursor; its content is checked by decode_cursor."""
+    if not isinstance(value, str) or not 1 <= len(value) <= 200:
+        raise BadRequestError(f"{name}: must be a cursor from a previous page")
+    return value
+
+
+def encode_cursor(*parts: int) -> str:
+    """An opaque cursor holding a few integers."""
+    raw = ".".join(str(part) for part in parts).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(value: str, count: int) -> tuple[int, ...]:
+    """The integers of a cursor made by encode_cursor; BadRequestError if it is not one."""
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
+        parts = tuple(int(part) for part in raw.split("."))
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise BadRequestError("cursor: not a cursor from a previous page") from None
+    if len(parts) != count:
+        raise BadRequestError("cursor: not a cursor from a previous page")
+    return parts
+
+
+def format_money(cents: int) -> str:
+    """Integer cents as a decimal string with two digits."""
+    return f"{cents // 100}.{cents % 100:02d}"
+
+
+def format_time(epoch_seconds: float) -> str:
+    """Epoch seconds as an ISO-8601 UTC string."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch_seconds))
+
+
+username = text(3, 32, pattern=_USERNAME, what="3 to 32 characters of A-Z a-z 0-9 _ . -")
+password = text(8, 128)
+person_name = text(1, 32, printable=True)
+item_name = text(1, 32)
+category = integer(0, 9)
+condition = choice("new", "used")
+quantity = integer(1, 1_000_000)
+object_id = integer(1, 2**63 - 1)
+limit = integer(1, 500)
+vote = choice("up", "down")
+card_name = text(1, 64)
+idempotency_key = text(1, 128)
