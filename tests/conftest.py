@@ -107,6 +107,7 @@ class Market:
         """A connection logged in as a new account of that role."""
         conn = self.connect(role)
         username = name or unique_name(role)
+        conn.username = username  # type: ignore[attr-defined]
         conn.user_id = conn.call("create_account",  # type: ignore[attr-defined]
                                  {"username": username, "password": PASSWORD, "name": username})["user_id"]
         conn.token = conn.call("login", {"username": username, "password": PASSWORD})["token"]

@@ -184,10 +184,12 @@ class Server:
             conn.frame_started = None
 
     def _queue_messages(self, conn: _Connection) -> None:
+        messages: list[dict[str, Any] | ProtocolError] = []
         try:
-            messages: list[dict[str, Any] | ProtocolError] = list(conn.decoder.messages())
+            while (message := conn.decoder.next_message()) is not None:
+                messages.append(message)
         except ProtocolError as exc:
-            messages = [exc]
+            messages.append(exc)
         if not messages:
             return
         if isinstance(messages[-1], ProtocolError):

@@ -20,8 +20,8 @@ Validator = Callable[[str, Any], Any]
 
 MAX_CENTS = 100_000_000
 _USERNAME = re.compile(r"[A-Za-z0-9_.\-]{3,32}")
-_MONEY = re.compile(r"(\d{1,9})(?:\.(\d{1,2}))?")
-_EXPIRY = re.compile(r"(\d\d)/(\d\d)")
+_MONEY = re.compile(r"([0-9]{1,9})(?:\.([0-9]{1,2}))?")
+_EXPIRY = re.compile(r"([0-9]{2})/([0-9]{2})")
 
 
 def integer(low: int, high: int) -> Validator:

@@ -1,0 +1,118 @@
+"""Accounts and sessions over TCP, on SQLite and MariaDB."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import PASSWORD, Market, start_market, unique_name
+from sqlalchemy import select
+
+from db import Database
+from db.accounts import token_hash
+from db.schema import sessions, users
+from wire.config import Settings
+from wire.errors import BadRequestError, ConflictError, UnauthenticatedError
+
+
+def test_ping_names_the_server(market: Market) -> None:
+    assert market.connect("buyer").call("ping")["server"] == "buyer"
+    assert market.connect("seller").call("ping")["server"] == "seller"
+
+
+def test_create_account_then_login_and_logout(market: Market) -> None:
+    conn = market.connect("buyer")
+    name = unique_name()
+    user_id = conn.call("create_account", {"username": name, "password": PASSWORD, "name": "Zoë"})["user_id"]
+    login = conn.call("login", {"username": name, "password": PASSWORD})
+    assert login["user_id"] == user_id and login["idle_timeout_s"] == 300
+    assert len(login["token"]) >= 22
+    assert conn.call("display_cart", token=login["token"])["cart"] == {"items": [], "total": "0.00"}
+    assert conn.call("logout", token=login["token"]) == {}
+    with pytest.raises(UnauthenticatedError):
+        conn.call("display_cart", token=login["token"])
+
+
+def test_a_taken_username_is_a_conflict_but_case_matters(market: Market) -> None:
+    conn = market.connect("seller")
+    name = unique_name("Case")
+    conn.call("create_account", {"username": name, "password": PASSWORD, "name": "a"})
+    with pytest.raises(ConflictError, match="taken"):
+        conn.call("create_account", {"username": name, "password": PASSWORD, "name": "b"})
+    other = conn.call("create_account", {"username": name.lower(), "password": PASSWORD, "name": "c"})
+    assert other["user_id"] > 0
+    with pytest.raises(UnauthenticatedError):
+        conn.call("login", {"username": name.upper(), "password": PASSWORD})
+
+
+def test_wrong_username_and_wrong_password_say_the_same(market: Market) -> None:
+    conn = market.connect("buyer")
+    name = unique_name()
+    conn.call("create_account", {"username": name, "password": PASSWORD, "name": "n"})
+    messages = []
+    for username, password in ((name, "wrong password"), (unique_name(), PASSWORD)):
+        with pytest.raises(UnauthenticatedError) as caught:
+            conn.call("login", {"username": username, "password": password})
+        messages.append(caught.value.message)
+    assert messages[0] == messages[1]
+
+
+def test_buyer_and_seller_accounts_are_separate(market: Market) -> None:
+    seller = market.user("seller")
+    buyer_conn = market.connect("buyer")
+    with pytest.raises(UnauthenticatedError):
+        buyer_conn.call("display_cart", token=seller.token)
+
+
+def test_account_values_are_checked(market: Market) -> None:
+    conn = market.connect("buyer")
+    cases = [({"username": "ab", "password": PASSWORD, "name": "n"}, "username"),
+             ({"username": unique_name(), "password": "short", "name": "n"}, "password"),
+             ({"username": unique_name(), "password": PASSWORD, "name": ""}, "name"),
+             ({"username": unique_name(), "password": PASSWORD}, "name")]
+    for args, field in cases:
+        with pytest.raises(BadRequestError, match=f"^{field}: "):
+            conn.call("create_account", args)
+
+
+def test_unicode_names_come_back_exactly(market: Market) -> None:
+    seller = market.user("seller")
+    name = "Ünïcødé 😀 שלום"
+    item_id = market.item(seller, name=name, keywords=["café", "😀"])
+    item = market.user("buyer").call("get_item", {"item_id": item_id})
+    assert item["name"] == name and item["keywords"] == ["café", "😀"]
+
+
+def test_only_the_hash_of_a_token_is_stored(market: Market) -> None:
+    buyer = market.user("buyer")
+    stored = market.db.run(lambda tx: tx.execute(select(sessions.c.token_hash)).scalars().all())
+    assert buyer.token not in stored and token_hash(buyer.token) in stored
+    hashes = market.db.run(lambda tx: tx.execute(select(users.c.password_hash)).scalars().all())
+    assert all(h.startswith("$argon2id$v=19$m=19456,t=2,p=1$") for h in hashes)
+
+
+def test_an_idle_session_expires_and_activity_keeps_it_alive(database: Database) -> None:
+    market = start_market(database, Settings(role="buyer", session_idle_s=1))
+    try:
+        buyer = market.user("buyer")
+        for _ in range(6):  # 1.8 s of activity, longer than the idle timeout
+            time.sleep(0.3)
+            buyer.call("display_cart")
+        time.sleep(1.5)
+        with pytest.raises(UnauthenticatedError, match="expired"):
+            buyer.call("display_cart")
+    finally:
+        market.buyer_server.shutdown()
+        market.seller_server.shutdown()
+
+
+def test_a_session_ends_at_its_absolute_limit(database: Database) -> None:
+    market = start_market(database, Settings(role="buyer", session_max_s=1))
+    try:
+        buyer = market.user("buyer")
+        buyer.call("display_cart")
+        time.sleep(1.2)
+        with pytest.raises(UnauthenticatedError, match="expired"):
+            buyer.call("display_cart")
+    finally:
+        market.buyer_server.shutdown()
+        market.seller_server.shutdown()

@@ -1,0 +1,240 @@
+"""Every buyer op over TCP, with its errors, on SQLite and MariaDB."""
+from __future__ import annotations
+
+import pytest
+from conftest import CARD, PASSWORD, Market
+
+from wire.errors import (
+    BadRequestError,
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    PaymentDeclinedError,
+    UnknownOpError,
+)
+
+
+def test_search_by_category_and_keywords_ranks_by_matches_then_id(market: Market) -> None:
+    seller = market.user("seller")
+    one = market.item(seller, keywords=["desk"], category=2)
+    two = market.item(seller, keywords=["desk", "light"], category=2)
+    other_cat = market.item(seller, keywords=["desk", "light"], category=3)
+    none = market.item(seller, keywords=[], category=2)
+    market.item(seller, keywords=["chair"], category=2)
+    sold_out = market.item(seller, keywords=["desk", "light"], category=2, quantity=1)
+    seller.call("remove_item", {"item_id": sold_out, "quantity": 1})
+    buyer = market.user("buyer")
+
+    def ids(**args: object) -> list[int]:
+        return [i["item_id"] for i in buyer.call("search_items", args)["items"]]
+
+    assert ids(category=2, keywords=["LIGHT", "desk"]) == [two, one]
+    assert ids(keywords=["desk", "light"]) == [two, other_cat, one]
+    assert none in ids(category=2) and sold_out not in ids(category=2)
+    assert ids(category=9) == []
+
+
+def test_search_pages_through_the_ranked_order(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    for i in range(6):
+        market.item(seller, keywords=["a", "b"] if i % 2 else ["a"], category=1)
+    everything = buyer.call("search_items", {"keywords": ["a", "b"], "limit": 500})["items"]
+    expected = [i["item_id"] for i in everything]
+    seen, cursor = [], None
+    while True:
+        page = buyer.call("search_items", {"keywords": ["a", "b"], "limit": 2, "cursor": cursor})
+        seen += [i["item_id"] for i in page["items"]]
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert seen == expected and len(seen) == 6
+
+
+def test_get_item_shows_sold_out_items_and_unknown_is_not_found(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=1)
+    seller.call("remove_item", {"item_id": item_id, "quantity": 1})
+    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 0
+    with pytest.raises(NotFoundError):
+        buyer.call("get_item", {"item_id": item_id + 1000})
+    with pytest.raises(BadRequestError, match="^item_id: "):
+        buyer.call("get_item", {"item_id": "1"})
+
+
+def test_cart_add_remove_and_limits(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=3, price="2.50")
+    cart = buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})["cart"]
+    assert cart == {"items": [{"item_id": item_id, "name": "Lamp", "price": "2.50", "quantity": 2,
+                               "available": 3}], "total": "5.00"}
+    with pytest.raises(ConflictError, match="only 3 left"):
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+    with pytest.raises(NotFoundError):
+        buyer.call("add_to_cart", {"item_id": item_id + 99, "quantity": 1})
+    assert buyer.call("remove_from_cart", {"item_id": item_id, "quantity": 1})["cart"]["total"] == "2.50"
+    assert buyer.call("remove_from_cart", {"item_id": item_id + 99, "quantity": 1})["cart"]["total"] == "2.50"
+    assert buyer.call("remove_from_cart", {"item_id": item_id, "quantity": 9})["cart"]["items"] == []
+
+
+def test_a_sold_out_item_cannot_go_in_a_cart(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=1)
+    seller.call("remove_item", {"item_id": item_id, "quantity": 1})
+    with pytest.raises(ConflictError, match="only 0 left"):
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+
+
+def test_saved_cart_survives_logout_and_the_session_cart_does_not(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    a, b = market.item(seller), market.item(seller)
+    buyer.call("add_to_cart", {"item_id": a, "quantity": 1})
+    buyer.call("save_cart")
+    buyer.call("add_to_cart", {"item_id": b, "quantity": 1})  # not saved
+    buyer.call("logout")
+    relogin = market.connect("buyer")
+    relogin.token = relogin.call("login", {"username": buyer.username, "password": PASSWORD})["token"]
+    assert [line["item_id"] for line in relogin.call("display_cart")["cart"]["items"]] == [a]
+    assert relogin.call("clear_cart")["cart"] == {"items": [], "total": "0.00"}
+    other = market.connect("buyer")
+    other.token = other.call("login", {"username": buyer.username, "password": PASSWORD})["token"]
+    assert [line["item_id"] for line in other.call("display_cart")["cart"]["items"]] == [a]
+
+
+def test_purchase_buys_everything_updates_stock_history_and_ratings(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    a = market.item(seller, quantity=5, price="10.00", name="A")
+    b = market.item(seller, quantity=2, price="0.05", name="B")
+    buyer.call("add_to_cart", {"item_id": a, "quantity": 2})
+    buyer.call("add_to_cart", {"item_id": b, "quantity": 2})
+    buyer.call("save_cart")
+    receipt = buyer.call("make_purchase", CARD)
+    assert receipt["total"] == "20.10"
+    assert receipt["lines"] == [{"item_id": a, "name": "A", "quantity": 2, "price": "10.00"},
+                                {"item_id": b, "name": "B", "quantity": 2, "price": "0.05"}]
+    assert buyer.call("display_cart")["cart"]["items"] == []
+    assert buyer.call("get_item", {"item_id": a})["quantity"] == 3
+    assert buyer.call("get_item", {"item_id": b})["quantity"] == 0
+    assert seller.call("get_seller_rating")["items_sold"] == 4
+    history = buyer.call("get_purchase_history")["purchases"]
+    assert [(h["item_id"], h["quantity"], h["price"], h["feedback"]) for h in history] == \
+        [(a, 2, "10.00", None), (b, 2, "0.05", None)]
+    assert history[0]["order_id"] == receipt["order_id"]
+    assert history[0]["purchased_at"].endswith("Z") and "T" in history[0]["purchased_at"]
+    seller.call("change_price", {"item_id": a, "price": "99.00"})
+    assert buyer.call("get_purchase_history")["purchases"][0]["price"] == "10.00"
+
+
+def test_history_is_newest_first_and_pages(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=10)
+    orders = []
+    for _ in range(3):
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+        orders.append(buyer.call("make_purchase", CARD)["order_id"])
+    page = buyer.call("get_purchase_history", {"limit": 2})
+    assert [p["order_id"] for p in page["purchases"]] == orders[::-1][:2]
+    rest = buyer.call("get_purchase_history", {"limit": 2, "cursor": page["next_cursor"]})
+    assert [p["order_id"] for p in rest["purchases"]] == [orders[0]] and rest["next_cursor"] is None
+
+
+def test_purchase_needs_a_cart_and_a_valid_card(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    with pytest.raises(ConflictError, match="empty"):
+        buyer.call("make_purchase", CARD)
+    buyer.call("add_to_cart", {"item_id": market.item(seller), "quantity": 1})
+    for field, bad in (("card_number", "4111111111111112"), ("card_number", "123"),
+                       ("card_expiry", "01/20"), ("card_expiry", "13/30"), ("card_name", ""),
+                       ("card_name", "x" * 65), ("idempotency_key", ""), ("idempotency_key", "k" * 129)):
+        with pytest.raises(BadRequestError, match=f"^{field}: "):
+            buyer.call("make_purchase", {**CARD, field: bad})
+    assert len(buyer.call("display_cart")["cart"]["items"]) == 1
+
+
+def test_not_enough_stock_is_a_conflict_and_keeps_the_cart(market: Market) -> None:
+    seller, buyer, rival = market.user("seller"), market.user("buyer"), market.user("buyer")
+    a, b = market.item(seller, quantity=5), market.item(seller, quantity=1)
+    buyer.call("add_to_cart", {"item_id": a, "quantity": 2})
+    buyer.call("add_to_cart", {"item_id": b, "quantity": 1})
+    rival.call("add_to_cart", {"item_id": b, "quantity": 1})
+    rival.call("make_purchase", CARD)
+    with pytest.raises(ConflictError, match=f"item {b}: only 0 left"):
+        buyer.call("make_purchase", CARD)
+    assert len(buyer.call("display_cart")["cart"]["items"]) == 2
+    assert buyer.call("get_item", {"item_id": a})["quantity"] == 5  # nothing half done
+
+
+def test_a_declined_card_changes_nothing(database: object) -> None:
+    from conftest import start_market
+
+    from wire.config import Settings
+    market = start_market(database, Settings(role="buyer", payment_decline_rate=1.0))  # type: ignore[arg-type]
+    try:
+        seller, buyer = market.user("seller"), market.user("buyer")
+        item_id = market.item(seller, quantity=2)
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+        with pytest.raises(PaymentDeclinedError, match="1111"):
+            buyer.call("make_purchase", CARD)
+        assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 2
+        assert buyer.call("get_purchase_history")["purchases"] == []
+        assert len(buyer.call("display_cart")["cart"]["items"]) == 1
+        assert seller.call("get_seller_rating")["items_sold"] == 0
+    finally:
+        market.buyer_server.shutdown()
+        market.seller_server.shutdown()
+
+
+def test_an_idempotency_key_replays_the_same_answer(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=5)
+    buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+    first = buyer.call("make_purchase", {**CARD, "idempotency_key": "order-1"})
+    again = buyer.call("make_purchase", {**CARD, "idempotency_key": "order-1"})  # cart now empty
+    assert again == first
+    buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+    assert buyer.call("make_purchase", {**CARD, "idempotency_key": "order-1"}) == first
+    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 3
+    second = buyer.call("make_purchase", {**CARD, "idempotency_key": "order-2"})
+    assert second["order_id"] != first["order_id"]
+
+
+def test_the_same_key_from_another_buyer_is_another_purchase(market: Market) -> None:
+    seller, one, two = market.user("seller"), market.user("buyer"), market.user("buyer")
+    item_id = market.item(seller, quantity=5)
+    for buyer in (one, two):
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+    a = one.call("make_purchase", {**CARD, "idempotency_key": "same"})
+    b = two.call("make_purchase", {**CARD, "idempotency_key": "same"})
+    assert a["order_id"] != b["order_id"]
+
+
+def test_feedback_once_per_bought_item_counts_for_item_and_seller(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    bought, not_bought = market.item(seller), market.item(seller)
+    buyer.call("add_to_cart", {"item_id": bought, "quantity": 1})
+    buyer.call("make_purchase", CARD)
+    with pytest.raises(ForbiddenError):
+        buyer.call("provide_feedback", {"item_id": not_bought, "vote": "up"})
+    with pytest.raises(NotFoundError):
+        buyer.call("provide_feedback", {"item_id": bought + 99, "vote": "up"})
+    with pytest.raises(BadRequestError, match="^vote: "):
+        buyer.call("provide_feedback", {"item_id": bought, "vote": "meh"})
+    assert buyer.call("provide_feedback", {"item_id": bought, "vote": "down"}) == {}
+    with pytest.raises(ConflictError):
+        buyer.call("provide_feedback", {"item_id": bought, "vote": "up"})
+    assert buyer.call("get_item", {"item_id": bought})["thumbs_down"] == 1
+    assert buyer.call("get_seller_rating", {"seller_id": seller.user_id})["thumbs_down"] == 1
+    assert buyer.call("get_purchase_history")["purchases"][0]["feedback"] == "down"
+
+
+def test_seller_rating_of_an_unknown_seller_is_not_found(market: Market) -> None:
+    buyer = market.user("buyer")
+    with pytest.raises(NotFoundError):
+        buyer.call("get_seller_rating", {"seller_id": buyer.user_id + 10**6})
+    with pytest.raises(NotFoundError):  # a buyer is not a seller
+        buyer.call("get_seller_rating", {"seller_id": buyer.user_id})
+    with pytest.raises(BadRequestError, match="^seller_id: required"):
+        buyer.call("get_seller_rating")
+
+
+def test_seller_ops_are_unknown_on_the_buyer_server(market: Market) -> None:
+    with pytest.raises(UnknownOpError):
+        market.user("buyer").call("put_item", {})

@@ -1,0 +1,111 @@
+"""The sans-IO frame decoder: any chunking, strict JSON, limits checked on the header."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wire.errors import BadFrameError, FrameTooLargeError, ProtocolError
+from wire.framing import FrameDecoder, decode_body, encode_frame
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=20)
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+messages = st.dictionaries(st.text(max_size=8), json_values, max_size=5)
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+def decode_all(data: bytes, cuts: list[int], max_frame: int = 1 << 20) -> list[dict]:
+    decoder = FrameDecoder(max_frame)
+    out = []
+    start = 0
+    for cut in sorted(set(cuts)) + [len(data)]:
+        decoder.feed(data[start:cut])
+        start = cut
+        out.extend(decoder.messages())
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=5), st.data())
+def test_any_message_survives_any_chunking(batch: list[dict], data: st.DataObject) -> None:
+    stream = b"".join(encode_frame(m) for m in batch)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=20))
+    assert decode_all(stream, cuts) == batch
+
+
+def test_one_byte_at_a_time_gives_the_same_messages() -> None:
+    batch = [{"op": "ping", "id": i, "args": {"text": "é✓😀"}} for i in range(3)]
+    stream = b"".join(encode_frame(m) for m in batch)
+    assert decode_all(stream, list(range(len(stream)))) == batch
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_garbage_raises_only_protocol_errors(garbage: bytes) -> None:
+    decoder = FrameDecoder(max_frame=100)
+    decoder.feed(garbage)
+    try:
+        decoder.messages()
+    except ProtocolError as exc:
+        assert exc.code in ("BAD_FRAME", "FRAME_TOO_LARGE")
+
+
+def test_length_over_the_limit_is_refused_from_the_header_alone() -> None:
+    decoder = FrameDecoder(max_frame=1000)
+    decoder.feed(struct.pack(">I", 1001))
+    with pytest.raises(FrameTooLargeError):
+        decoder.next_message()
+
+
+def test_a_4_gib_length_allocates_nothing_and_is_refused() -> None:
+    decoder = FrameDecoder()
+    decoder.feed(b"\xff\xff\xff\xff")
+    with pytest.raises(FrameTooLargeError):
+        decoder.next_message()
+
+
+def test_zero_length_is_a_bad_frame() -> None:
+    decoder = FrameDecoder()
+    decoder.feed(b"\x00\x00\x00\x00")
+    with pytest.raises(BadFrameError):
+        decoder.next_message()
+
+
+def test_a_partial_frame_is_reported_as_in_frame() -> None:
+    decoder = FrameDecoder()
+    assert not decoder.in_frame
+    decoder.feed(encode_frame({"op": "ping"})[:6])
+    assert decoder.next_message() is None
+    assert decoder.in_frame
+
+
+@pytest.mark.parametrize("body", [
+    b'{"a": NaN}', b'{"a": Infinity}', b'{"a": -Infinity}',
+    b'{"a": 1, "a": 2}', b'{"a": {"b": 1, "b": 1}}',
+    b'{"a": "\\ud800"}', b'{"\\udc00": 1}', b'{"a": ["x", "\\udfff"]}',
+    b"[1, 2]", b'"text"', b"42", b"null",
+    b"\xff\xfe{}", b'{"a": "\xed\xa0\x80"}', b"{", b"",
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"n": ' + b"9" * 5000 + b"}",
+])
+def test_strict_json_rejects(body: bytes) -> None:
+    with pytest.raises(BadFrameError):
+        decode_body(body)
+
+
+def test_surrogate_pairs_are_fine() -> None:
+    assert decode_body(b'{"a": "\\ud83d\\ude00"}') == {"a": "😀"}
+
+
+def test_encode_refuses_nan() -> None:
+    with pytest.raises(ValueError):
+        encode_frame({"a": float("nan")})

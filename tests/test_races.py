@@ -1,0 +1,97 @@
+"""Races with many threads: no overselling, one purchase per idempotency key,
+one vote per purchased item — on SQLite and MariaDB.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from conftest import CARD, Market
+
+from wire import Connection, ProtocolError
+
+
+def race(calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run every call at once (after a barrier); each result or the ProtocolError it raised."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], Any]) -> Any:
+        barrier.wait()
+        try:
+            return call()
+        except ProtocolError as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+def codes(results: list[Any]) -> Counter[str]:
+    return Counter(r.code if isinstance(r, ProtocolError) else "OK" for r in results)
+
+
+def test_fifty_buyers_race_for_ten_units(market: Market) -> None:
+    seller = market.user("seller")
+    item_id = market.item(seller, quantity=10)
+    buyers = [market.user("buyer") for _ in range(50)]
+    for buyer in buyers:
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+    results = race([lambda b=b: b.call("make_purchase", CARD) for b in buyers])
+    assert codes(results) == Counter({"OK": 10, "CONFLICT": 40})
+    assert buyers[0].call("get_item", {"item_id": item_id})["quantity"] == 0
+    assert seller.call("get_seller_rating")["items_sold"] == 10
+    losers = [b for b, r in zip(buyers, results, strict=True) if isinstance(r, ProtocolError)]
+    assert all(len(b.call("display_cart")["cart"]["items"]) == 1 for b in losers)
+
+
+def test_multi_item_carts_race_without_deadlock_or_overselling(market: Market) -> None:
+    seller = market.user("seller")
+    items = [market.item(seller, quantity=6) for _ in range(3)]
+    buyers = [market.user("buyer") for _ in range(12)]
+    for n, buyer in enumerate(buyers):  # every buyer wants two of the three, added in varied order
+        for item_id in (items[n % 3], items[(n + 1) % 3])[:: 1 if n % 2 else -1]:
+            buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+    results = race([lambda b=b: b.call("make_purchase", CARD) for b in buyers])
+    assert codes(results)["INTERNAL"] == 0 and codes(results)["BUSY"] == 0
+    sold = sum(2 for r in results if not isinstance(r, ProtocolError))
+    left = sum(buyers[0].call("get_item", {"item_id": i})["quantity"] for i in items)
+    assert sold + left == 18 and left >= 0
+    assert seller.call("get_seller_rating")["items_sold"] == sold
+
+
+def test_the_same_idempotency_key_sent_twice_at_once_buys_once(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=10)
+    buyer.call("add_to_cart", {"item_id": item_id, "quantity": 3})
+    twins = [buyer] + [Connection(*market.buyer_server.address) for _ in range(5)]
+    for conn in twins[1:]:
+        conn.token = buyer.token
+        market.connections.append(conn)
+    args = {**CARD, "idempotency_key": "checkout-42"}
+    results = race([lambda c=c: c.call("make_purchase", args) for c in twins])
+    assert codes(results) == Counter({"OK": 6})
+    assert len({r["order_id"] for r in results}) == 1
+    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 7
+    assert len(buyer.call("get_purchase_history")["purchases"]) == 1
+
+
+def test_one_vote_per_purchased_item_under_a_race(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=1)
+    buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+    buyer.call("make_purchase", CARD)
+    voters = [buyer] + [Connection(*market.buyer_server.address) for _ in range(9)]
+    for conn in voters[1:]:
+        conn.token = buyer.token
+        market.connections.append(conn)
+    results = race([lambda c=c, n=n: c.call("provide_feedback", {"item_id": item_id,
+                                                                 "vote": "up" if n % 2 else "down"})
+                    for n, c in enumerate(voters)])
+    assert codes(results) == Counter({"OK": 1, "CONFLICT": 9})
+    rating = buyer.call("get_seller_rating", {"seller_id": seller.user_id})
+    assert rating["thumbs_up"] + rating["thumbs_down"] == 1
+    item = buyer.call("get_item", {"item_id": item_id})
+    assert item["thumbs_up"] + item["thumbs_down"] == 1

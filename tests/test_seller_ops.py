@@ -1,0 +1,86 @@
+"""Every seller op over TCP, with its errors, on SQLite and MariaDB."""
+from __future__ import annotations
+
+import pytest
+from conftest import Market
+
+from wire.errors import BadRequestError, ConflictError, ForbiddenError, NotFoundError, UnknownOpError
+
+
+def test_put_item_and_display_it(market: Market) -> None:
+    seller = market.user("seller")
+    item_id = market.item(seller, name="Desk lamp", keywords=["Desk", "LIGHT"], price="12.5", quantity=4)
+    items = seller.call("display_items")
+    assert items == {"next_cursor": None, "items": [{
+        "item_id": item_id, "seller_id": seller.user_id, "name": "Desk lamp", "category": 2,
+        "keywords": ["desk", "light"], "condition": "used", "price": "12.50", "quantity": 4,
+        "thumbs_up": 0, "thumbs_down": 0}]}
+
+
+@pytest.mark.parametrize("override,field", [
+    ({"name": ""}, "name"), ({"name": "x" * 33}, "name"), ({"category": 10}, "category"),
+    ({"category": True}, "category"), ({"keywords": ["a", "A"]}, "keywords"),
+    ({"keywords": ["toolongword"]}, "keywords"), ({"condition": "broken"}, "condition"),
+    ({"price": 12.5}, "price"), ({"price": "0.00"}, "price"), ({"price": "1.234"}, "price"),
+    ({"quantity": 0}, "quantity"), ({"quantity": 1.0}, "quantity"), ({"colour": "red"}, "colour"),
+])
+def test_put_item_checks_every_field(market: Market, override: dict, field: str) -> None:
+    seller = market.user("seller")
+    with pytest.raises(BadRequestError, match=f"^{field}: "):
+        market.item(seller, **override)
+
+
+def test_change_price_returns_the_item_and_guards_ownership(market: Market) -> None:
+    seller, other = market.user("seller"), market.user("seller")
+    item_id = market.item(seller)
+    assert seller.call("change_price", {"item_id": item_id, "price": "9.9"})["price"] == "9.90"
+    with pytest.raises(ForbiddenError):
+        other.call("change_price", {"item_id": item_id, "price": "1.00"})
+    with pytest.raises(NotFoundError):
+        seller.call("change_price", {"item_id": 10**9, "price": "1.00"})
+    assert seller.call("display_items")["items"][0]["price"] == "9.90"
+
+
+def test_remove_item_leaves_the_rest_and_refuses_more_than_on_sale(market: Market) -> None:
+    seller, other = market.user("seller"), market.user("seller")
+    item_id = market.item(seller, quantity=5)
+    assert seller.call("remove_item", {"item_id": item_id, "quantity": 2})["quantity"] == 3
+    with pytest.raises(ConflictError, match="only 3"):
+        seller.call("remove_item", {"item_id": item_id, "quantity": 4})
+    with pytest.raises(ForbiddenError):
+        other.call("remove_item", {"item_id": item_id, "quantity": 1})
+    assert seller.call("remove_item", {"item_id": item_id, "quantity": 3})["quantity"] == 0
+    assert seller.call("display_items")["items"] == []
+
+
+def test_display_items_pages_in_item_order_and_shows_only_the_sellers_own(market: Market) -> None:
+    seller, other = market.user("seller"), market.user("seller")
+    ids = [market.item(seller, name=f"thing {i}") for i in range(7)]
+    market.item(other)
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = seller.call("display_items", {"limit": 3, **({"cursor": cursor} if cursor else {})})
+        seen += [item["item_id"] for item in page["items"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids and pages == 3
+    with pytest.raises(BadRequestError, match="^cursor: "):
+        seller.call("display_items", {"cursor": "garbage!"})
+    with pytest.raises(BadRequestError, match="^limit: "):
+        seller.call("display_items", {"limit": 0})
+
+
+def test_seller_rating_starts_at_zero(market: Market) -> None:
+    seller = market.user("seller")
+    assert seller.call("get_seller_rating") == {"seller_id": seller.user_id, "thumbs_up": 0,
+                                                "thumbs_down": 0, "items_sold": 0}
+    with pytest.raises(BadRequestError, match="^seller_id: unknown"):
+        seller.call("get_seller_rating", {"seller_id": seller.user_id})
+
+
+def test_buyer_ops_are_unknown_on_the_seller_server(market: Market) -> None:
+    seller = market.user("seller")
+    with pytest.raises(UnknownOpError):
+        seller.call("search_items")

@@ -1,0 +1,226 @@
+"""The shared server loop over real sockets: framing errors, pipelining, limits, stop.
+
+These use a tiny App of public ops so that the loop is tested on its own; the real
+buyer and seller apps are exercised over the same loop by the op tests.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from wire import Connection, OpSpec
+from wire.app import App
+from wire.framing import FrameDecoder, encode_frame
+from wire.server import Server, ServerLimits
+
+
+def _boom() -> dict[str, Any]:
+    raise RuntimeError("secret detail: password=hunter2")
+
+
+def _slow() -> dict[str, Any]:
+    time.sleep(0.5)
+    return {"slept": True}
+
+
+class _NoSessions:
+    def run(self, token: str, write: bool, work: Any) -> Any:
+        raise AssertionError("no private ops here")
+
+
+def tiny_app() -> App:
+    specs = {name: OpSpec(name, public=True) for name in ("ping", "boom", "slow")}
+    specs["private"] = OpSpec("private")
+    handlers = {"ping": lambda: {"pong": True}, "boom": _boom, "slow": _slow, "private": _boom}
+    return App(specs, handlers, _NoSessions())
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    servers: list[Server] = []
+
+    def start(**limits: Any) -> Server:
+        server = Server(tiny_app(), limits=ServerLimits(**{"threads": 4, **limits}))
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+def raw(server: Server) -> socket.socket:
+    sock = socket.create_connection(server.address, timeout=5)
+    return sock
+
+
+def read_messages(sock: socket.socket, count: int) -> list[dict[str, Any]]:
+    decoder = FrameDecoder()
+    out: list[dict[str, Any]] = []
+    while len(out) < count:
+        data = sock.recv(65536)
+        if not data:
+            break
+        decoder.feed(data)
+        out.extend(decoder.messages())
+    return out
+
+
+def closed_by_server(sock: socket.socket, within: float = 5.0) -> bool:
+    sock.settimeout(within)
+    try:
+        while True:
+            if sock.recv(65536) == b"":
+                return True
+    except (TimeoutError, ConnectionResetError):
+        return False
+
+
+def test_pipelined_requests_are_answered_in_order(serve: Any) -> None:
+    sock = raw(serve())
+    ops = ["slow", "ping", "ping", "slow", "ping"] * 4
+    sock.sendall(b"".join(encode_frame({"id": i, "op": op}) for i, op in enumerate(ops)))
+    responses = read_messages(sock, len(ops))
+    assert [r["id"] for r in responses] == list(range(len(ops)))
+    assert all(r["ok"] for r in responses)
+
+
+def test_ids_are_echoed_and_an_id_of_another_type_is_a_bad_request(serve: Any) -> None:
+    sock = raw(serve())
+    for rid in (7, "abc", None):
+        sock.sendall(encode_frame({"id": rid, "op": "ping"}))
+        assert read_messages(sock, 1)[0] == {"id": rid, "ok": True, "result": {"pong": True}}
+    for bad in (True, 1.5, [1], {"a": 1}):
+        sock.sendall(encode_frame({"id": bad, "op": "ping"}))
+        response = read_messages(sock, 1)[0]
+        assert response["id"] is None and response["error"]["code"] == "BAD_REQUEST"
+        assert response["error"]["message"].startswith("id:")
+
+
+@pytest.mark.parametrize("message,code,field", [
+    ({"op": "nope"}, "UNKNOWN_OP", None),
+    ({"op": "put_item"}, "UNKNOWN_OP", None),
+    ({}, "BAD_REQUEST", "op"),
+    ({"op": 5}, "BAD_REQUEST", "op"),
+    ({"op": "ping", "args": [1]}, "BAD_REQUEST", "args"),
+    ({"op": "ping", "args": {"x": 1}}, "BAD_REQUEST", "x"),
+    ({"op": "ping", "token": 5}, "BAD_REQUEST", "token"),
+    ({"op": "ping", "arg": {}}, "BAD_REQUEST", "arg"),
+    ({"op": "private"}, "UNAUTHENTICATED", None),
+    ({"op": "private", "args": {"bad": 1}}, "UNAUTHENTICATED", None),
+])
+def test_request_errors_keep_the_connection_open(serve: Any, message: dict, code: str,
+                                                 field: str | None) -> None:
+    sock = raw(serve())
+    sock.sendall(encode_frame({"id": 1, **message}) + encode_frame({"id": 2, "op": "ping"}))
+    error, after = read_messages(sock, 2)
+    assert error["ok"] is False and error["error"]["code"] == code
+    assert error["error"]["retryable"] is False
+    if field:
+        assert error["error"]["message"].startswith(f"{field}:")
+    assert after == {"id": 2, "ok": True, "result": {"pong": True}}
+
+
+@pytest.mark.parametrize("frame,code", [
+    (struct.pack(">I", 0), "BAD_FRAME"),
+    (struct.pack(">I", 3) + b"{x}", "BAD_FRAME"),
+    (struct.pack(">I", 2) + b"[]", "BAD_FRAME"),
+    (struct.pack(">I", 4) + b"\xff\xfe{}", "BAD_FRAME"),
+    (struct.pack(">I", 14) + b'{"a":1, "a":2}', "BAD_FRAME"),
+    (struct.pack(">I", 10) + b'{"a":NaN }', "BAD_FRAME"),
+    (struct.pack(">I", 2000), "FRAME_TOO_LARGE"),
+])
+def test_frame_errors_answer_once_then_close(serve: Any, frame: bytes, code: str) -> None:
+    sock = raw(serve(max_frame=1000))
+    sock.sendall(encode_frame({"id": 1, "op": "ping"}) + frame + encode_frame({"id": 2, "op": "ping"}))
+    first, error = read_messages(sock, 2)
+    assert first["id"] == 1 and first["ok"]
+    assert error == {"id": None, "ok": False,
+                     "error": {"code": code, "message": error["error"]["message"], "retryable": False}}
+    assert closed_by_server(sock)
+
+
+def test_internal_errors_leak_nothing_and_are_logged(serve: Any, caplog: Any) -> None:
+    caplog.set_level(logging.ERROR)
+    sock = raw(serve())
+    sock.sendall(encode_frame({"id": 9, "op": "boom"}))
+    response = read_messages(sock, 1)[0]
+    assert response["error"]["code"] == "INTERNAL"
+    assert "hunter2" not in json.dumps(response) and "RuntimeError" not in json.dumps(response)
+    assert "hunter2" in caplog.text and "Traceback" in caplog.text
+    sock.sendall(encode_frame({"id": 10, "op": "ping"}))
+    assert read_messages(sock, 1)[0]["ok"]
+
+
+def test_over_the_connection_limit_a_client_gets_busy_and_is_closed(serve: Any) -> None:
+    server = serve(max_connections=3)
+    held = [Connection(*server.address) for _ in range(3)]
+    for conn in held:
+        conn.call("ping")
+    extra = raw(server)
+    busy = read_messages(extra, 1)
+    assert busy[0]["error"]["code"] == "BUSY" and busy[0]["error"]["retryable"] is True
+    assert closed_by_server(extra)
+    held.pop().close()
+    deadline = time.monotonic() + 5
+    while server.connection_count >= 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert Connection(*server.address).call("ping") == {"pong": True}
+
+
+def test_an_idle_connection_is_closed_after_the_idle_limit(serve: Any) -> None:
+    sock = raw(serve(idle_timeout_s=0.5))
+    sock.sendall(encode_frame({"op": "ping"}))
+    assert read_messages(sock, 1)[0]["ok"]
+    assert closed_by_server(sock, within=5)
+
+
+def test_a_frame_not_finished_in_time_gets_the_connection_closed(serve: Any) -> None:
+    sock = raw(serve(frame_deadline_s=0.5))
+    sock.sendall(encode_frame({"op": "ping"})[:7])
+    assert closed_by_server(sock, within=5)
+
+
+def test_many_connections_do_not_add_threads(serve: Any) -> None:
+    server = serve(threads=4)
+    Connection(*server.address).call("ping")
+    before = threading.active_count()
+    conns = [Connection(*server.address) for _ in range(200)]
+    for conn in conns:
+        conn.call("ping")
+    assert server.connection_count >= 200
+    assert threading.active_count() <= before + 4
+    for conn in conns:
+        conn.close()
+
+
+def test_shutdown_finishes_requests_in_flight(serve: Any) -> None:
+    server = serve()
+    sock = raw(server)
+    sock.sendall(encode_frame({"id": 1, "op": "slow"}))
+    time.sleep(0.1)
+    stopper = threading.Thread(target=server.shutdown)
+    stopper.start()
+    assert read_messages(sock, 1) == [{"id": 1, "ok": True, "result": {"slept": True}}]
+    stopper.join(5)
+    assert not stopper.is_alive()
+    with pytest.raises(OSError):
+        socket.create_connection(server.address, timeout=1)
+
+
+def test_a_client_that_vanishes_mid_request_does_not_hurt_the_server(serve: Any) -> None:
+    server = serve()
+    for _ in range(20):
+        sock = raw(server)
+        sock.sendall(encode_frame({"op": "slow"}))
+        sock.close()
+    assert Connection(*server.address).call("ping") == {"pong": True}

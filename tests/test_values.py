@@ -1,0 +1,104 @@
+"""Value rules of PROTOCOL.md, checked without a server."""
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from wire import BUYER_OPS, SELLER_OPS
+from wire import values as v
+from wire.errors import BadRequestError
+
+
+@pytest.mark.parametrize("text,cents", [("12.5", 1250), ("12.50", 1250), ("0.01", 1), ("7", 700),
+                                        ("1000000.00", 100_000_000), ("0012.05", 1205)])
+def test_money_accepts_decimal_strings(text: str, cents: int) -> None:
+    assert v.money("price", text) == cents
+
+
+@pytest.mark.parametrize("bad", ["0", "0.00", "1000000.01", "12.505", "-1", "1e3", "12.", ".5",
+                                 " 12", "12,50", 12.5, 12, None, True, "١٢"])
+def test_money_rejects(bad: object) -> None:
+    with pytest.raises(BadRequestError, match="^price: "):
+        v.money("price", bad)
+
+
+def test_money_is_formatted_with_two_digits() -> None:
+    assert [v.format_money(c) for c in (1, 1250, 100_000_000, 0)] == ["0.01", "12.50", "1000000.00", "0.00"]
+
+
+@pytest.mark.parametrize("bad", [True, False, 1.0, "1", None])
+def test_integers_are_integers_only(bad: object) -> None:
+    with pytest.raises(BadRequestError, match="^quantity: must be an integer"):
+        v.quantity("quantity", bad)
+
+
+def test_integer_ranges() -> None:
+    assert v.quantity("q", 1_000_000) == 1_000_000
+    for bad in (0, 1_000_001, -1):
+        with pytest.raises(BadRequestError, match="^q: must be from 1 to 1000000"):
+            v.quantity("q", bad)
+
+
+def test_keywords_are_lower_cased_in_order_and_distinct() -> None:
+    assert v.keywords("keywords", ["Desk", "LIGHT", "é"]) == ["desk", "light", "é"]
+    for bad in (["a", "A"], ["123456789"], [""], ["a"] * 6, "desk", [1], ["a", "b", "c", "d", "e", "f"]):
+        with pytest.raises(BadRequestError, match="^keywords: "):
+            v.keywords("keywords", bad)
+
+
+@pytest.mark.parametrize("name", ["abc", "A_b.c-9", "x" * 32])
+def test_usernames_accepted(name: str) -> None:
+    assert v.username("username", name) == name
+
+
+@pytest.mark.parametrize("name", ["ab", "x" * 33, "has space", "ünï", "a/b", 5])
+def test_usernames_rejected(name: object) -> None:
+    with pytest.raises(BadRequestError, match="^username: "):
+        v.username("username", name)
+
+
+def test_person_names_must_be_printable() -> None:
+    assert v.person_name("name", "Zoë O'Neil") == "Zoë O'Neil"
+    for bad in ("", "x" * 33, "a\nb", "a\x00b"):
+        with pytest.raises(BadRequestError, match="^name: "):
+            v.person_name("name", bad)
+
+
+def test_luhn() -> None:
+    assert v.card_number("card_number", "4111111111111111") == "4111111111111111"
+    for bad in ("4111111111111112", "41111111111", "4" * 20, "4111-1111-1111-1111", "٤١١١١١١١١١١١١١١١"):
+        with pytest.raises(BadRequestError, match="^card_number: "):
+            v.card_number("card_number", bad)
+
+
+def test_card_expiry_is_valid_through_its_month() -> None:
+    now = datetime.now(UTC)
+    this_month = f"{now.month:02d}/{now.year % 100:02d}"
+    assert v.card_expiry("card_expiry", this_month) == this_month
+    last_year = f"{now.month:02d}/{(now.year - 1) % 100:02d}"
+    for bad in (last_year, "13/30", "00/30", "1/30", "01/2030", 130):
+        with pytest.raises(BadRequestError, match="^card_expiry: "):
+            v.card_expiry("card_expiry", bad)
+
+
+def test_cursors_round_trip_and_garbage_is_a_bad_request() -> None:
+    assert v.decode_cursor(v.encode_cursor(3, 99), 2) == (3, 99)
+    for bad in ("!!!", v.encode_cursor(1), "bm90IGEgY3Vyc29y"):
+        with pytest.raises(BadRequestError, match="^cursor: "):
+            v.decode_cursor(bad, 2)
+
+
+def test_op_specs_name_unknown_missing_and_wrong_fields() -> None:
+    spec = SELLER_OPS["change_price"]
+    with pytest.raises(BadRequestError, match="^colour: unknown field"):
+        spec.validate({"item_id": 1, "price": "1.00", "colour": "red"})
+    with pytest.raises(BadRequestError, match="^price: required"):
+        spec.validate({"item_id": 1})
+    assert spec.validate({"item_id": 1, "price": "1.5"}) == {"item_id": 1, "price": 150}
+
+
+def test_paging_defaults() -> None:
+    assert BUYER_OPS["get_purchase_history"].validate({}) == {"limit": 50, "cursor": None}
+    with pytest.raises(BadRequestError, match="^limit: "):
+        BUYER_OPS["get_purchase_history"].validate({"limit": 501})
