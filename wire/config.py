@@ -7,11 +7,12 @@ default and a comment, in `.env.example`.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from dotenv import load_dotenv
+from dotenv import find_dotenv, load_dotenv
 
 DEFAULT_DB_URL = "sqlite:///market.db"
 DEFAULT_PORTS = {"buyer": 7001, "seller": 7002}
@@ -36,9 +37,15 @@ class Settings:
     log_level: str = "INFO"
 
 
+@functools.cache
+def _load_dotenv() -> None:
+    """Read `.env` from the working folder once; the environment wins over it."""
+    load_dotenv(find_dotenv(usecwd=True), override=False)
+
+
 def env(name: str, default: Any = None) -> Any:
     """A MARKET_* setting from the environment or `.env`, else the default."""
-    load_dotenv(override=False)
+    _load_dotenv()
     return os.environ.get(name, default)
 
 

@@ -1,0 +1,148 @@
+"""The servers as real processes: the `listening on` line, SIGTERM, and statelessness
+(any process of a kind accepts any live token; a restart keeps sessions).
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from conftest import PASSWORD, unique_name
+
+from wire import Connection
+from wire.errors import UnauthenticatedError
+
+LISTENING = re.compile(r"^listening on (\S+):(\d+)$")
+
+
+class ServerProcess:
+    """`python -m {role}_server --port 0` in a subprocess."""
+
+    def __init__(self, role: str, db_url: str, port: int = 0) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", f"{role}_server", "--port", str(port), "--db-url", db_url,
+             "--threads", "4"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def wait_ready(self) -> ServerProcess:
+        """Read the `listening on` line."""
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        match = LISTENING.match(line)
+        assert match, f"expected 'listening on HOST:PORT', got {line!r}; stderr: {self.stderr()}"
+        self.host, self.port = match.group(1), int(match.group(2))
+        return self
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()
+
+    def connect(self) -> Connection:
+        return Connection(self.host, self.port, timeout=10)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=20)
+
+
+@pytest.fixture
+def spawn(db_url: str) -> Iterator[object]:
+    started: list[ServerProcess] = []
+
+    def start(role: str = "buyer", port: int = 0, ready: bool = True) -> ServerProcess:
+        server = ServerProcess(role, db_url, port)
+        started.append(server)
+        return server.wait_ready() if ready else server
+
+    yield start
+    for server in started:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def login(conn: Connection) -> str:
+    name = unique_name()
+    conn.call("create_account", {"username": name, "password": PASSWORD, "name": name})
+    return str(conn.call("login", {"username": name, "password": PASSWORD})["token"])
+
+
+def test_a_server_prints_its_port_and_stops_cleanly_on_sigterm(spawn) -> None:  # type: ignore[no-untyped-def]
+    server = spawn("seller")
+    assert server.host == "127.0.0.1" and server.port > 0
+    assert server.connect().call("ping")["server"] == "seller"
+    assert server.stop() == 0
+
+
+def test_two_buyer_processes_accept_each_others_tokens(spawn) -> None:  # type: ignore[no-untyped-def]
+    first, second = spawn("buyer"), spawn("buyer")
+    one, two = first.connect(), second.connect()
+    token = login(one)
+    assert two.call("display_cart", token=token)["cart"]["total"] == "0.00"
+    two.call("logout", token=token)
+    with pytest.raises(UnauthenticatedError):
+        one.call("display_cart", token=token)
+
+
+def test_a_restarted_server_still_accepts_live_tokens(spawn) -> None:  # type: ignore[no-untyped-def]
+    server = spawn("buyer")
+    conn = server.connect()
+    token = login(conn)
+    assert server.stop() == 0
+    restarted = spawn("buyer", port=server.port)
+    assert conn.call("display_cart", token=token)["cart"]["items"] == []
+    assert conn.reconnects == 1
+    assert restarted.stop() == 0
+
+
+def test_servers_starting_together_on_a_new_database_all_come_up(spawn) -> None:  # type: ignore[no-untyped-def]
+    servers = [spawn(role, ready=False) for role in ("buyer", "seller", "buyer", "seller")]
+    for server in servers:
+        assert server.wait_ready().connect().call("ping")["server"] in ("buyer", "seller")
+    token = login(servers[0].connect())
+    assert servers[2].connect().call("display_cart", token=token)["cart"]["items"] == []
+
+
+def test_settings_come_from_a_dot_env_file_in_the_working_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    db_file = tmp_path / "from-dotenv.db"
+    (tmp_path / ".env").write_text(f"MARKET_DB_URL=sqlite:///{db_file}\nMARKET_SELLER_PORT=0\n")
+    proc = subprocess.Popen([sys.executable, "-m", "seller_server"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("MARKET_")})
+    try:
+        assert proc.stdout is not None
+        match = LISTENING.match(proc.stdout.readline().strip())
+        assert match and int(match.group(2)) != 7002
+        assert db_file.exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+
+
+def test_an_unreachable_database_answers_unavailable() -> None:
+    from db import Database
+    from seller_server.ops import build_app
+    from wire.config import Settings
+    from wire.errors import UnavailableError
+    from wire.server import Server
+
+    server = Server(build_app(Settings(role="seller"), Database("mysql://root@127.0.0.1:1/none")))
+    server.start()
+    try:
+        conn = Connection(*server.address)
+        with pytest.raises(UnavailableError) as caught:
+            conn.call("login", {"username": "somebody", "password": PASSWORD})
+        assert caught.value.retryable
+        with pytest.raises(UnavailableError):
+            conn.call("display_items", token="x" * 43)
+        assert conn.call("ping")["server"] == "seller"
+    finally:
+        server.shutdown()
