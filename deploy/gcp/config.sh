@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2034  # the variables are used by the scripts that source this file
+# The settings of every deploy/gcp script, sourced at their top. Override any of them from the
+# environment, e.g.  PROJECT=my-project REGION=europe-west1 deploy/gcp/up.sh
+set -euo pipefail
+
+PROJECT=${PROJECT:-$(gcloud config get-value project 2>/dev/null)}
+REGION=${REGION:-us-central1}
+ZONE=${ZONE:-${REGION}-a}
+
+NETWORK=${NETWORK:-market-net}
+SUBNET=${SUBNET:-market-subnet}
+SUBNET_RANGE=${SUBNET_RANGE:-10.20.0.0/24}
+PEERING_RANGE=${PEERING_RANGE:-market-sql-peering}  # private services access: Cloud SQL's private IP
+CLIENT_RANGES=${CLIENT_RANGES:-0.0.0.0/0}            # who may reach the two ports; narrow it
+BUYER_PORT=${BUYER_PORT:-7001}
+SELLER_PORT=${SELLER_PORT:-7002}
+SERVER_TAG=market-server
+FIREWALL_RULE=${NETWORK}-allow-market
+IAP_SSH_RULE=${NETWORK}-allow-iap-ssh                 # only while deploy/gcp/iap-ssh.sh opens it
+
+SQL_INSTANCE=${SQL_INSTANCE:-market-sql}
+SQL_VERSION=${SQL_VERSION:-MYSQL_8_0}
+SQL_TIER=${SQL_TIER:-db-custom-1-3840}
+DB_NAME=${DB_NAME:-market}
+DB_USER=${DB_USER:-market}
+ENV_SECRET=${ENV_SECRET:-market-env}                  # Secret Manager: the VM's /etc/market/market.env
+
+VM_NAME=${VM_NAME:-market-vm}
+VM_MACHINE_TYPE=${VM_MACHINE_TYPE:-e2-small}
+VM_ADDRESS=${VM_ADDRESS:-market-ip}                   # a static external IP for the clients
+VM_SA_NAME=${VM_SA_NAME:-market-vm}
+BUCKET=${BUCKET:-${PROJECT}-market-release}           # the release: a wheel and the systemd units
+PROXY_VERSION=${PROXY_VERSION:-v2.14.1}               # Cloud SQL Auth Proxy
+
+VM_SA=${VM_SA_NAME}@${PROJECT}.iam.gserviceaccount.com
+SQL_CONNECTION=${PROJECT}:${REGION}:${SQL_INSTANCE}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+
+if [ -z "$PROJECT" ]; then
+  echo "set PROJECT (or run: gcloud config set project PROJECT_ID)" >&2
+  exit 2
+fi
+
+# True when a `gcloud ... describe` (the arguments) finds the resource.
+exists() { "$@" >/dev/null 2>&1; }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The VM's startup script: runs as root at every boot. Installs the Cloud SQL Auth Proxy, the
+# release from the bucket into /opt/market/venv, the settings from Secret Manager into
+# /etc/market/market.env and the systemd units, then (re)starts the three services.
+set -euo pipefail
+
+attribute() {
+  curl -fsS -H 'Metadata-Flavor: Google' \
+    "http://metadata.google.internal/computeMetadata/v1/instance/attributes/$1"
+}
+BUCKET=$(attribute market-bucket)
+ENV_SECRET=$(attribute market-secret)
+PROXY_VERSION=$(attribute proxy-version)
+APP=/opt/market
+SERVICES=(cloud-sql-proxy.service market-buyer.service market-seller.service)
+
+apt-get update -qq
+apt-get install -y -qq python3-venv >/dev/null
+if ! id market >/dev/null 2>&1; then
+  useradd --system --user-group --home-dir /var/lib/market --create-home --shell /usr/sbin/nologin market
+fi
+
+proxy=/usr/local/bin/cloud-sql-proxy
+if ! "$proxy" --version 2>/dev/null | grep -q "${PROXY_VERSION#v}"; then
+  curl -fsSLo "$proxy.new" \
+    "https://storage.googleapis.com/cloud-sql-connectors/cloud-sql-proxy/$PROXY_VERSION/cloud-sql-proxy.linux.amd64"
+  install -m 755 "$proxy.new" "$proxy" && rm -f "$proxy.new"
+fi
+
+release=$(mktemp -d)
+trap 'rm -rf "$release"' EXIT
+gcloud storage cp "gs://$BUCKET/release/*" "$release/"
+[ -x "$APP/venv/bin/python" ] || python3 -m venv "$APP/venv"
+"$APP/venv/bin/pip" install --quiet --upgrade pip
+"$APP/venv/bin/pip" install --quiet "$release"/*.whl
+"$APP/venv/bin/pip" install --quiet --force-reinstall --no-deps "$release"/*.whl  # same version, new code
+
+install -d -m 750 -o root -g market /etc/market
+gcloud secrets versions access latest --secret="$ENV_SECRET" >"$release/market.env"
+install -m 640 -o root -g market "$release/market.env" /etc/market/market.env
+
+install -m 644 "$release"/*.service /etc/systemd/system/
+systemctl daemon-reload
+systemctl enable "${SERVICES[@]}"
+systemctl restart "${SERVICES[@]}"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Delete everything up.sh created: the VM and its IP, the bucket, the service account, the
+# secret, the Cloud SQL instance (and its data!), the firewall rules and the network.
+# Asks first unless YES=1. A deleted Cloud SQL instance's name stays taken for about a week.
+set -euo pipefail
+# shellcheck source=deploy/gcp/config.sh
+source "$(dirname "$0")/config.sh"
+
+if [ "${YES:-}" != 1 ]; then
+  read -r -p "Delete the marketplace in project $PROJECT, database included? [y/N] " answer
+  [ "$answer" = y ] || exit 1
+fi
+
+if exists gcloud compute instances describe "$VM_NAME" --zone "$ZONE" --project "$PROJECT"; then
+  gcloud compute instances delete "$VM_NAME" --zone "$ZONE" --project "$PROJECT" --quiet
+fi
+if exists gcloud compute addresses describe "$VM_ADDRESS" --region "$REGION" --project "$PROJECT"; then
+  gcloud compute addresses delete "$VM_ADDRESS" --region "$REGION" --project "$PROJECT" --quiet
+fi
+if exists gcloud storage buckets describe "gs://$BUCKET" --project "$PROJECT"; then
+  gcloud storage rm --recursive "gs://$BUCKET" --project "$PROJECT"
+fi
+for role in roles/cloudsql.client roles/logging.logWriter; do
+  gcloud projects remove-iam-policy-binding "$PROJECT" --member="serviceAccount:$VM_SA" --role="$role" \
+    --condition=None >/dev/null 2>&1 || true
+done
+if exists gcloud iam service-accounts describe "$VM_SA" --project "$PROJECT"; then
+  gcloud iam service-accounts delete "$VM_SA" --project "$PROJECT" --quiet
+fi
+if exists gcloud secrets describe "$ENV_SECRET" --project "$PROJECT"; then
+  gcloud secrets delete "$ENV_SECRET" --project "$PROJECT" --quiet
+fi
+if exists gcloud sql instances describe "$SQL_INSTANCE" --project "$PROJECT"; then
+  gcloud sql instances delete "$SQL_INSTANCE" --project "$PROJECT" --quiet
+fi
+for rule in "$FIREWALL_RULE" "$IAP_SSH_RULE"; do
+  if exists gcloud compute firewall-rules describe "$rule" --project "$PROJECT"; then
+    gcloud compute firewall-rules delete "$rule" --project "$PROJECT" --quiet
+  fi
+done
+if gcloud services vpc-peerings list --network="$NETWORK" --project "$PROJECT" --format='value(peering)' \
+    2>/dev/null | grep -q .; then
+  gcloud services vpc-peerings delete --service=servicenetworking.googleapis.com --network="$NETWORK" \
+    --project "$PROJECT" --quiet
+fi
+if exists gcloud compute addresses describe "$PEERING_RANGE" --global --project "$PROJECT"; then
+  gcloud compute addresses delete "$PEERING_RANGE" --global --project "$PROJECT" --quiet
+fi
+if exists gcloud compute networks subnets describe "$SUBNET" --region "$REGION" --project "$PROJECT"; then
+  gcloud compute networks subnets delete "$SUBNET" --region "$REGION" --project "$PROJECT" --quiet
+fi
+if exists gcloud compute networks describe "$NETWORK" --project "$PROJECT"; then
+  gcloud compute networks delete "$NETWORK" --project "$PROJECT" --quiet
+fi
