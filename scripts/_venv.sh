@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by start.sh and test.sh: make .venv (once) and install the project into it.
 # Re-installs only when pyproject.toml has changed since the last install.
 set -euo pipefail
