@@ -12,7 +12,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     MARKET_HOST=0.0.0.0
 
 RUN useradd --system --uid 10001 --user-group --home-dir /app --shell /usr/sbin/nologin market \
- && install -d -o market -g market /app
+ && install -d -o market -g market /app /app/sim-results
 
 # The dependencies first, read from pyproject.toml alone, so that a code change reuses this layer.
 COPY pyproject.toml /src/
