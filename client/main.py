@@ -1,5 +1,7 @@
 """`market`: the command people type. Subcommands:
 
+  market buyer            the interactive buyer shell (`-c "CMD; CMD"` or stdin: script mode)
+  market seller           the interactive seller shell
   market serve            both servers in the foreground (SQLite by default)
   market health HOST:PORT ping a server; exit 0 when it answers
 """
@@ -12,7 +14,9 @@ import sys
 from typing import Any
 
 from wire import Connection, ProtocolError
-from wire.config import DEFAULT_DB_URL, env
+from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, env
+
+from .shell import open_shell
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -49,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The `market` argument parser."""
     parser = argparse.ArgumentParser(prog="market", description="The marketplace command.")
     sub = parser.add_subparsers(dest="command", required=True)
+    for role in ("buyer", "seller"):
+        p = sub.add_parser(role, help=f"the {role} shell (interactive, or a script with -c/stdin)")
+        p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
+        p.add_argument("--port", type=int,
+                       default=int(env(f"MARKET_{role.upper()}_PORT", DEFAULT_PORTS[role])))
+        p.add_argument("-c", "--command", dest="script", metavar="COMMANDS",
+                       help="run these `;`-separated commands without prompts, then exit")
+        p.set_defaults(func=open_shell, role=role)
     p = sub.add_parser("serve", help="run both servers in the foreground")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
     p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))

@@ -1,0 +1,90 @@
+"""Commands both shells have: accounts (signup, login, logout), help, more, ping and quit.
+
+Passwords come from the argument, a no-echo prompt, or MARKET_PASSWORD in script mode; they
+are passed to the server and never kept.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .registry import Arg, Registry
+from .render import Table
+
+if TYPE_CHECKING:
+    from .shell import Shell
+
+COMMON = Registry()
+
+USERNAME = Arg("username")
+PASSWORD = Arg("password", "--password", "-p", secret=True, env="MARKET_PASSWORD")
+
+
+@COMMON.command("signup", "Create an account and log in to it.", USERNAME, Arg("name", "--name"),
+                Arg("password", "--password", "-p", secret=True, confirm=True,
+                    env="MARKET_PASSWORD"),
+                aliases=("create_account",), login=False)
+def signup(shell: Shell, args: dict[str, Any]) -> None:
+    """create_account, then login."""
+    user = shell.call("create_account", args)
+    shell.out.say(f"Account {args['username']} created (user {user['user_id']}).")
+    login(shell, {"username": args["username"], "password": args["password"]})
+
+
+@COMMON.command("login", "Log in (your session's cart starts as your saved cart).", USERNAME,
+                PASSWORD, login=False)
+def login(shell: Shell, args: dict[str, Any]) -> None:
+    """login; a session already open is ended first."""
+    if shell.username is not None:
+        logout(shell, {})
+    result = shell.call("login", args)
+    shell.log_in(args["username"], result["token"])
+    shell.out.say(f"Logged in as {args['username']} (user {result['user_id']}).")
+
+
+@COMMON.command("logout", "Log out (an unsaved cart is dropped).")
+def logout(shell: Shell, args: dict[str, Any]) -> None:
+    """logout."""
+    try:
+        shell.call("logout")
+    finally:
+        name = shell.username
+        shell.log_out()
+    shell.out.say(f"Logged out {name}.")
+
+
+@COMMON.command("help", "Show the commands, or how to use one.", Arg("command", required=False),
+                aliases=("?",), login=False)
+def help_(shell: Shell, args: dict[str, Any]) -> None:
+    """The command list, or one command's usage."""
+    if args["command"] is None:
+        rows = [(c.usage, c.help) for c in shell.registry.unique()]
+        shell.out.table(Table("Commands", ("usage", "help"), rows, "No commands."))
+        return
+    command = shell.registry.get(args["command"])
+    shell.out.say(f"usage: {command.usage}")
+    shell.out.say(f"  {command.help}")
+    if command.aliases:
+        shell.out.say(f"  also: {', '.join(command.aliases)}")
+
+
+@COMMON.command("more", "Show the next page of the last list.", login=False)
+def more(shell: Shell, args: dict[str, Any]) -> None:
+    """The next page of the last list command."""
+    pager = shell.pager
+    if pager is None or pager.cursor is None:
+        shell.out.say("Nothing more to show.")
+        return
+    shell.page(pager.op, {**pager.args, "cursor": pager.cursor}, pager.to_table)
+
+
+@COMMON.command("ping", "Check that the server answers.", login=False)
+def ping(shell: Shell, args: dict[str, Any]) -> None:
+    """ping."""
+    result = shell.call("ping")
+    shell.out.say(f"The {result['server']} server {result['version']} at {shell.address} answers.")
+
+
+@COMMON.command("quit", "Leave the shell (logging out).", aliases=("exit", "\\q"), login=False)
+def quit_(shell: Shell, args: dict[str, Any]) -> None:
+    """Stop the loop; the shell logs out as it closes."""
+    shell.running = False

@@ -1,0 +1,181 @@
+"""The command registry of the shells: each command's name, arguments, one-line help and handler.
+
+Commands register with a decorator, as in litecli's special commands; `help`, tab completion
+and argument parsing are all generated from this one table.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from wire.config import env
+
+Handler = Callable[[Any, dict[str, Any]], None]
+Ask = Callable[["Arg"], str]
+
+
+class UsageError(Exception):
+    """A command line that does not fit its command; the shell prints it with the usage."""
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument: a positional word (no flag) or an option (`--flag VALUE`).
+
+    `secret` values are read without echo (twice if `confirm`); `env` names a variable that
+    supplies the value in script mode; `many` collects the remaining words.
+    """
+
+    name: str
+    flag: str | None = None
+    alias: str | None = None
+    convert: Callable[[str], Any] = str
+    required: bool = True
+    secret: bool = False
+    confirm: bool = False
+    many: bool = False
+    default: Any = None
+    env: str | None = None
+
+    @property
+    def label(self) -> str:
+        """How the argument appears in usage lines and prompts."""
+        return self.name.replace("_", " ")
+
+    def usage(self) -> str:
+        """This argument's part of the usage line."""
+        word = self.name.upper() + ("..." if self.many else "")
+        text = f"{self.flag} {self.name.upper()}" if self.flag else word
+        return text if self.required and not self.secret else f"[{text}]"  # secrets are asked
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command of a shell."""
+
+    name: str
+    help: str
+    handler: Handler
+    args: tuple[Arg, ...] = ()
+    aliases: tuple[str, ...] = ()
+    login: bool = True
+
+    @property
+    def usage(self) -> str:
+        """The usage line, generated from the arguments."""
+        return " ".join([self.name, *(arg.usage() for arg in self.args)])
+
+    def parse(self, words: list[str]) -> dict[str, str | list[str] | None]:
+        """The raw (unconverted) values of the words; UsageError if they do not fit."""
+        namespace = _parser(self).parse_intermixed_args(words)
+        return {arg.name: getattr(namespace, arg.name) for arg in self.args}
+
+    def values(self, words: list[str], ask: Ask | None) -> dict[str, Any]:
+        """Converted values; a missing required one is asked for, or without `ask` an error."""
+        raw = self.parse(words)
+        return {arg.name: _value(arg, raw[arg.name], ask) for arg in self.args}
+
+
+def _value(arg: Arg, raw: Any, ask: Ask | None) -> Any:
+    if not raw and arg.env and ask is None:
+        raw = env(arg.env)
+    if not raw:
+        if not arg.required:
+            return arg.default
+        if ask is None:
+            raise UsageError(f"missing {arg.label}")
+        raw = ask(arg)
+        if not raw:
+            raise UsageError(f"missing {arg.label}")
+    try:
+        return arg.convert(raw)
+    except ValueError as exc:
+        raise UsageError(f"{arg.label}: {exc}") from None
+
+
+class _QuietParser(argparse.ArgumentParser):
+    """An ArgumentParser that raises instead of printing usage and exiting the shell."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise UsageError(message or "bad arguments")
+
+
+def _parser(command: Command) -> argparse.ArgumentParser:
+    parser = _QuietParser(prog=command.name, add_help=False, allow_abbrev=False)
+    for arg in command.args:
+        if arg.flag:
+            flags = [arg.flag, *([arg.alias] if arg.alias else [])]
+            parser.add_argument(*flags, dest=arg.name, metavar=arg.name.upper())
+        else:
+            parser.add_argument(arg.name, nargs="*" if arg.many else "?")
+    return parser
+
+
+@dataclass
+class Registry:
+    """Commands by name (aliases included), in the order they were registered."""
+
+    commands: dict[str, Command] = field(default_factory=dict)
+
+    def command(self, name: str, help: str, *args: Arg, aliases: Iterable[str] = (),
+                login: bool = True) -> Callable[[Handler], Handler]:
+        """Decorator: register a handler as a command."""
+        def register(handler: Handler) -> Handler:
+            self.add(Command(name, help, handler, args, tuple(aliases), login))
+            return handler
+        return register
+
+    def add(self, command: Command) -> None:
+        """Register a command under its name and aliases."""
+        for key in (command.name, *command.aliases):
+            self.commands[key] = command
+
+    def __or__(self, other: Registry) -> Registry:
+        return Registry({**self.commands, **other.commands})
+
+    def find(self, name: str) -> Command | None:
+        """The command of a name or alias."""
+        return self.commands.get(name)
+
+    def get(self, name: str) -> Command:
+        """The command of a name or alias; UsageError if there is none."""
+        command = self.commands.get(name)
+        if command is None:
+            raise UsageError(f"unknown command {name!r}; type `help` for the list")
+        return command
+
+    def unique(self) -> list[Command]:
+        """Each command once, in registration order."""
+        return list({id(c): c for c in self.commands.values()}.values())
+
+    def names(self) -> list[str]:
+        """Every name and alias, for completion."""
+        return sorted(self.commands)
+
+
+def whole_number(text: str) -> int:
+    """An integer argument, with a message people understand."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+
+
+def word_list(text: str | list[str]) -> list[str]:
+    """Words given apart or joined by commas: `desk,light` or `desk light`."""
+    joined = ",".join(text) if isinstance(text, list) else text
+    return [word for word in joined.replace(" ", ",").split(",") if word]
+
+
+def one_of(*options: str) -> Callable[[str], str]:
+    """A converter accepting one of a few words."""
+    def convert(text: str) -> str:
+        if text.lower() not in options:
+            raise ValueError(f"must be {' or '.join(options)}, not {text!r}")
+        return text.lower()
+    return convert

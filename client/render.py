@@ -1,0 +1,123 @@
+"""What the shells print: items, carts, receipts and purchase history as tables.
+
+Tables are built as plain rows once; `Output` shows them with rich in a terminal, or as
+tab-separated lines in script mode, so scripts can cut and grep them.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table as RichTable
+
+
+@dataclass(frozen=True)
+class Table:
+    """A titled table of text cells; `empty` is said when it has no rows."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: list[tuple[str, ...]]
+    empty: str
+
+
+class Output:
+    """Prints lines, notes, errors and tables, rich in a terminal or plain in scripts."""
+
+    def __init__(self, plain: bool) -> None:
+        self.plain = plain
+        self.console = Console(highlight=False, soft_wrap=True)
+
+    def say(self, text: str) -> None:
+        """One line of ordinary output."""
+        if self.plain:
+            print(text, flush=True)
+        else:
+            self.console.print(text, markup=False)
+
+    def error(self, text: str) -> None:
+        """One line naming a problem (to stderr in script mode)."""
+        if self.plain:
+            print(f"error: {text}", file=sys.stderr, flush=True)
+        else:
+            self.console.print(f"error: {text}", style="bold red", markup=False)
+
+    def table(self, table: Table) -> None:
+        """A table, or its `empty` sentence when there are no rows."""
+        if not table.rows:
+            self.say(table.empty)
+        elif self.plain:
+            for row in [table.columns, *table.rows]:
+                print("\t".join(row), flush=True)
+        else:
+            self.console.print(_rich(table))
+
+
+def _rich(table: Table) -> RichTable:
+    out = RichTable(title=table.title, title_justify="left")
+    for column in table.columns:
+        out.add_column(column, justify="right" if column in _NUMERIC else "left")
+    for row in table.rows:
+        out.add_row(*row)
+    return out
+
+
+_NUMERIC = {"id", "item", "order", "category", "price", "qty", "up", "down", "subtotal",
+            "available", "seller"}
+
+
+def money(value: str | Decimal) -> str:
+    """Money with two digits."""
+    return f"{Decimal(value):.2f}"
+
+
+def items_table(items: list[dict[str, Any]], empty: str = "No items found.") -> Table:
+    """Items, as search and a seller's listing return them."""
+    rows = [(str(i["item_id"]), i["name"], str(i["category"]), ",".join(i["keywords"]),
+             i["condition"], money(i["price"]), str(i["quantity"]), str(i["thumbs_up"]),
+             str(i["thumbs_down"]), str(i["seller_id"])) for i in items]
+    columns = ("id", "name", "category", "keywords", "condition", "price", "qty", "up", "down",
+               "seller")
+    return Table("Items", columns, rows, empty)
+
+
+def item_lines(item: dict[str, Any]) -> list[str]:
+    """One item, one line per field."""
+    return [f"item {item['item_id']}: {item['name']}",
+            f"  price {money(item['price'])}, {item['quantity']} left, {item['condition']}",
+            f"  category {item['category']}, keywords {', '.join(item['keywords']) or '-'}",
+            f"  seller {item['seller_id']}, {item['thumbs_up']} up, {item['thumbs_down']} down"]
+
+
+def cart_table(cart: dict[str, Any]) -> Table:
+    """The lines of a cart (its total is said apart)."""
+    rows = [(str(line["item_id"]), line["name"], money(line["price"]), str(line["quantity"]),
+             str(line["available"]), money(Decimal(line["price"]) * line["quantity"]))
+            for line in cart["items"]]
+    return Table("Cart", ("item", "name", "price", "qty", "available", "subtotal"), rows,
+                 "Your cart is empty.")
+
+
+def receipt_table(receipt: dict[str, Any]) -> Table:
+    """The lines of a purchase."""
+    rows = [(str(line["item_id"]), line["name"], str(line["quantity"]), money(line["price"]))
+            for line in receipt["lines"]]
+    return Table(f"Order {receipt['order_id']}", ("item", "name", "qty", "price"), rows,
+                 "Nothing was bought.")
+
+
+def history_table(purchases: list[dict[str, Any]]) -> Table:
+    """Purchase history, newest first."""
+    rows = [(str(p["order_id"]), str(p["item_id"]), p["name"], str(p["quantity"]),
+             money(p["price"]), p["purchased_at"], p["feedback"] or "-") for p in purchases]
+    columns = ("order", "item", "name", "qty", "price", "bought at", "feedback")
+    return Table("Purchase history", columns, rows, "No purchases yet.")
+
+
+def rating_line(rating: dict[str, Any]) -> str:
+    """A seller's rating in one sentence."""
+    return (f"seller {rating['seller_id']}: {rating['thumbs_up']} thumbs up, "
+            f"{rating['thumbs_down']} thumbs down, {rating['items_sold']} items sold")

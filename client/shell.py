@@ -1,0 +1,242 @@
+"""The buyer and seller shells: one `Shell` holds the connection and login, runs command lines
+through the registry and turns every failure into one line; two small loops feed it lines,
+from prompt_toolkit in a terminal or from `-c` / standard input in script mode.
+"""
+from __future__ import annotations
+
+import argparse
+import getpass
+import shlex
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prompt_toolkit import PromptSession
+from prompt_toolkit import prompt as ask_line
+from prompt_toolkit.completion import NestedCompleter
+from prompt_toolkit.history import FileHistory
+
+from wire import Connection, ConnectionLostError, ProtocolError
+from wire.config import env
+from wire.errors import UnauthenticatedError
+
+from .registry import Arg, Command, Registry, UsageError
+from .render import Output, Table
+
+
+@dataclass
+class Pager:
+    """The last list command, so that `more` can fetch its next page."""
+
+    op: str
+    args: dict[str, Any]
+    to_table: Callable[[dict[str, Any]], Table]
+    cursor: str | None
+
+
+@dataclass
+class Shell:
+    """A shell's state: connection, who is logged in, the last list; runs command lines."""
+
+    role: str
+    conn: Connection
+    registry: Registry
+    out: Output
+    interactive: bool
+    username: str | None = None
+    pager: Pager | None = None
+    running: bool = True
+    lost: bool = field(default=False, repr=False)
+
+    def prompt_text(self) -> str:
+        """The prompt: who is logged in, on which server."""
+        return f"{self.username}@{self.role}> " if self.username else f"{self.role}> "
+
+    def call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One request; says so when the connection had to be opened again first."""
+        before = self.conn.reconnects
+        try:
+            result = self.conn.call(op, args)
+        except OSError:
+            self.lost = True
+            raise
+        if self.lost or self.conn.reconnects > before:
+            self.out.say(f"(reconnected to the {self.role} server at {self.address})")
+            self.lost = False
+        return result
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT of the server."""
+        return f"{self.conn.host}:{self.conn.port}"
+
+    def page(self, op: str, args: dict[str, Any], to_table: Callable[[dict[str, Any]], Table]) -> None:
+        """Run a list op, show its page and remember where the next page starts."""
+        result = self.call(op, {key: value for key, value in args.items() if value is not None})
+        self.out.table(to_table(result))
+        self.pager = Pager(op, args, to_table, result.get("next_cursor"))
+        if self.pager.cursor:
+            self.out.say("There is more: type `more`.")
+
+    def log_in(self, username: str, token: str) -> None:
+        """Remember a new session."""
+        self.conn.token, self.username, self.pager = token, username, None
+
+    def log_out(self) -> None:
+        """Forget the session (the server side is the caller's business)."""
+        self.conn.token, self.username, self.pager = None, None, None
+
+    def ask(self, arg: Arg) -> str:
+        """Ask for a missing argument; secrets without echo."""
+        if not arg.secret:
+            return ask_line(f"{arg.label}: ").strip()
+        value = getpass.getpass(f"{arg.label}: ")
+        if arg.confirm and value and getpass.getpass(f"{arg.label} again: ") != value:
+            raise UsageError(f"the two {arg.label}s differ")
+        return value
+
+    def run_line(self, line: str) -> bool:
+        """Run the `;`-separated commands of a line; False at the first that fails."""
+        try:
+            commands = split_commands(line)
+        except ValueError as exc:
+            self.out.error(f"cannot read the line: {exc}")
+            return False
+        return all(self.execute(words) for words in commands if self.running)
+
+    def execute(self, words: list[str]) -> bool:
+        """Run one command; print any failure as one line and return False."""
+        command = self.registry.find(words[0])
+        try:
+            self._dispatch(self.registry.get(words[0]), words[1:])
+            return True
+        except UsageError as exc:
+            self.out.error(f"{exc} (usage: {command.usage})" if command else str(exc))
+        except UnauthenticatedError as exc:
+            self._unauthenticated(command, exc)
+        except ProtocolError as exc:
+            self.out.error(f"{exc.code}: {exc.message}")
+        except ConnectionLostError as exc:
+            self.out.error(str(exc))
+        except OSError as exc:
+            self.out.error(f"cannot reach the {self.role} server at {self.address}: "
+                           f"{exc.strerror or exc}")
+        except (KeyboardInterrupt, EOFError):
+            self.conn.close()  # a half-sent or half-read request must not confuse the next one
+            self.out.error("cancelled")
+        return False
+
+    def _dispatch(self, command: Command, words: list[str]) -> None:
+        if command.login and self.conn.token is None:
+            raise UsageError("you are not logged in; use `login USERNAME` or `signup USERNAME`")
+        values = command.values(words, self.ask if self.interactive else None)
+        command.handler(self, values)
+
+    def _unauthenticated(self, command: Command | None, exc: ProtocolError) -> None:
+        if command is None or not command.login or self.username is None:
+            self.out.error(f"{exc.code}: {exc.message}")
+            return
+        name = self.username
+        self.log_out()
+        self.out.error(f"{exc.code}: your session has expired or ended; "
+                       f"please log in again: login {name}")
+
+    def close(self) -> None:
+        """End the session (best effort) and close the connection."""
+        if self.conn.token is not None:
+            try:
+                self.conn.call("logout")
+            except (OSError, ProtocolError):
+                pass
+        self.log_out()
+        self.conn.close()
+
+
+def split_commands(line: str) -> list[list[str]]:
+    """The commands of a line: shell-like words, `;` between commands, `#` starts a comment."""
+    if line.lstrip().startswith("#"):
+        return []
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";")
+    lexer.whitespace_split, lexer.commenters = True, ""
+    commands: list[list[str]] = [[]]
+    for word in lexer:
+        if word == ";":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    return [words for words in commands if words]
+
+
+_SECRET_FLAGS = {"-p", "--password", "--card-number"}
+
+
+class SecretFreeHistory(FileHistory):
+    """File history that never records a line carrying a password or a card number."""
+
+    def append_string(self, string: str) -> None:
+        """Record the line unless it holds a secret."""
+        if not _SECRET_FLAGS.intersection(string.replace("=", " ").split()):
+            super().append_string(string)
+
+
+def run_interactive(shell: Shell, history_file: str) -> int:
+    """The REPL: read a line, run it, until `quit` or Ctrl-D."""
+    session: PromptSession[str] = PromptSession(
+        history=SecretFreeHistory(history_file),
+        completer=NestedCompleter.from_nested_dict(dict.fromkeys(shell.registry.names())))
+    _greet(shell)
+    while shell.running:
+        try:
+            line = session.prompt(shell.prompt_text())
+        except KeyboardInterrupt:
+            continue
+        except EOFError:
+            break
+        shell.run_line(line)
+    shell.close()
+    return 0
+
+
+def _greet(shell: Shell) -> None:
+    try:
+        server = shell.call("ping")
+        shell.out.say(f"Connected to the {server['server']} server {server['version']} at "
+                      f"{shell.address}. Type `help` for the commands.")
+    except (OSError, ProtocolError) as exc:
+        shell.out.error(f"cannot reach the {shell.role} server at {shell.address}: {exc}")
+        shell.lost = True
+
+
+def run_script(shell: Shell, lines: Iterable[str]) -> int:
+    """Run lines without prompts; stop with exit status 1 at the first failure."""
+    status = 0
+    for line in lines:
+        if not shell.running:
+            break
+        if not shell.run_line(line):
+            status = 1
+            break
+    shell.close()
+    return status
+
+
+def script_lines(command: str | None) -> Iterable[str]:
+    """The lines of script mode: `-c` text, else standard input."""
+    return [command] if command is not None else sys.stdin
+
+
+def open_shell(args: argparse.Namespace) -> int:
+    """`market buyer` / `market seller`: interactive in a terminal, else script mode."""
+    from .buyer_commands import BUYER
+    from .common_commands import COMMON
+    from .seller_commands import SELLER
+
+    interactive = args.script is None and sys.stdin.isatty()
+    registry = COMMON | (BUYER if args.role == "buyer" else SELLER)
+    shell = Shell(args.role, Connection(args.host, args.port), registry, Output(not interactive),
+                  interactive)
+    if interactive:
+        return run_interactive(shell, env("MARKET_HISTORY_FILE", str(Path.home() / ".market_history")))
+    return run_script(shell, script_lines(args.script))

@@ -1,0 +1,350 @@
+"""The buyer and seller shells, driven as people use them: through a pseudo-terminal (pexpect)
+and as scripts (-c and standard input), against real servers over an SQLite file.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+from conftest import CARD, PASSWORD, Market, start_market, unique_name
+
+from db import Database
+from wire.config import Settings
+
+MARKET = str(Path(sys.executable).with_name("market"))
+PROMPT_TIMEOUT = 15
+
+
+@pytest.fixture(scope="module")
+def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
+    """Both servers over one SQLite file, shared by this module's tests."""
+    db = Database(f"sqlite:///{tmp_path_factory.mktemp('cli') / 'market.db'}", pool_size=8)
+    db.create_schema()
+    m = start_market(db)
+    yield m
+    m.buyer_server.shutdown()
+    m.seller_server.shutdown()
+    db.close()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A home folder of its own, so that history files do not leak between tests."""
+    return tmp_path
+
+
+def shell_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a shell under test: a dumb terminal, a private home and history."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MARKET_")}
+    return {**env, "TERM": "dumb", "HOME": str(home), "PROMPT_TOOLKIT_NO_CPR": "1",
+            "MARKET_HISTORY_FILE": str(home / "history"), "COLUMNS": "200", "LINES": "50", **extra}
+
+
+def spawn(role: str, port: int, home: Path) -> pexpect.spawn:
+    """An interactive shell in a pseudo-terminal, at its first prompt."""
+    child = pexpect.spawn(MARKET, [role, "--port", str(port)], env=shell_env(home),
+                          encoding="utf-8", dimensions=(50, 200), timeout=PROMPT_TIMEOUT)
+    child.expect(f"Connected to the {role} server")
+    child.expect_exact(f"{role}> ")
+    return child
+
+
+def run(child: pexpect.spawn, line: str, prompt: str) -> str:
+    """Type a line, wait for the next prompt and return what was printed in between."""
+    child.sendline(line)
+    return wait(child, prompt)
+
+
+def wait(child: pexpect.spawn, prompt: str) -> str:
+    """Wait for the next prompt and return what was printed before it."""
+    child.expect_exact(prompt)
+    return str(child.before)
+
+
+def keys(child: pexpect.spawn, *chunks: str) -> None:
+    """Type keys at a prompt once it reads the keyboard raw, one chunk at a time."""
+    child.waitnoecho(timeout=PROMPT_TIMEOUT)
+    for chunk in chunks:
+        child.send(chunk)
+        time.sleep(0.2)
+
+
+def answer(child: pexpect.spawn, question: str, text: str) -> None:
+    """Wait for a question of the shell and type the answer."""
+    child.expect_exact(question)
+    child.sendline(text)
+
+
+def script(role: str, port: int, home: Path, *commands: str, stdin: str | None = None,
+           **env: str) -> subprocess.CompletedProcess[str]:
+    """Run a shell in script mode: `-c COMMANDS` (joined by `;`), or lines on stdin."""
+    args = [MARKET, role, "--port", str(port)] + (["-c", "; ".join(commands)] if commands else [])
+    return subprocess.run(args, input=stdin or "", capture_output=True, text=True, timeout=60,
+                          env=shell_env(home, **env))
+
+
+def port_of(market: Market, role: str) -> int:
+    """The port a server of the module's market listens on."""
+    return (market.buyer_server if role == "buyer" else market.seller_server).address[1]
+
+
+def test_a_seller_signs_up_lists_items_and_changes_a_price(market: Market, home: Path) -> None:
+    seller = spawn("seller", port_of(market, "seller"), home)
+    name = unique_name("sam")
+    seller.sendline(f"signup {name}")
+    answer(seller, "name: ", "Sam Seller")
+    answer(seller, "password: ", PASSWORD)
+    answer(seller, "password again: ", PASSWORD)
+    assert f"Logged in as {name}" in wait(seller, f"{name}@seller> ")
+    out = run(seller, 'sell "Desk lamp" --category 2 --keywords desk,light --condition used '
+                      '--price 12.5 --qty 5', f"{name}@seller> ")
+    item_id = int(re.search(r"Listed item (\d+): Desk lamp, 5 at 12\.50", out).group(1))
+    seller.sendline("sell Chair")
+    for question, text in [("category: ", "3"), ("condition: ", "new"), ("price: ", "30"),
+                           ("quantity: ", "2")]:
+        answer(seller, question, text)
+    assert "Chair, 2 at 30.00" in wait(seller, f"{name}@seller> ")
+    assert "now costs 9.99" in run(seller, f"price {item_id} 9.99", f"{name}@seller> ")
+    listing = run(seller, "items", f"{name}@seller> ")
+    assert re.search(rf"{item_id} .*Desk lamp.*9\.99 .*5 ", listing) and "Chair" in listing
+    assert "1 left on sale" in run(seller, f"remove {item_id + 1} 1", f"{name}@seller> ")
+    # bad input at each step: one line naming the problem, and the shell carries on
+    assert "error: BAD_REQUEST: price" in run(seller, f"price {item_id} 12.345", f"{name}@seller> ")
+    assert "error: NOT_FOUND" in run(seller, "price 999999 1.00", f"{name}@seller> ")
+    assert "category: 'two' is not a whole number" in run(
+        seller, "sell Mug --category two --condition new --price 1 --qty 1", f"{name}@seller> ")
+    assert "condition: must be new or used" in run(
+        seller, "sell Mug --category 1 --condition broken --price 1 --qty 1", f"{name}@seller> ")
+    assert "error: CONFLICT" in run(seller, f"remove {item_id} 6", f"{name}@seller> ")
+    assert "unrecognized arguments: --colour" in run(seller, "sell Mug --colour red",
+                                                      f"{name}@seller> ")
+    assert "0 thumbs up, 0 thumbs down, 0 items sold" in run(seller, "rating", f"{name}@seller> ")
+    assert "Logged out" in run(seller, "logout", "seller> ")
+    seller.sendline("quit")
+    seller.expect(pexpect.EOF)
+
+
+def test_a_buyer_searches_saves_a_cart_buys_rates_and_sees_history(market: Market, home: Path) -> None:
+    seller = market.user("seller")
+    lamp = market.item(seller, name="Desk lamp", quantity=3, price="12.50")
+    buyer = spawn("buyer", port_of(market, "buyer"), home)
+    name = unique_name("bob")
+    me = f"{name}@buyer> "
+    assert "you are not logged in" in run(buyer, "cart", "buyer> ")
+    buyer.sendline(f"signup {name} --name Bob")
+    answer(buyer, "password: ", PASSWORD)
+    answer(buyer, "password again: ", PASSWORD)
+    assert f"Logged in as {name}" in wait(buyer, me)
+    found = run(buyer, "search --category 2 desk", me)
+    assert re.search(rf"{lamp} .*Desk lamp.*12\.50", found)
+    assert "No items found." in run(buyer, "search --category 9 nothing", me)
+    assert "error: CONFLICT" in run(buyer, f"add {lamp} 4", me)
+    assert "Total: 25.00" in run(buyer, f"add {lamp} 2", me)
+    assert "Cart saved: 1 item(s), total 25.00" in run(buyer, "save", me)
+    assert "Logged out" in run(buyer, "logout", "buyer> ")
+    buyer.sendline(f"login {name}")
+    answer(buyer, "password: ", "wrong password")
+    assert "error: UNAUTHENTICATED" in wait(buyer, "buyer> ")
+    buyer.sendline(f"login {name}")
+    answer(buyer, "password: ", PASSWORD)
+    wait(buyer, me)
+    assert "Total: 25.00" in run(buyer, "cart", me)
+    buyer.sendline("buy")
+    answer(buyer, "card name: ", CARD["card_name"])
+    answer(buyer, "card number: ", "4111111111111112")
+    answer(buyer, "card expiry: ", CARD["card_expiry"])
+    assert "error: BAD_REQUEST: card_number" in wait(buyer, me)
+    bought = run(buyer, f"buy --card-name Bob --card-number {CARD['card_number']} --expiry 12/39", me)
+    assert re.search(r"Bought: order \d+, total 25\.00", bought)
+    assert "Your cart is empty." in run(buyer, "cart", me)
+    assert "error: CONFLICT" in run(buyer, f"buy --card-name Bob --card-number {CARD['card_number']} "
+                                           "--expiry 12/39", me)
+    assert re.search(rf"{lamp} .*Desk lamp.*2 .*12\.50 .*-", run(buyer, "history", me))
+    assert "vote: must be up or down" in run(buyer, f"rate {lamp} sideways", me)
+    assert "Thanks: thumbs up" in run(buyer, f"rate {lamp} up", me)
+    assert "error: CONFLICT" in run(buyer, f"rate {lamp} down", me)
+    assert re.search(rf"{lamp} .*Desk lamp.*up", run(buyer, "history", me))
+    rating = run(buyer, f"rating {seller.user_id}", me)  # type: ignore[attr-defined]
+    assert "1 thumbs up, 0 thumbs down, 2 items sold" in rating
+    assert "error: NOT_FOUND" in run(buyer, "rating 999999", me)
+    buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+
+
+def test_bad_command_lines_get_one_line_and_the_shell_carries_on(market: Market, home: Path) -> None:
+    buyer = spawn("buyer", port_of(market, "buyer"), home)
+    assert "unknown command 'fly'" in run(buyer, "fly away", "buyer> ")
+    assert "cannot read the line" in run(buyer, 'search "unclosed', "buyer> ")
+    buyer.sendline(f"signup {unique_name()} --name B -p '{PASSWORD}'")
+    buyer.expect_exact("@buyer> ")
+    for line, problem in [("add one", "item id: 'one' is not a whole number"),
+                          ("add 1 2 3", "unrecognized arguments: 3"),
+                          ("item 999999", "error: NOT_FOUND"),
+                          ("search --category 12", "error: BAD_REQUEST: category"),
+                          ("history --limit", "expected one argument")]:
+        out = run(buyer, line, "@buyer> ")
+        assert problem in out and "Traceback" not in out
+    buyer.sendline("add")
+    answer(buyer, "item id: ", "")
+    assert "missing item id" in wait(buyer, "@buyer> ")
+    keys(buyer, "search", "\x03", "ping\r")  # Ctrl-C at the prompt drops the line typed so far
+    buyer.expect("The buyer server .* answers")
+    buyer.sendeof()
+    buyer.expect(pexpect.EOF)
+
+
+def test_help_is_generated_from_the_registry(market: Market, home: Path) -> None:
+    seller = spawn("seller", port_of(market, "seller"), home)
+    listing = run(seller, "help", "seller> ")
+    for usage in ("sell NAME --category CATEGORY", "price ITEM_ID PRICE", "login USERNAME",
+                  "more", "quit"):
+        assert usage in listing
+    assert "search" not in listing
+    assert "also: put_item" in run(seller, "help sell", "seller> ")
+    assert "unknown command 'buy'" in run(seller, "help buy", "seller> ")
+    seller.sendline("quit")
+    seller.expect(pexpect.EOF)
+
+
+def test_command_names_complete_with_tab(market: Market, home: Path) -> None:
+    buyer = spawn("buyer", port_of(market, "buyer"), home)
+    keys(buyer, "his", "\t", "\r")
+    buyer.expect("you are not logged in.*usage: history")
+    buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+
+
+def test_passwords_are_not_echoed_and_history_persists_without_them(market: Market, home: Path) -> None:
+    secret = "not-echoed-secret"
+    name = unique_name()
+    buyer = spawn("buyer", port_of(market, "buyer"), home)
+    buyer.sendline(f"signup {name} --name X")
+    answer(buyer, "password: ", secret)
+    answer(buyer, "password again: ", secret)
+    assert secret not in wait(buyer, f"{name}@buyer> ")
+    run(buyer, f"login {name} -p {secret}", f"{name}@buyer> ")
+    run(buyer, "ping", f"{name}@buyer> ")
+    buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+    history = (home / "history").read_text()
+    assert "+ping" in history and f"signup {name}" in history and secret not in history
+    again = spawn("buyer", port_of(market, "buyer"), home)
+    keys(again, "\x10", "\x10", "\r")  # Ctrl-P twice: the last session's line before `quit`
+    again.expect("The buyer server .* answers")
+    again.sendline("quit")
+    again.expect(pexpect.EOF)
+
+
+def test_an_expired_session_says_so_and_asks_to_log_in_again(tmp_path: Path, home: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'expiry.db'}", pool_size=4)
+    db.create_schema()
+    short = start_market(db, Settings(role="buyer", session_idle_s=1))
+    try:
+        buyer = spawn("buyer", short.buyer_server.address[1], home)
+        name = unique_name()
+        run(buyer, f"signup {name} --name X -p '{PASSWORD}'", f"{name}@buyer> ")
+        time.sleep(2.5)  # past the idle timeout of 1 s
+        out = run(buyer, "cart", "buyer> ")
+        assert "session has expired" in out and f"log in again: login {name}" in out
+        buyer.sendline("quit")
+        buyer.expect(pexpect.EOF)
+    finally:
+        short.buyer_server.shutdown()
+        short.seller_server.shutdown()
+        db.close()
+
+
+def test_script_mode_prints_plain_text_and_stops_at_the_first_error(market: Market, home: Path) -> None:
+    name = unique_name("scripted")
+    port = port_of(market, "seller")
+    done = script("seller", port, home, f"signup {name} --name S",
+                  "sell Kettle --category 4 --keywords tea --condition new --price 20 --qty 2",
+                  "items", MARKET_PASSWORD=PASSWORD)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-2].split("\t")[:3] == ["id", "name", "category"]
+    assert "20.00" in done.stdout.splitlines()[-1] and "┃" not in done.stdout
+    failed = script("seller", port, home, f"login {name}", "price 999999 1", "items",
+                    MARKET_PASSWORD=PASSWORD)
+    assert failed.returncode == 1
+    assert len(failed.stderr.splitlines()) == 1 and failed.stderr.startswith("error: NOT_FOUND: ")
+    assert "Kettle" not in failed.stdout  # `items` never ran
+
+
+def test_script_mode_reads_standard_input_and_never_prompts(market: Market, home: Path) -> None:
+    name = unique_name("piped")
+    port = port_of(market, "buyer")
+    lines = f"# a comment\nsignup {name} --name P -p '{PASSWORD}'\nsearch --category 8\ncart\n"
+    done = script("buyer", port, home, stdin=lines)
+    assert done.returncode == 0, done.stderr
+    assert "No items found." in done.stdout and "Your cart is empty." in done.stdout
+    missing = script("buyer", port, home, f"login {name}")
+    assert missing.returncode == 1 and "missing password" in missing.stderr
+    assert "password:" not in missing.stdout
+    wrong = script("buyer", port, home, f"login {name}", "cart", MARKET_PASSWORD="wrong password")
+    assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr and "cart" not in wrong.stdout
+
+
+def test_more_pages_through_a_long_list(market: Market, home: Path) -> None:
+    seller = market.user("seller")
+    for n in range(5):
+        market.item(seller, name=f"Page {n}", category=7, keywords=["paging"])
+    done = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name M",
+                  "search paging --category 7 --limit 2", "more", "more", "more",
+                  MARKET_PASSWORD=PASSWORD)
+    assert done.returncode == 0, done.stderr
+    shown = re.findall(r"\tPage (\d)\t", done.stdout)
+    assert shown == ["0", "1", "2", "3", "4"]
+    assert done.stdout.count("There is more: type `more`.") == 2
+    assert done.stdout.rstrip().endswith("Nothing more to show.")
+
+
+def free_port() -> int:
+    """A port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(port: int, db_url: str) -> subprocess.Popen[str]:
+    """A buyer server process on a fixed port, once it listens."""
+    proc = subprocess.Popen([sys.executable, "-m", "buyer_server", "--port", str(port),
+                             "--db-url", db_url], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and "listening on" in proc.stdout.readline()
+    return proc
+
+
+def stop_server(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, then wait for the exit."""
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def test_the_shell_reconnects_after_a_server_restart(tmp_path: Path, home: Path) -> None:
+    port, db_url = free_port(), f"sqlite:///{tmp_path / 'restart.db'}"
+    server = start_server(port, db_url)
+    try:
+        buyer = spawn("buyer", port, home)
+        name = unique_name()
+        me = f"{name}@buyer> "
+        run(buyer, f"signup {name} --name R -p '{PASSWORD}'", me)
+        stop_server(server)
+        server = start_server(port, db_url)
+        out = run(buyer, "cart", me)  # the session lives in the database: still logged in
+        assert "reconnected to the buyer server" in out and "Your cart is empty." in out
+        stop_server(server)
+        assert f"cannot reach the buyer server at 127.0.0.1:{port}" in run(buyer, "cart", me)
+        server = start_server(port, db_url)
+        out = run(buyer, "search --category 1", me)
+        assert "reconnected" in out and "No items found." in out
+        buyer.sendline("quit")
+        buyer.expect(pexpect.EOF)
+    finally:
+        stop_server(server)
