@@ -34,8 +34,7 @@ def signup(shell: Shell, args: dict[str, Any]) -> None:
                 PASSWORD, login=False)
 def login(shell: Shell, args: dict[str, Any]) -> None:
     """login; a session already open is ended first."""
-    if shell.username is not None:
-        logout(shell, {})
+    shell.end_session()
     result = shell.call("login", args)
     shell.log_in(args["username"], result["token"])
     shell.out.say(f"Logged in as {args['username']} (user {result['user_id']}).")

@@ -143,14 +143,18 @@ class Shell:
         self.out.error(f"{exc.code}: your session has expired or ended; "
                        f"please log in again: login {name}")
 
-    def close(self) -> None:
-        """End the session (best effort) and close the connection."""
+    def end_session(self) -> None:
+        """Log out if logged in, ignoring failures (the session may be gone already)."""
         if self.conn.token is not None:
             try:
                 self.conn.call("logout")
             except (OSError, ProtocolError):
                 pass
         self.log_out()
+
+    def close(self) -> None:
+        """End the session and close the connection."""
+        self.end_session()
         self.conn.close()
 
 

@@ -8,13 +8,16 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
 import pytest
 from conftest import CARD, PASSWORD, Market, start_market, unique_name
+from sqlalchemy import text
 
 from db import Database
 from wire.config import Settings
@@ -108,9 +111,9 @@ def test_a_seller_signs_up_lists_items_and_changes_a_price(market: Market, home:
                       '--price 12.5 --qty 5', f"{name}@seller> ")
     item_id = int(re.search(r"Listed item (\d+): Desk lamp, 5 at 12\.50", out).group(1))
     seller.sendline("sell Chair")
-    for question, text in [("category: ", "3"), ("condition: ", "new"), ("price: ", "30"),
+    for question, reply in [("category: ", "3"), ("condition: ", "new"), ("price: ", "30"),
                            ("quantity: ", "2")]:
-        answer(seller, question, text)
+        answer(seller, question, reply)
     assert "Chair, 2 at 30.00" in wait(seller, f"{name}@seller> ")
     assert "now costs 9.99" in run(seller, f"price {item_id} 9.99", f"{name}@seller> ")
     listing = run(seller, "items", f"{name}@seller> ")
@@ -163,7 +166,11 @@ def test_a_buyer_searches_saves_a_cart_buys_rates_and_sees_history(market: Marke
     answer(buyer, "card expiry: ", CARD["card_expiry"])
     assert "error: BAD_REQUEST: card_number" in wait(buyer, me)
     bought = run(buyer, f"buy --card-name Bob --card-number {CARD['card_number']} --expiry 12/39", me)
-    assert re.search(r"Bought: order \d+, total 25\.00", bought)
+    order_id = int(re.search(r"Bought: order (\d+), total 25\.00", bought).group(1))
+    with market.db.engine.connect() as conn:  # the purchase went out under a fresh key
+        key = conn.execute(text("SELECT idempotency_key FROM orders WHERE order_id = :o"),
+                           {"o": order_id}).scalar_one()
+    assert uuid.UUID(key).version == 4
     assert "Your cart is empty." in run(buyer, "cart", me)
     assert "error: CONFLICT" in run(buyer, f"buy --card-name Bob --card-number {CARD['card_number']} "
                                            "--expiry 12/39", me)
@@ -254,6 +261,10 @@ def test_an_expired_session_says_so_and_asks_to_log_in_again(tmp_path: Path, hom
         time.sleep(2.5)  # past the idle timeout of 1 s
         out = run(buyer, "cart", "buyer> ")
         assert "session has expired" in out and f"log in again: login {name}" in out
+        buyer.sendline(f"login {name}")
+        answer(buyer, "password: ", PASSWORD)
+        assert f"Logged in as {name}" in wait(buyer, f"{name}@buyer> ")
+        assert "Your cart is empty." in run(buyer, "cart", f"{name}@buyer> ")
         buyer.sendline("quit")
         buyer.expect(pexpect.EOF)
     finally:
@@ -348,3 +359,28 @@ def test_the_shell_reconnects_after_a_server_restart(tmp_path: Path, home: Path)
         buyer.expect(pexpect.EOF)
     finally:
         stop_server(server)
+
+
+def hang_up_on_every_request(listener: socket.socket) -> None:
+    """A peer that reads each request and closes the connection without answering."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(65536)
+
+
+def test_a_write_cut_off_in_flight_is_reported_not_repeated(home: Path) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=hang_up_on_every_request, args=(listener,), daemon=True).start()
+    try:
+        port = listener.getsockname()[1]
+        cut = script("buyer", port, home, "login bob", "ping", MARKET_PASSWORD=PASSWORD)
+        assert cut.returncode == 1
+        assert cut.stderr == "error: connection lost during login; it may or may not have been applied\n"
+        read = script("buyer", port, home, "ping")  # read-only: tried twice, then reported
+        assert read.returncode == 1 and "cannot reach the buyer server" in read.stderr
+    finally:
+        listener.close()
