@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table as RichTable
+from rich.text import Text
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Output:
 
     def say(self, text: str) -> None:
         """One line of ordinary output."""
+        text = printable(text)
         if self.plain:
             print(text, flush=True)
         else:
@@ -40,6 +42,7 @@ class Output:
 
     def error(self, text: str) -> None:
         """One line naming a problem (to stderr in script mode)."""
+        text = printable(text)
         if self.plain:
             print(f"error: {text}", file=sys.stderr, flush=True)
         else:
@@ -51,7 +54,7 @@ class Output:
             self.say(table.empty)
         elif self.plain:
             for row in [table.columns, *table.rows]:
-                print("\t".join(row), flush=True)
+                print("\t".join(printable(cell) for cell in row), flush=True)
         else:
             self.console.print(_rich(table))
 
@@ -61,8 +64,13 @@ def _rich(table: Table) -> RichTable:
     for column in table.columns:
         out.add_column(column, justify="right" if column in _NUMERIC else "left")
     for row in table.rows:
-        out.add_row(*row)
+        out.add_row(*(Text(printable(cell)) for cell in row))  # Text: no markup in names
     return out
+
+
+def printable(text: str) -> str:
+    """Text safe to show: control characters (escapes, tabs, newlines) become `?`."""
+    return "".join(char if char.isprintable() else "?" for char in text)
 
 
 _NUMERIC = {"id", "item", "order", "category", "price", "qty", "up", "down", "subtotal",

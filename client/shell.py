@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import re
 import shlex
 import sys
 from collections.abc import Callable, Iterable
@@ -173,7 +174,7 @@ def split_commands(line: str) -> list[list[str]]:
     return [words for words in commands if words]
 
 
-_SECRET_FLAGS = {"-p", "--password", "--card-number"}
+_SECRET = re.compile(r"(^|\s)['\"]?(-p|--password|--card-number)")
 
 
 class SecretFreeHistory(FileHistory):
@@ -181,7 +182,7 @@ class SecretFreeHistory(FileHistory):
 
     def append_string(self, string: str) -> None:
         """Record the line unless it holds a secret."""
-        if not _SECRET_FLAGS.intersection(string.replace("=", " ").split()):
+        if not _SECRET.search(string):
             super().append_string(string)
 
 

@@ -107,6 +107,7 @@ def test_a_seller_signs_up_lists_items_and_changes_a_price(market: Market, home:
     answer(seller, "password: ", PASSWORD)
     answer(seller, "password again: ", PASSWORD)
     assert f"Logged in as {name}" in wait(seller, f"{name}@seller> ")
+    assert "You have no items on sale." in run(seller, "items", f"{name}@seller> ")
     out = run(seller, 'sell "Desk lamp" --category 2 --keywords desk,light --condition used '
                       '--price 12.5 --qty 5', f"{name}@seller> ")
     item_id = int(re.search(r"Listed item (\d+): Desk lamp, 5 at 12\.50", out).group(1))
@@ -315,6 +316,16 @@ def test_more_pages_through_a_long_list(market: Market, home: Path) -> None:
     assert shown == ["0", "1", "2", "3", "4"]
     assert done.stdout.count("There is more: type `more`.") == 2
     assert done.stdout.rstrip().endswith("Nothing more to show.")
+
+
+def test_names_cannot_break_the_output(market: Market, home: Path) -> None:
+    seller = market.user("seller")
+    market.item(seller, name="Tab\there\x1b[2J", category=6, keywords=["odd"])
+    done = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name O",
+                  "search odd --category 6", MARKET_PASSWORD=PASSWORD)
+    assert done.returncode == 0, done.stderr
+    row = done.stdout.splitlines()[-1].split("\t")
+    assert len(row) == 10 and row[1] == "Tab?here?[2J" and "\x1b" not in done.stdout
 
 
 def free_port() -> int:
