@@ -6,6 +6,7 @@ tab-separated lines in script mode, so scripts can cut and grep them.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -21,7 +22,7 @@ class Table:
 
     title: str
     columns: tuple[str, ...]
-    rows: list[tuple[str, ...]]
+    rows: Sequence[tuple[str, ...]]
     empty: str
 
 
