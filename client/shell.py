@@ -131,7 +131,8 @@ class Shell:
 
     def _dispatch(self, command: Command, words: list[str]) -> None:
         if command.login and self.conn.token is None:
-            raise UsageError("you are not logged in; use `login USERNAME` or `signup USERNAME`")
+            raise UnauthenticatedError(f"you are not logged in; `{command.name}` needs "
+                                       "`login USERNAME` or `signup USERNAME` first")
         values = command.values(words, self.ask if self.interactive else None)
         command.handler(self, values)
 

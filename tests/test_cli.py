@@ -225,7 +225,7 @@ def test_help_is_generated_from_the_registry(market: Market, home: Path) -> None
 def test_command_names_complete_with_tab(market: Market, home: Path) -> None:
     buyer = spawn("buyer", port_of(market, "buyer"), home)
     keys(buyer, "his", "\t", "\r")
-    buyer.expect("you are not logged in.*usage: history")
+    buyer.expect("UNAUTHENTICATED: you are not logged in; `history` needs")
     buyer.sendline("quit")
     buyer.expect(pexpect.EOF)
 
