@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, and_, delete, insert, literal, select, update
+from sqlalchemy import Connection, bindparam, delete, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 
 from wire.errors import ConflictError, UnauthenticatedError
@@ -113,13 +113,18 @@ def logout(tx: Connection, session: Session) -> dict[str, Any]:
     return {}
 
 
+_SESSION_BY_TOKEN = (select(sessions.c.session_id, sessions.c.user_id, sessions.c.created_ms,
+                            sessions.c.last_seen_ms)
+                     .where(sessions.c.token_hash == bindparam("token_hash"),
+                            sessions.c.role == bindparam("role")))
+_TOUCH = (update(sessions).where(sessions.c.session_id == bindparam("id"))
+          .values(last_seen_ms=bindparam("now")))
+
+
 def authenticate(tx: Connection, role: str, token: str, policy: SessionPolicy,
                  touch: bool) -> Session:
     """The live session of a token, or UNAUTHENTICATED; writes last-seen if `touch`."""
-    row = tx.execute(select(sessions.c.session_id, sessions.c.user_id, sessions.c.created_ms,
-                            sessions.c.last_seen_ms)
-                     .where(and_(sessions.c.token_hash == token_hash(token),
-                                 sessions.c.role == role))).first()
+    row = tx.execute(_SESSION_BY_TOKEN, {"token_hash": token_hash(token), "role": role}).first()
     if row is None:
         raise UnauthenticatedError("unknown or logged-out session; log in again")
     now = now_ms()
@@ -136,8 +141,7 @@ def authenticate(tx: Connection, role: str, token: str, policy: SessionPolicy,
 
 def touch_session(tx: Connection, session: Session) -> None:
     """Record activity on a session."""
-    tx.execute(update(sessions).where(sessions.c.session_id == session.session_id)
-               .values(last_seen_ms=now_ms()))
+    tx.execute(_TOUCH, {"id": session.session_id, "now": now_ms()})
 
 
 class SessionGate:

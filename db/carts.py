@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, literal, select, update
+from sqlalchemy import Connection, bindparam, delete, insert, literal, select, update
 
 from wire.errors import ConflictError
 from wire.values import format_money
@@ -17,14 +17,18 @@ from .accounts import Session
 from .catalog import load_item
 from .schema import cart_lines, items, saved_cart_lines
 
+_CART = (select(cart_lines.c.item_id, items.c.name, items.c.price_cents, cart_lines.c.quantity,
+                items.c.quantity.label("available"))
+         .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
+         .where(cart_lines.c.session_id == bindparam("session_id"))
+         .order_by(cart_lines.c.item_id))
+_IN_CART = select(cart_lines.c.quantity).where(cart_lines.c.session_id == bindparam("session_id"),
+                                               cart_lines.c.item_id == bindparam("item_id"))
+
 
 def cart_to_wire(tx: Connection, session: Session) -> dict[str, Any]:
     """The session's cart as the protocol's cart object."""
-    rows = tx.execute(select(cart_lines.c.item_id, items.c.name, items.c.price_cents,
-                             cart_lines.c.quantity, items.c.quantity.label("available"))
-                      .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
-                      .where(cart_lines.c.session_id == session.session_id)
-                      .order_by(cart_lines.c.item_id)).all()
+    rows = tx.execute(_CART, {"session_id": session.session_id}).all()
     lines = [{"item_id": r.item_id, "name": r.name, "price": format_money(r.price_cents),
               "quantity": r.quantity, "available": r.available} for r in rows]
     total = sum(r.price_cents * r.quantity for r in rows)
@@ -32,8 +36,7 @@ def cart_to_wire(tx: Connection, session: Session) -> dict[str, Any]:
 
 
 def _in_cart(tx: Connection, session: Session, item_id: int) -> int:
-    return tx.execute(select(cart_lines.c.quantity).where(
-        cart_lines.c.session_id == session.session_id, cart_lines.c.item_id == item_id)).scalar() or 0
+    return tx.execute(_IN_CART, {"session_id": session.session_id, "item_id": item_id}).scalar() or 0
 
 
 def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:

@@ -6,10 +6,11 @@ keywords, then item_id, and pages with a cursor over exactly that order.
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
-from sqlalchemy import Connection, Row, desc, func, insert, literal, select, update
+from sqlalchemy import Connection, Row, Select, bindparam, desc, func, insert, select, update
 
 from wire.errors import ConflictError, ForbiddenError, NotFoundError
 from wire.values import decode_cursor, encode_cursor, format_money
@@ -52,9 +53,12 @@ def put_item(tx: Connection, session: Session, name: str, category: int, keyword
     return {"item_id": item_id}
 
 
+_ITEM_BY_ID = select(*ITEM_COLUMNS).where(items.c.item_id == bindparam("item_id"))
+
+
 def load_item(tx: Connection, item_id: int) -> Row[Any]:
     """One item row, or NOT_FOUND."""
-    row = tx.execute(select(*ITEM_COLUMNS).where(items.c.item_id == item_id)).first()
+    row = tx.execute(_ITEM_BY_ID, {"item_id": item_id}).first()
     if row is None:
         raise NotFoundError(f"no item {item_id}")
     return row
@@ -87,13 +91,17 @@ def remove_item(tx: Connection, session: Session, item_id: int, quantity: int) -
     return item_to_wire(load_item(tx, item_id))
 
 
+_SELLER_ITEMS = (select(*ITEM_COLUMNS)
+                 .where(items.c.seller_id == bindparam("seller_id"), items.c.item_id > bindparam("after"),
+                        items.c.quantity > 0)
+                 .order_by(items.c.item_id).limit(bindparam("limit")))
+
+
 def display_items(tx: Connection, session: Session, limit: int, cursor: str | None) -> dict[str, Any]:
     """The seller's items still on sale, by item_id."""
     after = decode_cursor(cursor, 1)[0] if cursor else 0
-    rows = tx.execute(select(*ITEM_COLUMNS)
-                      .where(items.c.seller_id == session.user_id, items.c.item_id > after,
-                             items.c.quantity > 0)
-                      .order_by(items.c.item_id).limit(limit + 1)).all()
+    rows = tx.execute(_SELLER_ITEMS, {"seller_id": session.user_id, "after": after,
+                                      "limit": limit + 1}).all()
     rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.item_id))
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
@@ -106,44 +114,63 @@ def get_item(tx: Connection, session: Session, item_id: int) -> dict[str, Any]:
 def search_items(tx: Connection, session: Session, category: int | None, keywords: list[str],
                  limit: int, cursor: str | None) -> dict[str, Any]:
     """Items on sale, by category and/or keywords, best match first."""
+    params: dict[str, Any] = {"category": category, "limit": limit + 1}
     if keywords:
-        return _search_by_keywords(tx, category, keywords, limit, cursor)
-    after = decode_cursor(cursor, 1)[0] if cursor else 0
-    query = select(*ITEM_COLUMNS).where(items.c.quantity > 0, items.c.item_id > after)
-    if category is not None:
-        query = query.where(items.c.category == category)
-    rows = tx.execute(query.order_by(items.c.item_id).limit(limit + 1)).all()
-    rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.item_id))
+        last = decode_cursor(cursor, 2) if cursor else None
+        params.update(keywords=keywords, last_matches=last and last[0], after=last and last[1])
+        statement, cursor_of = _ranked_search(category is not None, last is not None), _rank_cursor
+    else:
+        params["after"] = decode_cursor(cursor, 1)[0] if cursor else 0
+        statement, cursor_of = _plain_search(category is not None), _id_cursor
+    rows, next_cursor = split_page(tx.execute(statement, params).all(), limit, cursor_of)
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
 
-def _search_by_keywords(tx: Connection, category: int | None, keywords: list[str], limit: int,
-                        cursor: str | None) -> dict[str, Any]:
+def _id_cursor(row: Row[Any]) -> str:
+    return encode_cursor(row.item_id)
+
+
+def _rank_cursor(row: Row[Any]) -> str:
+    return encode_cursor(row.matches, row.item_id)
+
+
+@functools.cache
+def _plain_search(by_category: bool) -> Select[Any]:
+    """Items on sale after a cursor, by item_id."""
+    query = select(*ITEM_COLUMNS).where(items.c.quantity > 0, items.c.item_id > bindparam("after"))
+    if by_category:
+        query = query.where(items.c.category == bindparam("category"))
+    return query.order_by(items.c.item_id).limit(bindparam("limit"))
+
+
+@functools.cache
+def _ranked_search(by_category: bool, after_cursor: bool) -> Select[Any]:
+    """Items on sale with any of the keywords, most matches first, then item_id."""
     matches = func.count().label("matches")
     ranked = (select(item_keywords.c.item_id, matches)
-              .where(item_keywords.c.keyword.in_(keywords))
+              .where(item_keywords.c.keyword.in_(bindparam("keywords", expanding=True)))
               .group_by(item_keywords.c.item_id))
-    if category is not None:
-        ranked = ranked.where(item_keywords.c.category == category)
+    if by_category:
+        ranked = ranked.where(item_keywords.c.category == bindparam("category"))
     ranked_sq = ranked.subquery()
     query = (select(*ITEM_COLUMNS, ranked_sq.c.matches)
              .join_from(ranked_sq, items, items.c.item_id == ranked_sq.c.item_id)
              .where(items.c.quantity > 0))
-    if cursor:
-        last_matches, last_id = decode_cursor(cursor, 2)
+    if after_cursor:
+        last_matches = bindparam("last_matches")
         query = query.where((ranked_sq.c.matches < last_matches)
-                            | ((ranked_sq.c.matches == literal(last_matches))
-                               & (items.c.item_id > last_id)))
-    rows = tx.execute(query.order_by(desc(ranked_sq.c.matches), items.c.item_id)
-                      .limit(limit + 1)).all()
-    rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.matches, r.item_id))
-    return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
+                            | ((ranked_sq.c.matches == last_matches)
+                               & (items.c.item_id > bindparam("after"))))
+    return query.order_by(desc(ranked_sq.c.matches), items.c.item_id).limit(bindparam("limit"))
+
+
+_SELLER_RATING = (select(users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold)
+                  .where(users.c.user_id == bindparam("seller_id"), users.c.role == "seller"))
 
 
 def seller_rating(tx: Connection, seller_id: int) -> dict[str, Any]:
     """A seller's votes and units sold, or NOT_FOUND."""
-    row = tx.execute(select(users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold)
-                     .where(users.c.user_id == seller_id, users.c.role == "seller")).first()
+    row = tx.execute(_SELLER_RATING, {"seller_id": seller_id}).first()
     if row is None:
         raise NotFoundError(f"no seller {seller_id}")
     return {"seller_id": seller_id, "thumbs_up": row.thumbs_up, "thumbs_down": row.thumbs_down,

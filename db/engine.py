@@ -13,6 +13,11 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+try:  # the C extension of mysql-connector-python (pinned to a version whose extension loads)
+    from mysql.connector.connection_cext import CMySQLConnection
+except ImportError:  # pragma: no cover - then MySQL URLs fail at connect with a clear error
+    CMySQLConnection = object
+
 WRITE_OPTION = "market_write"  # execution option: this transaction writes
 _MYSQL_DRIVER = "mysql+mysqlconnector"
 
@@ -55,11 +60,32 @@ def _sqlite_engine(url: str, pool_size: int) -> Engine:
 
 
 def _mysql_engine(url: Any, pool_size: int) -> Engine:
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=pool_size, max_overflow=0, pool_timeout=10,
         pool_pre_ping=True, pool_recycle=1800,
+        # every transaction ends in COMMIT or ROLLBACK (Database.run), so the pool's own
+        # rollback on return would only be one more round trip
+        pool_reset_on_return=None,
         isolation_level="READ COMMITTED",
         connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin", "use_pure": False,
                       "connection_timeout": 5, "autocommit": False},
     )
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        return _QuietConnection(*cargs, **cparams)
+
+    return engine
+
+
+class _QuietConnection(CMySQLConnection):
+    """mysql-connector's C connection without a server ping on every cursor().
+
+    The stock is_connected() pings the server each time a cursor is made, which is one
+    extra round trip per statement; a dead connection still shows at the next query,
+    and the pool pre-pings at checkout.
+    """
+
+    def is_connected(self) -> bool:
+        return bool(self._cmysql and self._cmysql.connected())

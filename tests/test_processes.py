@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,16 +17,16 @@ from conftest import PASSWORD, unique_name
 from wire import Connection
 from wire.errors import UnauthenticatedError
 
-LISTENING = re.compile(r"^listening on (\S+):(\d+)$")
+LISTENING = re.compile(r"^listening on (\S+):(\d+)( \(\d+ workers\))?$")
 
 
 class ServerProcess:
     """`python -m {role}_server --port 0` in a subprocess."""
 
-    def __init__(self, role: str, db_url: str, port: int = 0) -> None:
+    def __init__(self, role: str, db_url: str, port: int = 0, *extra: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", f"{role}_server", "--port", str(port), "--db-url", db_url,
-             "--threads", "4"],
+             "--threads", "4", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -57,8 +58,8 @@ class ServerProcess:
 def spawn(db_url: str) -> Iterator[object]:
     started: list[ServerProcess] = []
 
-    def start(role: str = "buyer", port: int = 0, ready: bool = True) -> ServerProcess:
-        server = ServerProcess(role, db_url, port)
+    def start(role: str = "buyer", port: int = 0, ready: bool = True, *extra: str) -> ServerProcess:
+        server = ServerProcess(role, db_url, port, *extra)
         started.append(server)
         return server.wait_ready() if ready else server
 
@@ -146,3 +147,27 @@ def test_an_unreachable_database_answers_unavailable() -> None:
         assert conn.call("ping")["server"] == "seller"
     finally:
         server.shutdown()
+
+
+def test_workers_share_the_port_and_a_dead_worker_is_replaced(spawn) -> None:  # type: ignore[no-untyped-def]
+    server = spawn("buyer", 0, True, "--workers", "2")
+    workers = _children(server.proc.pid)
+    assert len(workers) == 2
+    token = login(server.connect())
+    conns = [server.connect() for _ in range(20)]
+    assert all(c.call("display_cart", token=token)["cart"]["items"] == [] for c in conns)
+    os.kill(workers[0], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    children = _children(server.proc.pid)
+    while time.monotonic() < deadline and (len(children) != 2 or workers[0] in children):
+        time.sleep(0.1)
+        children = _children(server.proc.pid)
+    assert len(children) == 2 and workers[0] not in children, (workers, children)
+    assert all(server.connect().call("ping")["server"] == "buyer" for _ in range(10))
+    assert server.stop() == 0
+    assert _children(server.proc.pid) == []
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]

@@ -31,6 +31,7 @@ class Settings:
     idle_timeout_s: float = 300.0
     frame_deadline_s: float = 10.0
     threads: int = 16
+    workers: int = 1
     session_idle_s: int = 300
     session_max_s: int = 86400
     payment_decline_rate: float = 0.0
@@ -61,10 +62,13 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
                         help="SQLAlchemy URL (default: an SQLite file market.db here)")
     parser.add_argument("--threads", type=int, default=int(env("MARKET_THREADS", 16)),
                         help="worker threads (and database connections) per process")
+    parser.add_argument("--workers", type=int, default=int(env("MARKET_WORKERS", 1)),
+                        help="server processes sharing the port (SO_REUSEPORT)")
     parser.add_argument("--log-level", default=env("MARKET_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     return Settings(
         role=role, host=args.host, port=args.port, db_url=args.db_url, threads=args.threads,
+        workers=args.workers,
         max_frame=int(env("MARKET_MAX_FRAME", 1 << 20)),
         max_connections=int(env("MARKET_MAX_CONNECTIONS", 1000)),
         idle_timeout_s=float(env("MARKET_IDLE_TIMEOUT_S", 300)),

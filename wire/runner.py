@@ -1,16 +1,27 @@
 """What `python -m buyer_server` and `python -m seller_server` share: settings,
 logging, the database, the App and the server loop, from one call.
+
+With `--workers N` (N > 1) the process forks N workers that each bind the same
+port with SO_REUSEPORT, so the kernel spreads connections over N processes and
+Python gets past one core; the parent only supervises (restarts a worker that
+dies, passes SIGTERM on). The servers keep no state, so workers need no sharing.
 """
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from .app import App
 from .config import Settings, server_settings
-from .server import ServerLimits, run_server
+from .server import Server, ServerLimits, reserve_port, serve_until_signal
+
+log = logging.getLogger("market.runner")
+BuildApp = Callable[[Settings, Any], App]
 
 
 def limits_of(settings: Settings) -> ServerLimits:
@@ -20,15 +31,95 @@ def limits_of(settings: Settings) -> ServerLimits:
                         frame_deadline_s=settings.frame_deadline_s, threads=settings.threads)
 
 
-def main(role: str, build_app: Callable[[Settings, Any], App], argv: list[str] | None = None) -> int:
-    """Parse settings, open the database, build the app and serve until stopped."""
+def main(role: str, build_app: BuildApp, argv: list[str] | None = None) -> int:
+    """Parse settings, prepare the database, and serve until stopped."""
     from db import Database  # the one place the protocol package meets the data layer
 
     settings = server_settings(role, argv)
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s {role} %(process)d %(levelname)s %(name)s: %(message)s")
+    schema_db = Database(settings.db_url, pool_size=1)
+    schema_db.create_schema()
+    schema_db.close()
+    if settings.workers <= 1:
+        _serve(settings, build_app, settings.port, ready=_announce)
+        return 0
+    return _supervise(settings, build_app)
+
+
+def _announce(server: Server) -> None:
+    host, port = server.address
+    print(f"listening on {host}:{port}", flush=True)
+
+
+def _serve(settings: Settings, build_app: BuildApp, port: int, ready: Callable[[Server], None],
+           reuse_port: bool = False) -> None:
+    """One server process: its own database pool, App and loop."""
+    from db import Database
+
     database = Database(settings.db_url, pool_size=settings.threads)
-    database.create_schema()
-    app = build_app(settings, database)
-    run_server(app, settings.host, settings.port, limits_of(settings), on_stop=database.close)
-    return 0
+    server = Server(build_app(settings, database), settings.host, port, limits_of(settings),
+                    reuse_port=reuse_port)
+    ready(server)
+    try:
+        serve_until_signal(server)
+    finally:
+        database.close()
+
+
+def _supervise(settings: Settings, build_app: BuildApp) -> int:
+    """Fork the workers, announce the port once they listen, restart any that dies."""
+    reserved = reserve_port(settings.host, settings.port)
+    port = reserved.getsockname()[1]
+    workers = {_fork_worker(settings, build_app, port) for _ in range(settings.workers)}
+    reserved.close()
+    print(f"listening on {settings.host}:{port} ({settings.workers} workers)", flush=True)
+    stopping = False
+
+    def stop(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in workers:
+            _signal(pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    failed = False
+    while workers:
+        pid, status = os.wait()
+        workers.discard(pid)
+        if not stopping:
+            log.error("worker %d exited (status %d); starting another", pid, status)
+            time.sleep(0.5)
+            workers.add(_fork_worker(settings, build_app, port))
+        elif os.waitstatus_to_exitcode(status) != 0:
+            failed = True
+    return 1 if failed else 0
+
+
+def _fork_worker(settings: Settings, build_app: BuildApp, port: int) -> int:
+    """A worker process serving `port`; returns once it is listening."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_r)
+        code = 0
+        try:
+            _serve(settings, build_app, port, reuse_port=True,
+                   ready=lambda _server: (os.write(ready_w, b"1"), os.close(ready_w)))
+        except BaseException:
+            log.exception("worker failed")
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.read(ready_r, 1)
+    os.close(ready_r)
+    return pid
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import selectors
+import signal
 import socket
 import struct
 import threading
@@ -332,15 +333,8 @@ def _refuse_busy(sock: socket.socket) -> None:
         sock.close()
 
 
-def run_server(app: App, host: str, port: int, limits: ServerLimits,
-               on_stop: Callable[[], None] = lambda: None) -> None:
+def serve_until_signal(server: Server) -> None:
     """Serve in the foreground until SIGTERM or Ctrl-C, then stop cleanly."""
-    import signal
-
-    server = Server(app, host, port, limits)
-    bound_host, bound_port = server.address
-    print(f"listening on {bound_host}:{bound_port}", flush=True)
-
     def stop(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
         server.shutdown(wait=False)
@@ -348,4 +342,12 @@ def run_server(app: App, host: str, port: int, limits: ServerLimits,
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     server.serve_forever()
-    on_stop()
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A bound, not listening, SO_REUSEPORT socket: holds the port while workers bind it."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
