@@ -1,0 +1,141 @@
+"""A consistency audit of the whole database, like a bank's: every counter is checked
+against the rows it counts, and every purchase a client was told about must be there.
+
+Run it when no load is running: it reads in one read-only transaction, but MySQL at
+READ COMMITTED does not give one snapshot across statements. Each rule returns a
+list of readable violations; an empty list means the books balance.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, and_, case, distinct, exists, func, select
+
+from .database import Database
+from .schema import feedback, items, order_lines, orders, users
+
+_CHUNK = 500  # ids per IN (...) list
+
+
+@dataclass(frozen=True)
+class AckedOrder:
+    """A purchase a buyer was told succeeded: its order id, buyer and item_id -> quantity."""
+
+    order_id: int
+    buyer_id: int
+    lines: dict[int, int] = field(default_factory=dict)
+
+
+def audit(database: Database, acknowledged: Iterable[AckedOrder] = ()) -> list[str]:
+    """Every violation of the marketplace's invariants; empty when consistent."""
+    acked = list(acknowledged)
+
+    def work(tx: Connection) -> list[str]:
+        return [*_item_rules(tx), *_seller_rules(tx), *_order_rules(tx),
+                *_feedback_rules(tx), *_acknowledged_rules(tx, acked)]
+
+    return database.run(work, write=False)
+
+
+def _item_rules(tx: Connection) -> Iterator[str]:
+    sold = _by_key(tx, select(order_lines.c.item_id, func.sum(order_lines.c.quantity),
+                              func.count(distinct(order_lines.c.buyer_id)))
+                   .group_by(order_lines.c.item_id))
+    votes = _by_key(tx, select(feedback.c.item_id, _count_votes("up"), _count_votes("down"))
+                    .group_by(feedback.c.item_id))
+    for item in tx.execute(select(items).order_by(items.c.item_id)):
+        name = f"item {item.item_id}"
+        yield from _negatives(name, item, ("quantity", "listed", "sold", "removed",
+                                           "thumbs_up", "thumbs_down", "price_cents"))
+        if item.listed != item.quantity + item.sold + item.removed:
+            yield (f"{name}: listed {item.listed} != on sale {item.quantity} + sold {item.sold}"
+                   f" + removed {item.removed}")
+        units, buyers = sold.get(item.item_id, (0, 0))
+        if item.sold != units:
+            yield f"{name}: sold {item.sold} != {units} units in order lines"
+        up, down = votes.get(item.item_id, (0, 0))
+        yield from _thumbs(name, item, (up, down), "feedback rows")
+        if up + down > buyers:
+            yield f"{name}: {up + down} votes from only {buyers} distinct buyers"
+
+
+def _seller_rules(tx: Connection) -> Iterator[str]:
+    sold = _by_key(tx, select(order_lines.c.seller_id, func.sum(order_lines.c.quantity))
+                   .group_by(order_lines.c.seller_id))
+    thumbs = _by_key(tx, select(items.c.seller_id, func.sum(items.c.thumbs_up),
+                                func.sum(items.c.thumbs_down)).group_by(items.c.seller_id))
+    for user in tx.execute(select(users).order_by(users.c.user_id)):
+        name = f"{user.role} {user.user_id} ({user.username})"
+        yield from _negatives(name, user, ("items_sold", "thumbs_up", "thumbs_down"))
+        units = sold.get(user.user_id, (0,))[0]
+        if user.items_sold != units:
+            yield f"{name}: items_sold {user.items_sold} != {units} units in its order lines"
+        yield from _thumbs(name, user, thumbs.get(user.user_id, (0, 0)), "its items'")
+
+
+def _order_rules(tx: Connection) -> Iterator[str]:
+    totals = _by_key(tx, select(order_lines.c.order_id,
+                                func.sum(order_lines.c.quantity * order_lines.c.price_cents),
+                                func.min(order_lines.c.quantity), func.min(order_lines.c.price_cents))
+                     .group_by(order_lines.c.order_id))
+    for order in tx.execute(select(orders.c.order_id, orders.c.total_cents).order_by(orders.c.order_id)):
+        if order.order_id not in totals:
+            yield f"order {order.order_id}: has no lines"
+            continue
+        total, least_quantity, least_price = totals.pop(order.order_id)
+        if order.total_cents != total:
+            yield f"order {order.order_id}: total {order.total_cents} cents != {total} from its lines"
+        if least_quantity <= 0 or least_price <= 0:
+            yield f"order {order.order_id}: a line with quantity or price not positive"
+    for order_id in sorted(totals):
+        yield f"order lines of order {order_id}: no such order"
+
+
+def _feedback_rules(tx: Connection) -> Iterator[str]:
+    bought = exists().where(and_(order_lines.c.buyer_id == feedback.c.buyer_id,
+                                 order_lines.c.item_id == feedback.c.item_id))
+    for row in tx.execute(select(feedback.c.buyer_id, feedback.c.item_id).where(~bought)
+                          .order_by(feedback.c.buyer_id, feedback.c.item_id)):
+        yield f"feedback of buyer {row.buyer_id} on item {row.item_id}: the buyer never bought it"
+
+
+def _acknowledged_rules(tx: Connection, acked: list[AckedOrder]) -> Iterator[str]:
+    for start in range(0, len(acked), _CHUNK):
+        chunk = {order.order_id: order for order in acked[start:start + _CHUNK]}
+        buyers = dict(tx.execute(select(orders.c.order_id, orders.c.buyer_id)
+                                 .where(orders.c.order_id.in_(chunk))).all())
+        lines: dict[int, dict[int, int]] = {}
+        for row in tx.execute(select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.quantity)
+                              .where(order_lines.c.order_id.in_(chunk))):
+            lines.setdefault(row.order_id, {})[row.item_id] = row.quantity
+        for order_id, order in chunk.items():
+            name = f"acknowledged order {order_id}"
+            if order_id not in buyers:
+                yield f"{name}: missing from the orders table"
+            elif buyers[order_id] != order.buyer_id:
+                yield f"{name}: belongs to buyer {buyers[order_id]}, not {order.buyer_id}"
+            elif lines.get(order_id, {}) != order.lines:
+                yield f"{name}: lines {lines.get(order_id, {})} != acknowledged {order.lines}"
+
+
+def _count_votes(vote: str) -> Any:
+    return func.coalesce(func.sum(case((feedback.c.vote == vote, 1), else_=0)), 0)
+
+
+def _by_key(tx: Connection, query: Any) -> dict[Any, tuple[int, ...]]:
+    """Rows of a grouped query as key -> the other columns, as ints."""
+    return {row[0]: tuple(int(value or 0) for value in row[1:]) for row in tx.execute(query)}
+
+
+def _thumbs(name: str, row: Any, counted: tuple[int, ...], source: str) -> Iterator[str]:
+    if (row.thumbs_up, row.thumbs_down) != counted:
+        yield (f"{name}: thumbs {row.thumbs_up} up / {row.thumbs_down} down != {source}"
+               f" {counted[0]} up / {counted[1]} down")
+
+
+def _negatives(name: str, row: Any, columns: tuple[str, ...]) -> Iterator[str]:
+    for column in columns:
+        if getattr(row, column) < 0:
+            yield f"{name}: {column} is negative ({getattr(row, column)})"
