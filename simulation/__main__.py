@@ -1,0 +1,175 @@
+"""`market-sim`: run scenarios of N sellers + N buyers against the servers, repeat each,
+report latency and throughput, and audit the database after every run.
+
+It starts both servers itself (subprocesses over `--db-url`, a fresh SQLite file in
+the results folder by default) or drives running ones (`--buyer`, `--seller`). It
+exits 1 when the audit finds a violation, 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from db import Database
+from db.audit import audit
+
+from .mixes import MIXES
+from .report import write_reports
+from .scenario import Address, RunResult, run_once
+from .servers import parse_address, running_servers
+from .stats import summarise
+
+
+def _int_list(text: str) -> list[int]:
+    values = [int(part) for part in text.split(",") if part.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("expected positive integers separated by commas")
+    return values
+
+
+def _mix_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in MIXES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown mix {unknown}; choose from {', '.join(MIXES)}")
+    return names
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line of market-sim."""
+    mixes = "; ".join(f"{mix.name}: {mix.description}" for mix in MIXES.values())
+    parser = argparse.ArgumentParser(prog="market-sim", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", "-n", type=_int_list, default=[1, 10, 100],
+                        help="N per scenario, comma-separated: N sellers + N buyers (default 1,10,100)")
+    parser.add_argument("--calls", "-k", type=int, default=1000, help="calls per user per run (default 1000)")
+    parser.add_argument("--repeats", "-r", type=int, default=10, help="runs per scenario (default 10)")
+    parser.add_argument("--mix", type=_mix_list, default=["default"],
+                        help=f"op mixes, comma-separated ({mixes})")
+    parser.add_argument("--db-url", help="the servers' database, audited after every run (default when "
+                                         "starting the servers: a fresh SQLite file in --out)")
+    parser.add_argument("--buyer", type=parse_address, help="drive a running buyer server at HOST:PORT")
+    parser.add_argument("--seller", type=parse_address, help="drive a running seller server at HOST:PORT")
+    parser.add_argument("--workers", type=int, help="server processes per role (for the servers it starts)")
+    parser.add_argument("--out", type=Path, default=Path("sim-results"), help="results folder")
+    parser.add_argument("--seed", type=int, help="random seed of the simulated users")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if (args.buyer is None) != (args.seller is None):
+        parser.error("--buyer and --seller go together")
+    if args.buyer and not args.db_url:
+        parser.error("--db-url is required with --buyer/--seller: the audit reads the database")
+    return args
+
+
+@contextmanager
+def _servers(args: argparse.Namespace, db_url: str) -> Iterator[tuple[Address, Address]]:
+    if args.buyer:
+        yield args.buyer, args.seller
+        return
+    extra = ("--workers", str(args.workers)) if args.workers else ()
+    with running_servers(db_url, args.out, extra) as addresses:
+        yield addresses["buyer"], addresses["seller"]
+
+
+def _fresh_sqlite(out: Path) -> str:
+    path = out / "market-sim.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return f"sqlite:///{path}"
+
+
+def _describe(result: RunResult) -> str:
+    calls = sum(len(op.latencies) for op in result.ops.values())
+    errors = sum(op.errors for op in result.ops.values())
+    conflicts = sum(op.conflicts for op in result.ops.values())
+    audit_text = "consistent" if not result.violations else f"{len(result.violations)} VIOLATIONS"
+    return (f"{result.mix} N={result.users} run {result.run + 1}: {calls} calls in {result.elapsed_s:.2f} s,"
+            f" {errors} errors, {conflicts} conflicts, {len(result.acknowledged)} purchases, {audit_text}")
+
+
+def run_all(args: argparse.Namespace, buyer: Address, seller: Address, database: Database,
+            console: Console) -> list[RunResult]:
+    """Every scenario, R times, each run audited."""
+    plan = [(mix, users, run) for mix in args.mix for users in args.users for run in range(args.repeats)]
+    total = sum(2 * users * args.calls for _, users, _ in plan)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    results: list[RunResult] = []
+    with Progress(*columns, console=console, disable=args.no_progress) as progress:
+        task = progress.add_task("starting", total=total)
+        finished = 0
+        for mix, users, run in plan:
+            progress.update(task, description=f"{mix} N={users} run {run + 1}/{args.repeats}")
+            seed = None if args.seed is None else hash((args.seed, mix, users, run))
+            def show(done: int, base: int = finished) -> None:
+                progress.update(task, completed=base + done)
+
+            result = run_once(MIXES[mix], users, args.calls, buyer, seller, run=run, seed=seed,
+                              on_progress=show)
+            finished += 2 * users * args.calls
+            progress.update(task, completed=finished)
+            result.violations = audit(database, result.acknowledged)
+            console.print(_describe(result))
+            results.append(result)
+    return results
+
+
+def _preamble(args: argparse.Namespace, db_url: str, argv: list[str]) -> str:
+    database_kind = "SQLite" if db_url.startswith("sqlite") else "MariaDB/MySQL"
+    return (f"# market-sim results\n\n`market-sim {shlex.join(argv)}`\n\n"
+            f"- {time.strftime('%Y-%m-%d %H:%M:%S')}, {platform.platform()}, {os.cpu_count()} CPUs, "
+            f"Python {platform.python_version()}\n"
+            f"- database: {database_kind}; K = {args.calls} calls per user, R = {args.repeats} runs; "
+            f"mixes {', '.join(args.mix)}\n"
+            "- latency: median across runs of each run's figure; ops/s: mean ± sd across runs")
+
+
+def _report_consistency(results: list[RunResult], console: Console) -> int:
+    violations = [f"{r.mix} N={r.users} run {r.run + 1}: {v}" for r in results for v in r.violations]
+    if not violations:
+        console.print("consistency: OK")
+        return 0
+    console.print(f"consistency: {len(violations)} violations", style="bold red")
+    for line in violations:
+        console.print(f"  {line}", markup=False, highlight=False)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `market-sim`."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=140)
+    args.out.mkdir(parents=True, exist_ok=True)
+    db_url = args.db_url or _fresh_sqlite(args.out)
+    with _servers(args, db_url) as (buyer, seller), closing(Database(db_url, pool_size=2)) as database:
+        results = run_all(args, buyer, seller, database, console)
+    rows = summarise(results)
+    paths = write_reports(rows, args.out, console, _preamble(args, db_url, argv))
+    console.print("written: " + ", ".join(str(path) for path in paths))
+    _report_errors(results, console)
+    return _report_consistency(results, console)
+
+
+def _report_errors(results: list[RunResult], console: Console) -> None:
+    kinds: Counter[str] = Counter()
+    for result in results:
+        kinds.update(result.error_kinds)
+    for kind, count in kinds.most_common(10):
+        console.print(f"error: {kind} x{count}", markup=False, highlight=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The simulator's outputs from one list of summaries: a rich table on screen, and in
+the results folder a Markdown table, a CSV file and PNG plots of latency percentiles
+and throughput against the number of users.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+# mysql-connector's C extension loads libstdc++ lazily; once matplotlib's Agg backend has
+# taken the static TLS space, that load fails ("cannot allocate memory in static TLS
+# block") and MariaDB stops working in this process. Loading it first avoids that.
+with contextlib.suppress(ImportError):
+    import _mysql_connector  # noqa: F401
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from .stats import ALL, OpSummary  # noqa: E402
+
+
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
+
+
+def _throughput(row: OpSummary) -> str:
+    return "-" if math.isnan(row.ops_per_s) else f"{row.ops_per_s:.1f} ± {row.ops_per_s_sd:.1f}"
+
+
+COLUMNS: list[tuple[str, Callable[[OpSummary], str]]] = [
+    ("mix", lambda r: r.mix),
+    ("N", lambda r: str(r.users)),
+    ("op", lambda r: r.op),
+    ("calls", lambda r: str(r.calls)),
+    ("errors", lambda r: str(r.errors)),
+    ("conflicts", lambda r: str(r.conflicts)),
+    ("mean ms", lambda r: _ms(r.mean_ms)),
+    ("p50 ms", lambda r: _ms(r.p50_ms)),
+    ("p95 ms", lambda r: _ms(r.p95_ms)),
+    ("p99 ms", lambda r: _ms(r.p99_ms)),
+    ("ops/s (mean ± sd)", _throughput),
+    ("ops/s median", lambda r: "-" if math.isnan(r.ops_per_s_median) else f"{r.ops_per_s_median:.1f}"),
+]
+
+
+def scenario_totals(rows: Sequence[OpSummary]) -> list[OpSummary]:
+    """The ALL row of every scenario: the aggregate throughput."""
+    return [row for row in rows if row.op == ALL]
+
+
+def rich_table(rows: Sequence[OpSummary], title: str, skip: tuple[str, ...] = ()) -> Table:
+    """The summaries as a rich table without the `skip` columns, a line between scenarios."""
+    columns = [(header, cell) for header, cell in COLUMNS if header not in skip]
+    table = Table(title=title)
+    for header, _ in columns:
+        table.add_column(header, justify="left" if header in ("mix", "op") else "right")
+    for row in rows:
+        table.add_row(*(cell(row) for _, cell in columns), end_section=row.op == ALL,
+                      style="bold" if row.op == ALL else None)
+    return table
+
+
+def print_tables(rows: Sequence[OpSummary], console: Console) -> None:
+    """One per-op table per scenario, then the aggregate of every scenario."""
+    for mix, users in dict.fromkeys((row.mix, row.users) for row in rows):
+        scenario = [row for row in rows if (row.mix, row.users) == (mix, users)]
+        console.print(rich_table(scenario, f"{mix}, N = {users} sellers + {users} buyers",
+                                 skip=("mix", "N", "ops/s median")))
+    console.print(rich_table(scenario_totals(rows), "aggregate", skip=("op",)))
+
+
+def markdown_table(rows: Sequence[OpSummary]) -> str:
+    """The summaries as a GitHub Markdown table."""
+    lines = ["| " + " | ".join(header for header, _ in COLUMNS) + " |",
+             "|" + "|".join("---" if header in ("mix", "op") else "---:" for header, _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(cell(row) for _, cell in COLUMNS) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(rows: Sequence[OpSummary], path: Path) -> None:
+    """Every field of every summary, one row each."""
+    fields = [f.name for f in dataclasses.fields(OpSummary)]
+    with path.open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(dataclasses.asdict(row) for row in rows)
+
+
+def plot_latency(rows: Sequence[OpSummary], path: Path) -> None:
+    """p50, p95 and p99 of every op against N, one panel per percentile and mix."""
+    mixes = sorted({row.mix for row in rows})
+    figure, axes = plt.subplots(len(mixes), 3, figsize=(15, 4.5 * len(mixes)), squeeze=False)
+    for line, mix in zip(axes, mixes, strict=True):
+        for axis, (label, figure_of) in zip(line, _PERCENTILES, strict=True):
+            axis.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+            for op, points in _series(rows, mix).items():
+                style = {"color": "black", "linewidth": 2.5} if op == ALL else {"linewidth": 1}
+                axis.plot([p.users for p in points], [figure_of(p) for p in points], marker="o",
+                          label=op, **style)
+            axis.set(title=f"{mix}: {label} latency", ylabel="ms", yscale="log")
+            _users_axis(axis, rows)
+        line[-1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1, 0.5))
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def plot_throughput(rows: Sequence[OpSummary], path: Path) -> None:
+    """Aggregate throughput (mean ± sd across runs) against N, one line per mix."""
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for mix in sorted({row.mix for row in rows}):
+        points = _series(rows, mix).get(ALL, [])
+        axis.errorbar([p.users for p in points], [p.ops_per_s for p in points],
+                      yerr=[p.ops_per_s_sd for p in points], marker="o", capsize=4, label=mix)
+    axis.set(title="aggregate throughput", ylabel="ops/s")
+    _users_axis(axis, rows)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+_PERCENTILES: list[tuple[str, Callable[[OpSummary], float]]] = [
+    ("p50", lambda r: r.p50_ms), ("p95", lambda r: r.p95_ms), ("p99", lambda r: r.p99_ms)]
+
+
+def _users_axis(axis: Any, rows: Sequence[OpSummary]) -> None:
+    users = sorted({row.users for row in rows})
+    axis.set_xscale("log")
+    axis.set_xticks(users, labels=[str(n) for n in users])
+    axis.minorticks_off()
+    axis.set_xlabel("N (sellers = buyers = N)")
+    axis.grid(True, alpha=0.3)
+
+
+def _series(rows: Sequence[OpSummary], mix: str) -> dict[str, list[OpSummary]]:
+    series: dict[str, list[OpSummary]] = {}
+    for row in sorted((r for r in rows if r.mix == mix), key=lambda r: r.users):
+        series.setdefault(row.op, []).append(row)
+    return series
+
+
+def write_reports(rows: Sequence[OpSummary], out_dir: Path, console: Console, preamble: str) -> list[Path]:
+    """Print the tables and write results.md, results.csv, latency.png, throughput.png."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print_tables(rows, console)
+    paths = [out_dir / name for name in ("results.md", "results.csv", "latency.png", "throughput.png")]
+    paths[0].write_text(f"{preamble}\n\n## Aggregate\n\n{markdown_table(scenario_totals(rows))}\n"
+                        f"## Per op\n\n{markdown_table(rows)}")
+    write_csv(rows, paths[1])
+    plot_latency(rows, paths[2])
+    plot_throughput(rows, paths[3])
+    return paths

@@ -1,0 +1,145 @@
+"""One run of a scenario: N sellers and N buyers, each a thread with its own connection.
+
+Every user creates its account, logs in and seeds (sellers list stock) before a
+barrier; the clock starts when the last one arrives, then each makes K calls drawn
+from the mix. A run's wall time ends when the last user finishes.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from db.audit import AckedOrder
+from wire import Connection
+
+from .behaviour import Actor, Buyer, Call, make_actor
+from .mixes import Mix
+
+Address = tuple[str, int]
+SETUP_TIMEOUT_S = 600.0
+
+
+class SetupError(RuntimeError):
+    """A simulated user could not create its account, log in or seed."""
+
+
+@dataclass
+class OpLog:
+    """What one op did in one run: every latency (seconds), and how many calls went wrong."""
+
+    latencies: list[float] = field(default_factory=list)
+    conflicts: int = 0
+    errors: int = 0
+
+    def merge(self, other: OpLog) -> None:
+        """Add another user's log of the same op."""
+        self.latencies.extend(other.latencies)
+        self.conflicts += other.conflicts
+        self.errors += other.errors
+
+
+@dataclass
+class RunResult:
+    """The outcome of one run of one scenario."""
+
+    mix: str
+    users: int
+    run: int
+    elapsed_s: float
+    ops: dict[str, OpLog]
+    error_kinds: Counter[str]
+    acknowledged: list[AckedOrder]
+    violations: list[str] = field(default_factory=list)
+
+
+class SimulatedUser(threading.Thread):
+    """One simulated user: its actor, its connection and its log."""
+
+    def __init__(self, actor: Actor, address: Address, mix: Mix, calls: int,
+                 barrier: threading.Barrier) -> None:
+        super().__init__(name=actor.username, daemon=True)
+        self.actor, self.address, self.calls, self.barrier = actor, address, calls, barrier
+        weights = mix.weights(actor.role)
+        self.ops, self.cum_weights = list(weights), list(itertools.accumulate(weights.values()))
+        self.log: dict[str, OpLog] = {}
+        self.error_kinds: Counter[str] = Counter()
+        self.done = 0
+        self.finished = 0.0
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        """Set up, wait for everyone, then make the calls."""
+        with Connection(*self.address, timeout=120) as conn:
+            try:
+                for call in self.actor.setup_calls():
+                    self._setup(conn, call)
+            except BaseException as exc:
+                self.failure = exc
+                self.barrier.abort()
+                return
+            try:
+                self.barrier.wait(SETUP_TIMEOUT_S)
+            except threading.BrokenBarrierError:
+                return
+            for _ in range(self.calls):
+                op = self.actor.rng.choices(self.ops, cum_weights=self.cum_weights)[0]
+                self._record(conn, self.actor.next_call(op))
+                self.done += 1
+            self.finished = time.perf_counter()
+
+    def _setup(self, conn: Connection, call: Call) -> None:
+        outcome = self.actor.perform(conn, call)
+        if outcome.kind != "ok":
+            raise SetupError(f"{self.actor.username}: {call.op} failed: {outcome.error}")
+
+    def _record(self, conn: Connection, call: Call) -> None:
+        outcome = self.actor.perform(conn, call)
+        entry = self.log.setdefault(call.op, OpLog())
+        entry.latencies.append(outcome.latency_s)
+        if outcome.kind == "conflict":
+            entry.conflicts += 1
+        elif outcome.kind != "ok":
+            entry.errors += 1
+            self.error_kinds[f"{call.op}: {outcome.kind}"] += 1
+
+
+def run_once(mix: Mix, users: int, calls: int, buyer: Address, seller: Address, *, run: int = 0,
+             seed: int | None = None, on_progress: Callable[[int], None] = lambda done: None) -> RunResult:
+    """Run N sellers + N buyers for K calls each; `on_progress` gets the calls done so far."""
+    tag = secrets.token_hex(3)
+    rng = random.Random(seed)
+    actors = [make_actor(role, f"{role[0]}{tag}r{run}u{i}", random.Random(rng.random()))
+              for role in ("seller", "buyer") for i in range(users)]
+    start = [0.0]
+    barrier = threading.Barrier(len(actors), action=lambda: start.__setitem__(0, time.perf_counter()))
+    threads = [SimulatedUser(actor, seller if actor.role == "seller" else buyer, mix, calls, barrier)
+               for actor in actors]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        threads[0].join(0.2)
+        on_progress(sum(thread.done for thread in threads))
+    failures = [thread.failure for thread in threads if thread.failure]
+    if failures:
+        raise SetupError(f"{len(failures)} simulated users failed to set up; first: {failures[0]}")
+    return _collect(mix, users, run, start[0], threads)
+
+
+def _collect(mix: Mix, users: int, run: int, start: float, threads: list[SimulatedUser]) -> RunResult:
+    ops: dict[str, OpLog] = {}
+    error_kinds: Counter[str] = Counter()
+    acknowledged: list[AckedOrder] = []
+    for thread in threads:
+        for op, entry in thread.log.items():
+            ops.setdefault(op, OpLog()).merge(entry)
+        error_kinds.update(thread.error_kinds)
+        if isinstance(thread.actor, Buyer):
+            acknowledged.extend(thread.actor.orders)
+    elapsed = max(thread.finished for thread in threads) - start
+    return RunResult(mix.name, users, run, elapsed, ops, error_kinds, acknowledged)

@@ -1,0 +1,91 @@
+"""Start the buyer and seller servers as subprocesses (`python -m buyer_server --port 0`),
+read the `listening on HOST:PORT` line each prints, and stop them with SIGTERM.
+
+Their logs (stderr) go to a file, so a failed start can be read afterwards.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+Address = tuple[str, int]
+START_TIMEOUT_S = 60.0
+
+
+class ServerStartError(RuntimeError):
+    """A server exited or stayed silent instead of printing `listening on`."""
+
+
+def parse_address(text: str) -> Address:
+    """HOST:PORT as a (host, port) pair."""
+    host, _, port = text.strip().rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+@contextmanager
+def running_servers(db_url: str, log_dir: Path,
+                    extra_args: tuple[str, ...] = ()) -> Iterator[dict[str, Address]]:
+    """Both servers on free ports over one database, as {"buyer": addr, "seller": addr}."""
+    processes: list[subprocess.Popen[str]] = []
+    try:
+        addresses = {}
+        for role in ("buyer", "seller"):
+            process = _spawn(role, db_url, log_dir / f"{role}_server.log", extra_args)
+            processes.append(process)
+            addresses[role] = _wait_listening(process, role, log_dir / f"{role}_server.log")
+        yield addresses
+    finally:
+        for process in processes:
+            _stop(process)
+
+
+def _spawn(role: str, db_url: str, log_path: Path, extra_args: tuple[str, ...]) -> subprocess.Popen[str]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", f"{role}_server", "--port", "0", "--db-url", db_url,
+             "--log-level", "WARNING", *extra_args],
+            stdout=subprocess.PIPE, stderr=log, text=True)
+
+
+def _wait_listening(process: subprocess.Popen[str], role: str, log_path: Path) -> Address:
+    found: list[Address] = []
+    reader = threading.Thread(target=_read_stdout, args=(process.stdout, found), daemon=True)
+    reader.start()
+    reader.join(START_TIMEOUT_S)
+    if not found:
+        raise ServerStartError(f"the {role} server did not print 'listening on' "
+                               f"(exit code {process.poll()}); see {log_path}")
+    return found[0]
+
+
+def _read_stdout(stream: IO[str] | None, found: list[Address]) -> None:
+    """Find the listening line, then keep draining so the pipe never fills."""
+    assert stream is not None
+    for line in stream:
+        if line.startswith("listening on ") and not found:
+            found.append(parse_address(line.removeprefix("listening on ")))
+            threading.Thread(target=_drain, args=(stream,), daemon=True).start()
+            return
+
+
+def _drain(stream: IO[str]) -> None:
+    for _ in stream:
+        pass
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
