@@ -11,7 +11,7 @@ import os
 import secrets
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -123,9 +123,9 @@ class Market:
 def start_market(db: Database, settings: Settings | None = None,
                  limits: ServerLimits = ServerLimits(threads=8), **app_kwargs: Any) -> Market:
     """Start both servers on port 0 over a database."""
-    buyer = Server(build_buyer_app(settings or Settings(role="buyer"), db, **app_kwargs),
-                   limits=limits)
-    seller = Server(build_seller_app(settings or Settings(role="seller"), db), limits=limits)
+    settings = settings or Settings(role="buyer")
+    buyer = Server(build_buyer_app(replace(settings, role="buyer"), db, **app_kwargs), limits=limits)
+    seller = Server(build_seller_app(replace(settings, role="seller"), db), limits=limits)
     buyer.start()
     seller.start()
     return Market(db, buyer, seller)

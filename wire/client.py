@@ -27,10 +27,11 @@ class Connection:
                  max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.host, self.port, self.timeout, self.max_frame = host, port, timeout, max_frame
         self.token: str | None = None
-        self.reconnects = 0
+        self.reconnects = 0  # new sockets opened after the first
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder(max_frame)
         self._next_id = 0
+        self._used = False  # connected before: a new socket counts as a reconnect
 
     def __enter__(self) -> Connection:
         return self
@@ -42,11 +43,12 @@ class Connection:
         """Open the socket if it is not open (or if the server has closed it since)."""
         if self._sock is not None and _closed_by_peer(self._sock):
             self.close()
-            self.reconnects += 1
         if self._sock is None:
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock, self._decoder = sock, FrameDecoder(self.max_frame)
+            self.reconnects += self._used
+            self._used = True
 
     def close(self) -> None:
         """Close the socket; the next call opens a new one."""
@@ -91,7 +93,6 @@ class Connection:
                 raise ConnectionLostError(
                     f"connection lost during {message['op']}; it may or may not have been applied"
                 ) from exc
-        self.reconnects += 1
         self.send(message)
         return self.receive()
 
