@@ -13,7 +13,7 @@ from .payments import PaymentProcessor, SimulatedProcessor
 
 def build_app(settings: Settings, db: Database, processor: PaymentProcessor | None = None) -> App:
     """The buyer server's App over a database."""
-    policy = accounts.SessionPolicy(settings.session_idle_s, settings.session_max_s)
+    policy = accounts.SessionPolicy.from_settings(settings)
     processor = processor or SimulatedProcessor(settings.payment_decline_rate)
     handlers = {
         **accounts.account_handlers(db, "buyer", policy, __version__),

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from wire.errors import ConflictError, UnauthenticatedError
 
+from . import login_throttle
 from .database import Database, now_ms
 from .passwords import hash_password, verify_password
 from .schema import cart_lines, saved_cart_lines, sessions, users
@@ -37,10 +38,18 @@ class Session:
 
 @dataclass(frozen=True)
 class SessionPolicy:
-    """How long sessions live."""
+    """How long sessions live, and how failed logins are slowed down."""
 
     idle_s: int = 300
     max_s: int = 86400
+    throttle: login_throttle.ThrottlePolicy = login_throttle.ThrottlePolicy()
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SessionPolicy:
+        """The policy a server's settings (wire.config.Settings) ask for."""
+        return cls(settings.session_idle_s, settings.session_max_s,
+                   login_throttle.ThrottlePolicy(settings.login_free_failures,
+                                                 settings.login_max_delay_s))
 
     @property
     def touch_interval_ms(self) -> int:
@@ -67,13 +76,20 @@ def create_account(db: Database, role: str, username: str, password: str, name: 
 
 def login(db: Database, role: str, policy: SessionPolicy, username: str, password: str) -> dict[str, Any]:
     """A new session; the same UNAUTHENTICATED message for a wrong username or password."""
-    found = db.run(lambda tx: _find_user(tx, role, username), write=False)
+    found = db.run(lambda tx: _find_user_if_allowed(tx, role, policy, username), write=False)
     if not verify_password(found[1] if found else None, password) or found is None:
+        db.run(lambda tx: login_throttle.record_failure(tx, role, username))
         raise UnauthenticatedError(WRONG_CREDENTIALS)
     user_id = found[0]
     token = secrets.token_urlsafe(32)
-    db.run(lambda tx: _open_session(tx, role, user_id, token_hash(token), policy))
+    db.run(lambda tx: _open_session(tx, role, user_id, username, token_hash(token), policy))
     return {"token": token, "user_id": user_id, "idle_timeout_s": policy.idle_s}
+
+
+def _find_user_if_allowed(tx: Connection, role: str, policy: SessionPolicy,
+                          username: str) -> tuple[int, str] | None:
+    login_throttle.check_allowed(tx, policy.throttle, role, username)
+    return _find_user(tx, role, username)
 
 
 def _find_user(tx: Connection, role: str, username: str) -> tuple[int, str] | None:
@@ -82,8 +98,10 @@ def _find_user(tx: Connection, role: str, username: str) -> tuple[int, str] | No
     return (row.user_id, row.password_hash) if row else None
 
 
-def _open_session(tx: Connection, role: str, user_id: int, hashed: str, policy: SessionPolicy) -> None:
+def _open_session(tx: Connection, role: str, user_id: int, username: str, hashed: str,
+                  policy: SessionPolicy) -> None:
     now = now_ms()
+    login_throttle.clear_failures(tx, role, username)
     _end_expired_sessions(tx, user_id, policy, now)
     session_id = tx.execute(insert(sessions).values(
         token_hash=hashed, user_id=user_id, role=role, created_ms=now, last_seen_ms=now,

@@ -149,3 +149,14 @@ feedback = Table(
     PrimaryKeyConstraint("buyer_id", "item_id"),
     **_MYSQL,
 )
+
+# Consecutive failed logins per account name (existing or not), for the login backoff.
+login_failures = Table(
+    "login_failures", metadata,
+    Column("role", String(6), nullable=False),
+    Column("username", Username, nullable=False),
+    Column("failures", Integer, nullable=False),
+    Column("last_failure_ms", BigInteger, nullable=False),
+    PrimaryKeyConstraint("role", "username"),
+    **_MYSQL,
+)

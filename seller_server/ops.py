@@ -9,7 +9,7 @@ from wire.config import Settings
 
 def build_app(settings: Settings, db: Database) -> App:
     """The seller server's App over a database."""
-    policy = accounts.SessionPolicy(settings.session_idle_s, settings.session_max_s)
+    policy = accounts.SessionPolicy.from_settings(settings)
     handlers = {
         **accounts.account_handlers(db, "seller", policy, __version__),
         "get_seller_rating": catalog.get_seller_rating,

@@ -116,3 +116,47 @@ def test_a_session_ends_at_its_absolute_limit(database: Database) -> None:
     finally:
         market.buyer_server.shutdown()
         market.seller_server.shutdown()
+
+
+def test_failed_logins_are_slowed_down_but_never_lock_out_for_good(database: Database) -> None:
+    market = start_market(database, Settings(role="buyer", login_free_failures=3, login_max_delay_s=2))
+    try:
+        conn = market.connect("buyer")
+        name = unique_name()
+        conn.call("create_account", {"username": name, "password": PASSWORD, "name": name})
+        for _ in range(3):
+            with pytest.raises(UnauthenticatedError, match="wrong username or password"):
+                conn.call("login", {"username": name, "password": "guess guess"})
+        # the next attempt must wait, even with the right password, and says so
+        with pytest.raises(UnauthenticatedError, match="too many failed logins"):
+            conn.call("login", {"username": name, "password": PASSWORD})
+        time.sleep(1.1)
+        with pytest.raises(UnauthenticatedError, match="wrong username or password"):
+            conn.call("login", {"username": name, "password": "guess again"})
+        with pytest.raises(UnauthenticatedError, match="too many failed logins"):
+            conn.call("login", {"username": name, "password": PASSWORD})
+        time.sleep(2.1)  # the wait never exceeds login_max_delay_s
+        assert conn.call("login", {"username": name, "password": PASSWORD})["token"]
+        for _ in range(3):  # a success clears the count
+            with pytest.raises(UnauthenticatedError, match="wrong username or password"):
+                conn.call("login", {"username": name, "password": "guess guess"})
+    finally:
+        market.buyer_server.shutdown()
+        market.seller_server.shutdown()
+
+
+def test_unknown_usernames_are_throttled_the_same_way(database: Database) -> None:
+    market = start_market(database, Settings(role="buyer", login_free_failures=2, login_max_delay_s=60))
+    try:
+        conn = market.connect("buyer")
+        ghost = unique_name("ghost")
+        for _ in range(2):
+            with pytest.raises(UnauthenticatedError, match="wrong username or password"):
+                conn.call("login", {"username": ghost, "password": PASSWORD})
+        with pytest.raises(UnauthenticatedError, match="too many failed logins"):
+            conn.call("login", {"username": ghost, "password": PASSWORD})
+        other = market.user("buyer")  # other usernames are not affected
+        assert other.call("display_cart")["cart"]["items"] == []
+    finally:
+        market.buyer_server.shutdown()
+        market.seller_server.shutdown()

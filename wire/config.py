@@ -35,6 +35,8 @@ class Settings:
     session_idle_s: int = 300
     session_max_s: int = 86400
     payment_decline_rate: float = 0.0
+    login_free_failures: int = 5
+    login_max_delay_s: float = 900.0
     log_level: str = "INFO"
 
 
@@ -76,5 +78,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         session_idle_s=int(env("MARKET_SESSION_IDLE_S", 300)),
         session_max_s=int(env("MARKET_SESSION_MAX_S", 86400)),
         payment_decline_rate=float(env("MARKET_PAYMENT_DECLINE_RATE", 0)),
+        login_free_failures=int(env("MARKET_LOGIN_FREE_FAILURES", 5)),
+        login_max_delay_s=float(env("MARKET_LOGIN_MAX_DELAY_S", 900)),
         log_level=args.log_level,
     )

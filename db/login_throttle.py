@@ -1,0 +1,68 @@
+"""Login backoff against password guessing, kept in the database so that every
+server process sees the same count.
+
+After `free_failures` consecutive failed logins for one username (existing or not,
+so the answer reveals nothing), each further attempt must wait 1, 2, 4, ... seconds
+after the last failure, up to `max_delay_s`; until then even the right password is
+refused, without checking it. A successful login clears the count. Nobody is locked
+out for longer than `max_delay_s` after their last failed attempt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, bindparam, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from wire.errors import UnauthenticatedError
+
+from .database import RetryTransaction, now_ms
+from .schema import login_failures as lf
+
+
+@dataclass(frozen=True)
+class ThrottlePolicy:
+    """How failed logins slow down the next ones."""
+
+    free_failures: int = 5
+    max_delay_s: float = 900.0
+
+    def delay_ms(self, failures: int) -> int:
+        """How long after the last failure the next attempt must wait."""
+        if failures < self.free_failures:
+            return 0
+        return int(min(self.max_delay_s, 2.0 ** (failures - self.free_failures)) * 1000)
+
+
+_FAILURES = select(lf.c.failures, lf.c.last_failure_ms).where(
+    lf.c.role == bindparam("role"), lf.c.username == bindparam("username"))
+
+
+def check_allowed(tx: Connection, policy: ThrottlePolicy, role: str, username: str) -> None:
+    """UNAUTHENTICATED (with the wait) while this username must wait before another try."""
+    row = tx.execute(_FAILURES, {"role": role, "username": username}).first()
+    if row is None:
+        return
+    wait_ms = row.last_failure_ms + policy.delay_ms(row.failures) - now_ms()
+    if wait_ms > 0:
+        raise UnauthenticatedError(
+            f"too many failed logins for this username; try again in {wait_ms / 1000:.0f} s"
+            if wait_ms >= 1000 else "too many failed logins for this username; try again in 1 s")
+
+
+def record_failure(tx: Connection, role: str, username: str) -> None:
+    """Count one more failed login."""
+    key = (lf.c.role == role) & (lf.c.username == username)
+    now = now_ms()
+    if tx.execute(update(lf).where(key).values(failures=lf.c.failures + 1,
+                                               last_failure_ms=now)).rowcount:
+        return
+    try:
+        tx.execute(insert(lf).values(role=role, username=username, failures=1, last_failure_ms=now))
+    except IntegrityError:
+        raise RetryTransaction from None  # another process counted one at the same moment
+
+
+def clear_failures(tx: Connection, role: str, username: str) -> None:
+    """Forget failed logins after a successful one."""
+    tx.execute(delete(lf).where((lf.c.role == role) & (lf.c.username == username)))
