@@ -15,6 +15,7 @@ from typing import Any
 
 from wire import Connection, ProtocolError
 from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, env
+from wire.tls import optional_client_context
 
 from .shell import open_shell
 
@@ -40,13 +41,21 @@ def health(args: argparse.Namespace) -> int:
     """Ping a server; print what answered."""
     host, _, port = args.address.rpartition(":")
     try:
-        with Connection(host or "127.0.0.1", int(port), timeout=args.timeout) as conn:
+        tls = optional_client_context(args.tls_ca, args.tls)
+        with Connection(host or "127.0.0.1", int(port), timeout=args.timeout, tls=tls) as conn:
             result = conn.call("ping")
     except (OSError, ValueError, ProtocolError) as exc:
         print(f"unhealthy: {args.address}: {exc}", file=sys.stderr)
         return 1
     print(f"ok: {result.get('server')} server {result.get('version')} at {args.address}")
     return 0
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """--tls and --tls-ca, for talking to servers started with --tls-cert/--tls-key."""
+    parser.add_argument("--tls-ca", default=env("MARKET_TLS_CA"), metavar="PEM",
+                        help="use TLS, trusting this CA certificate (e.g. a self-signed server's)")
+    parser.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CAs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
         p.add_argument("--port", type=int,
                        default=int(env(f"MARKET_{role.upper()}_PORT", DEFAULT_PORTS[role])))
+        add_tls_arguments(p)
         p.add_argument("-c", "--command", dest="script", metavar="COMMANDS",
                        help="run these `;`-separated commands without prompts, then exit")
         p.set_defaults(func=open_shell, role=role)
@@ -70,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--timeout", type=float, default=3.0)
+    add_tls_arguments(p)
     p.set_defaults(func=health)
     return parser
 

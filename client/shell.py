@@ -22,6 +22,7 @@ from prompt_toolkit.history import FileHistory
 from wire import Connection, ConnectionLostError, ProtocolError
 from wire.config import env
 from wire.errors import UnauthenticatedError
+from wire.tls import optional_client_context
 
 from .registry import Arg, Command, Registry, UsageError
 from .render import Output, Table
@@ -241,8 +242,8 @@ def open_shell(args: argparse.Namespace) -> int:
 
     interactive = args.script is None and sys.stdin.isatty()
     registry = COMMON | (BUYER if args.role == "buyer" else SELLER)
-    shell = Shell(args.role, Connection(args.host, args.port), registry, Output(not interactive),
-                  interactive)
+    conn = Connection(args.host, args.port, tls=optional_client_context(args.tls_ca, args.tls))
+    shell = Shell(args.role, conn, registry, Output(not interactive), interactive)
     if interactive:
         return run_interactive(shell, env("MARKET_HISTORY_FILE", str(Path.home() / ".market_history")))
     return run_script(shell, script_lines(args.script))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import select
 import socket
+import ssl
 from typing import Any
 
 from .envelope import make_request
@@ -24,8 +25,9 @@ class Connection:
     """One persistent connection to a buyer or seller server."""
 
     def __init__(self, host: str, port: int, *, timeout: float = 30.0,
-                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME, tls: ssl.SSLContext | None = None) -> None:
         self.host, self.port, self.timeout, self.max_frame = host, port, timeout, max_frame
+        self.tls = tls
         self.token: str | None = None
         self.reconnects = 0  # new sockets opened after the first
         self._sock: socket.socket | None = None
@@ -46,6 +48,8 @@ class Connection:
         if self._sock is None:
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(sock, server_hostname=self.host)
             self._sock, self._decoder = sock, FrameDecoder(self.max_frame)
             self.reconnects += self._used
             self._used = True
@@ -103,8 +107,8 @@ def _closed_by_peer(sock: socket.socket) -> bool:
     poller.register(sock, select.POLLIN)
     if not poller.poll(0):
         return False
-    try:
-        return sock.recv(1, socket.MSG_PEEK) == b""
+    try:  # peek at the raw bytes, under TLS too
+        return socket.socket.recv(sock, 1, socket.MSG_PEEK) == b""
     except OSError:
         return True
 

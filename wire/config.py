@@ -37,6 +37,8 @@ class Settings:
     payment_decline_rate: float = 0.0
     login_free_failures: int = 5
     login_max_delay_s: float = 900.0
+    tls_cert: str | None = None
+    tls_key: str | None = None
     log_level: str = "INFO"
 
 
@@ -66,11 +68,16 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
                         help="worker threads (and database connections) per process")
     parser.add_argument("--workers", type=int, default=int(env("MARKET_WORKERS", 1)),
                         help="server processes sharing the port (SO_REUSEPORT)")
+    parser.add_argument("--tls-cert", default=env("MARKET_TLS_CERT"),
+                        help="serve TLS with this certificate chain (PEM); needs --tls-key")
+    parser.add_argument("--tls-key", default=env("MARKET_TLS_KEY"), help="the certificate's key (PEM)")
     parser.add_argument("--log-level", default=env("MARKET_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
     return Settings(
         role=role, host=args.host, port=args.port, db_url=args.db_url, threads=args.threads,
-        workers=args.workers,
+        workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key,
         max_frame=int(env("MARKET_MAX_FRAME", 1 << 20)),
         max_connections=int(env("MARKET_MAX_CONNECTIONS", 1000)),
         idle_timeout_s=float(env("MARKET_IDLE_TIMEOUT_S", 300)),

@@ -19,6 +19,7 @@ from typing import Any
 from .app import App
 from .config import Settings, server_settings
 from .server import Server, ServerLimits, reserve_port, serve_until_signal
+from .tls import server_context
 
 log = logging.getLogger("market.runner")
 BuildApp = Callable[[Settings, Any], App]
@@ -49,7 +50,7 @@ def main(role: str, build_app: BuildApp, argv: list[str] | None = None) -> int:
 
 def _announce(server: Server) -> None:
     host, port = server.address
-    print(f"listening on {host}:{port}", flush=True)
+    print(f"listening on {host}:{port}{' (TLS)' if server.tls else ''}", flush=True)
 
 
 def _serve(settings: Settings, build_app: BuildApp, port: int, ready: Callable[[Server], None],
@@ -58,8 +59,9 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, ready: Callable[[
     from db import Database
 
     database = Database(settings.db_url, pool_size=settings.threads)
+    tls = server_context(settings.tls_cert, settings.tls_key) if settings.tls_cert else None
     server = Server(build_app(settings, database), settings.host, port, limits_of(settings),
-                    reuse_port=reuse_port)
+                    reuse_port=reuse_port, tls=tls)
     ready(server)
     try:
         serve_until_signal(server)

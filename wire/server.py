@@ -13,6 +13,7 @@ import logging
 import selectors
 import signal
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 from .envelope import error_response, request_id
 from .errors import BusyError, InternalError, ProtocolError
 from .framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
 _READ_SIZE = 65536
@@ -75,15 +77,18 @@ class _Connection:
         self.reading = True
         self.last_activity = time.monotonic()
         self.frame_started: float | None = None
+        self.tls: TlsChannel | None = None
 
 
 class Server:
     """A threaded TCP server for one App; see the module docstring."""
 
     def __init__(self, app: App, host: str = "127.0.0.1", port: int = 0,
-                 limits: ServerLimits = ServerLimits(), reuse_port: bool = False) -> None:
+                 limits: ServerLimits = ServerLimits(), reuse_port: bool = False,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.app = app
         self.limits = limits
+        self.tls = tls
         self._listener = _listen(host, port, reuse_port)
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -156,12 +161,14 @@ class Server:
 
     def _admit(self, sock: socket.socket) -> None:
         if len(self._connections) >= self.limits.max_connections:
-            _refuse_busy(sock)
+            _refuse_busy(sock, plaintext=self.tls is None)
             return
         sock.setblocking(True)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         _set_send_timeout(sock, self.limits.send_timeout_s)
         conn = _Connection(sock, self.limits.max_frame)
+        if self.tls is not None:
+            conn.tls = TlsChannel(self.tls)
         self._connections.add(conn)
         self._selector.register(sock, selectors.EVENT_READ, conn)
 
@@ -175,14 +182,32 @@ class Server:
         if not data:
             self._close(conn)
             return
+        if conn.tls is not None:
+            data = self._decrypt(conn, data)
+            if data is None:
+                return
         now = time.monotonic()
         conn.last_activity = now
         conn.decoder.feed(data)
         self._queue_messages(conn)
-        if conn.decoder.in_frame:
+        if conn.decoder.in_frame or (conn.tls is not None and not conn.tls.handshake_done):
             conn.frame_started = conn.frame_started or now
         else:
             conn.frame_started = None
+
+    def _decrypt(self, conn: _Connection, data: bytes) -> bytes | None:
+        """Plaintext from a TLS connection, or None once it is closed (not TLS, or stuck)."""
+        assert conn.tls is not None
+        try:
+            plaintext = conn.tls.receive(data)
+        except ssl.SSLError as exc:
+            log.info("closing a connection that does not speak TLS: %s", exc.reason)
+            self._close(conn)
+            return None
+        if not conn.tls.flush_nowait(conn.sock):
+            self._close(conn)
+            return None
+        return plaintext
 
     def _queue_messages(self, conn: _Connection) -> None:
         messages: list[dict[str, Any] | ProtocolError] = []
@@ -297,7 +322,10 @@ class Server:
 
     def _send(self, conn: _Connection, response: dict[str, Any]) -> bool:
         try:
-            conn.sock.sendall(encode_frame(response))
+            if conn.tls is not None:
+                conn.tls.send(conn.sock, encode_frame(response))
+            else:
+                conn.sock.sendall(encode_frame(response))
             return True
         except OSError:
             conn.closing = True
@@ -322,11 +350,12 @@ def _set_send_timeout(sock: socket.socket, seconds: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
-def _refuse_busy(sock: socket.socket) -> None:
-    """Tell a connection over the limit BUSY and close it, without blocking."""
+def _refuse_busy(sock: socket.socket, plaintext: bool) -> None:
+    """Tell a connection over the limit BUSY (unless it expects TLS) and close it, without blocking."""
     try:
         sock.setblocking(False)
-        sock.send(encode_frame(error_response(None, BusyError("too many connections; try again later"))))
+        if plaintext:
+            sock.send(encode_frame(error_response(None, BusyError("too many connections; try again later"))))
     except OSError:
         pass
     finally:

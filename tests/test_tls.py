@@ -1,0 +1,114 @@
+"""TLS: optional on the servers; a plaintext client is closed without being served."""
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import CARD, PASSWORD, unique_name
+
+from buyer_server.ops import build_app
+from db import Database
+from wire import Connection
+from wire.config import Settings
+from wire.framing import encode_frame
+from wire.server import Server
+from wire.tls import client_context, server_context
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 and localhost, made with openssl."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path, certificate: tuple[str, str]) -> Iterator[Server]:
+    db = Database(f"sqlite:///{tmp_path / 'tls.db'}", pool_size=4)
+    db.create_schema()
+    server = Server(build_app(Settings(role="buyer"), db), tls=server_context(*certificate))
+    server.start()
+    yield server
+    server.shutdown()
+    db.close()
+
+
+def test_a_tls_client_does_everything_over_tls(tls_server: Server, certificate: tuple[str, str]) -> None:
+    conn = Connection(*tls_server.address, tls=client_context(certificate[0]))
+    name = unique_name()
+    conn.call("create_account", {"username": name, "password": PASSWORD, "name": name})
+    conn.token = conn.call("login", {"username": name, "password": PASSWORD})["token"]
+    assert conn.call("display_cart")["cart"]["total"] == "0.00"
+    assert isinstance(conn._sock, ssl.SSLSocket) and conn._sock.version() in ("TLSv1.2", "TLSv1.3")
+    for n in range(20):  # pipelined over TLS
+        conn.send({"id": n, "op": "ping"})
+    assert [conn.receive()["id"] for _ in range(20)] == list(range(20))
+    with pytest.raises(Exception, match="empty"):
+        conn.call("make_purchase", CARD)
+
+
+def test_a_plaintext_client_is_closed_without_being_served(tls_server: Server) -> None:
+    sock = socket.create_connection(tls_server.address, timeout=5)
+    sock.sendall(encode_frame({"id": 1, "op": "ping"}))
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    assert b'"ok"' not in received and b"pong" not in received and b"buyer" not in received
+
+
+def test_a_client_that_does_not_trust_the_certificate_refuses_it(tls_server: Server) -> None:
+    conn = Connection(*tls_server.address, tls=client_context(None))
+    with pytest.raises(ssl.SSLCertVerificationError):
+        conn.call("ping")
+    ok = Connection(*tls_server.address, tls=_trust_anything())
+    assert ok.call("ping")["server"] == "buyer"
+
+
+def _trust_anything() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def test_the_server_process_takes_tls_flags(tmp_path: Path, certificate: tuple[str, str]) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "seller_server", "--port", "0",
+                             "--db-url", f"sqlite:///{tmp_path / 's.db'}",
+                             "--tls-cert", certificate[0], "--tls-key", certificate[1]],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        assert line.startswith("listening on 127.0.0.1:") and line.endswith("(TLS)")
+        port = int(line.split(":")[1].split()[0])
+        conn = Connection("127.0.0.1", port, tls=client_context(certificate[0]))
+        assert conn.call("ping")["server"] == "seller"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+
+
+def test_the_shell_and_health_check_speak_tls(tls_server: Server, certificate: tuple[str, str]) -> None:
+    host, port = tls_server.address
+    market = [sys.executable, "-m", "client.main"]
+    health = subprocess.run([*market, "health", f"{host}:{port}", "--tls-ca", certificate[0]],
+                            capture_output=True, text=True, timeout=30)
+    assert health.returncode == 0 and "buyer server" in health.stdout
+    plain = subprocess.run([*market, "health", f"{host}:{port}"], capture_output=True, text=True, timeout=30)
+    assert plain.returncode != 0
+    shell = subprocess.run([*market, "buyer", "--port", str(port), "--tls-ca", certificate[0], "-c", "ping"],
+                           capture_output=True, text=True, timeout=30)
+    assert shell.returncode == 0, shell.stderr

@@ -1,0 +1,106 @@
+"""TLS for the server loop, over memory buffers (ssl.MemoryBIO), so that the I/O
+thread can decrypt without ever blocking and a worker can encrypt its response.
+
+Records must leave in the order TLS made them: every ciphertext goes into one
+outbox, and one flusher at a time (`_sending`) writes it out in order. The I/O
+thread only ever tries to flush without waiting; a worker flushes and waits.
+"""
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+
+
+def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """A TLS 1.2+ server context for a certificate chain and its key."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+def client_context(ca_file: str | None) -> ssl.SSLContext:
+    """A client context trusting `ca_file` (else the system's CAs), checking host names."""
+    context = ssl.create_default_context(cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+def optional_client_context(ca_file: str | None, enabled: bool = False) -> ssl.SSLContext | None:
+    """TLS for a client when a CA file is given or TLS is asked for; else None (plaintext)."""
+    return client_context(ca_file) if ca_file or enabled else None
+
+
+class TlsChannel:
+    """One server-side TLS connection; see the module docstring."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self._state = threading.Lock()    # the SSL object and the outbox
+        self._sending = threading.Lock()  # one flusher at a time, in outbox order
+        self._outbox = bytearray()
+        self.handshake_done = False
+
+    def receive(self, data: bytes) -> bytes:
+        """Feed received ciphertext; the plaintext it completes. Raises ssl.SSLError."""
+        with self._state:
+            self._incoming.write(data)
+            plaintext = self._advance()
+            self._outbox += self._outgoing.read()
+        return plaintext
+
+    def _advance(self) -> bytes:
+        if not self.handshake_done:
+            try:
+                self._tls.do_handshake()
+            except ssl.SSLWantReadError:
+                return b""
+            self.handshake_done = True
+        chunks = []
+        while True:
+            try:
+                chunk = self._tls.read(65536)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def send(self, sock: socket.socket, data: bytes) -> None:
+        """Encrypt and send, waiting for the socket (a worker's call)."""
+        with self._state:
+            self._tls.write(data)
+            self._outbox += self._outgoing.read()
+        with self._sending:
+            self._flush(sock, wait=True)
+
+    def flush_nowait(self, sock: socket.socket) -> bool:
+        """Send what is queued without waiting; False if the socket would not take it all."""
+        if not self._sending.acquire(blocking=False):
+            return True  # a worker is sending: it will send this too
+        try:
+            return self._flush(sock, wait=False)
+        finally:
+            self._sending.release()
+
+    def _flush(self, sock: socket.socket, wait: bool) -> bool:
+        while True:
+            with self._state:
+                chunk = bytes(self._outbox)
+                self._outbox.clear()
+            if not chunk:
+                return True
+            if wait:
+                sock.sendall(chunk)
+                continue
+            try:
+                sent = sock.send(chunk, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(chunk):
+                with self._state:
+                    self._outbox[:0] = chunk[sent:]
+                return False
