@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from wire.errors import ConflictError, UnauthenticatedError
 
 from . import login_throttle
-from .database import Database, now_ms
+from .database import Database, inserted_id, now_ms
 from .passwords import hash_password, verify_password
 from .schema import cart_lines, saved_cart_lines, sessions, users
 
@@ -68,7 +68,7 @@ def create_account(db: Database, role: str, username: str, password: str, name: 
     row = {"role": role, "username": username, "name": name, "password_hash": password_hash,
            "created_ms": now_ms()}
     try:
-        user_id = db.run(lambda tx: tx.execute(insert(users).values(row)).inserted_primary_key[0])
+        user_id = db.run(lambda tx: inserted_id(tx.execute(insert(users).values(row))))
     except IntegrityError:
         raise ConflictError(f"username {username!r} is taken") from None
     return {"user_id": user_id}
@@ -103,9 +103,9 @@ def _open_session(tx: Connection, role: str, user_id: int, username: str, hashed
     now = now_ms()
     login_throttle.clear_failures(tx, role, username)
     _end_expired_sessions(tx, user_id, policy, now)
-    session_id = tx.execute(insert(sessions).values(
+    session_id = inserted_id(tx.execute(insert(sessions).values(
         token_hash=hashed, user_id=user_id, role=role, created_ms=now, last_seen_ms=now,
-    )).inserted_primary_key[0]
+    )))
     if role == "buyer":
         tx.execute(insert(cart_lines).from_select(
             ["session_id", "item_id", "quantity"],

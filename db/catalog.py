@@ -8,23 +8,25 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Row, Select, bindparam, desc, func, insert, select, update
+from sqlalchemy import BindParameter, Connection, Select, bindparam, desc, func, insert, select, update
 
 from wire.errors import ConflictError, ForbiddenError, NotFoundError
 from wire.values import decode_cursor, encode_cursor, format_money
 
 from .accounts import Session
-from .database import now_ms
+from .database import inserted_id, now_ms
 from .schema import item_keywords, items, users
 
+ItemRow = Any  # a Row with ITEM_COLUMNS (SQLAlchemy types rows by column count)
 ITEM_COLUMNS = (items.c.item_id, items.c.seller_id, items.c.name, items.c.category, items.c.keywords,
                 items.c.item_condition, items.c.price_cents, items.c.quantity, items.c.thumbs_up,
                 items.c.thumbs_down)
 
 
-def item_to_wire(row: Row[Any]) -> dict[str, Any]:
+def item_to_wire(row: ItemRow) -> dict[str, Any]:
     """An item row as the protocol's item object."""
     return {"item_id": row.item_id, "seller_id": row.seller_id, "name": row.name,
             "category": row.category, "keywords": json.loads(row.keywords),
@@ -32,7 +34,7 @@ def item_to_wire(row: Row[Any]) -> dict[str, Any]:
             "quantity": row.quantity, "thumbs_up": row.thumbs_up, "thumbs_down": row.thumbs_down}
 
 
-def split_page(rows: list[Any], limit: int, cursor_of: Any) -> tuple[list[Any], str | None]:
+def split_page(rows: Sequence[Any], limit: int, cursor_of: Any) -> tuple[Sequence[Any], str | None]:
     """Rows of one page and the cursor of the next (None on the last page)."""
     if len(rows) <= limit:
         return rows, None
@@ -43,10 +45,10 @@ def split_page(rows: list[Any], limit: int, cursor_of: Any) -> tuple[list[Any], 
 def put_item(tx: Connection, session: Session, name: str, category: int, keywords: list[str],
              condition: str, price: int, quantity: int) -> dict[str, Any]:
     """List a new item for sale."""
-    item_id = tx.execute(insert(items).values(
+    item_id = inserted_id(tx.execute(insert(items).values(
         seller_id=session.user_id, name=name, category=category, keywords=json.dumps(keywords),
         item_condition=condition, price_cents=price, quantity=quantity, listed=quantity,
-        created_ms=now_ms())).inserted_primary_key[0]
+        created_ms=now_ms())))
     if keywords:
         tx.execute(insert(item_keywords),
                    [{"keyword": k, "item_id": item_id, "category": category} for k in keywords])
@@ -56,7 +58,7 @@ def put_item(tx: Connection, session: Session, name: str, category: int, keyword
 _ITEM_BY_ID = select(*ITEM_COLUMNS).where(items.c.item_id == bindparam("item_id"))
 
 
-def load_item(tx: Connection, item_id: int) -> Row[Any]:
+def load_item(tx: Connection, item_id: int) -> ItemRow:
     """One item row, or NOT_FOUND."""
     row = tx.execute(_ITEM_BY_ID, {"item_id": item_id}).first()
     if row is None:
@@ -64,7 +66,7 @@ def load_item(tx: Connection, item_id: int) -> Row[Any]:
     return row
 
 
-def _own_item(tx: Connection, session: Session, item_id: int) -> Row[Any]:
+def _own_item(tx: Connection, session: Session, item_id: int) -> ItemRow:
     row = load_item(tx, item_id)
     if row.seller_id != session.user_id:
         raise ForbiddenError(f"item {item_id} belongs to another seller")
@@ -126,11 +128,11 @@ def search_items(tx: Connection, session: Session, category: int | None, keyword
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
 
-def _id_cursor(row: Row[Any]) -> str:
+def _id_cursor(row: ItemRow) -> str:
     return encode_cursor(row.item_id)
 
 
-def _rank_cursor(row: Row[Any]) -> str:
+def _rank_cursor(row: ItemRow) -> str:
     return encode_cursor(row.matches, row.item_id)
 
 
@@ -157,7 +159,7 @@ def _ranked_search(by_category: bool, after_cursor: bool) -> Select[Any]:
              .join_from(ranked_sq, items, items.c.item_id == ranked_sq.c.item_id)
              .where(items.c.quantity > 0))
     if after_cursor:
-        last_matches = bindparam("last_matches")
+        last_matches: BindParameter[int] = bindparam("last_matches")
         query = query.where((ranked_sq.c.matches < last_matches)
                             | ((ranked_sq.c.matches == last_matches)
                                & (items.c.item_id > bindparam("after"))))

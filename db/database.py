@@ -11,9 +11,9 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, CursorResult, insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -31,6 +31,13 @@ _UNAVAILABLE_ERRNOS = {1040, 1053, 2002, 2003, 2005, 2006, 2013, 2055}
 
 class RetryTransaction(Exception):
     """Raised inside a transaction to roll it back and run it again."""
+
+
+def inserted_id(result: CursorResult[Any]) -> int:
+    """The id the database chose for the row an INSERT just made."""
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
 
 
 def now_ms() -> int:

@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 try:  # the C extension of mysql-connector-python (pinned to a version whose extension loads)
     from mysql.connector.connection_cext import CMySQLConnection
 except ImportError:  # pragma: no cover - then MySQL URLs fail at connect with a clear error
-    CMySQLConnection = object
+    CMySQLConnection = object  # type: ignore[misc,assignment]
 
 WRITE_OPTION = "market_write"  # execution option: this transaction writes
 _MYSQL_DRIVER = "mysql+mysqlconnector"

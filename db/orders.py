@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, delete, insert, select, update
+from sqlalchemy import Connection, and_, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from wire.errors import ConflictError, ForbiddenError
@@ -20,7 +20,7 @@ from wire.values import decode_cursor, encode_cursor, format_money, format_time
 
 from .accounts import Session
 from .catalog import load_item, split_page
-from .database import RetryTransaction, now_ms
+from .database import RetryTransaction, inserted_id, now_ms
 from .schema import cart_lines, feedback, items, order_lines, orders, saved_cart_lines, users
 
 # charge(amount_cents, card_name, card_number, card_expiry, idempotency_key); raises on refusal.
@@ -53,9 +53,9 @@ def make_purchase(tx: Connection, session: Session, card_name: str, card_number:
 
 def _insert_order(tx: Connection, buyer_id: int, key: str | None) -> int:
     try:
-        return int(tx.execute(insert(orders).values(
+        return inserted_id(tx.execute(insert(orders).values(
             buyer_id=buyer_id, total_cents=0, idempotency_key=key, created_ms=now_ms(),
-        )).inserted_primary_key[0])
+        )))
     except IntegrityError:
         raise RetryTransaction from None  # the same key has just committed: replay it
 
@@ -147,7 +147,7 @@ def get_purchase_history(tx: Connection, session: Session, limit: int,
     return {"purchases": [_history_line(r) for r in rows], "next_cursor": next_cursor}
 
 
-def _history_line(row: Row[Any]) -> dict[str, Any]:
+def _history_line(row: Any) -> dict[str, Any]:
     return {"order_id": row.order_id, "item_id": row.item_id, "name": row.name,
             "quantity": row.quantity, "price": format_money(row.price_cents),
             "purchased_at": format_time(row.created_ms / 1000), "feedback": row.vote}

@@ -7,6 +7,8 @@ are constraints here, never read-then-write checks in Python.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -29,7 +31,8 @@ metadata = MetaData()
 Id = BigInteger().with_variant(Integer(), "sqlite")
 # Usernames compare case-sensitively on every database (SQLite does by default).
 Username = String(32).with_variant(String(32, collation="utf8mb4_bin"), "mysql", "mariadb")
-_MYSQL = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+_MYSQL: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4",
+                          "mysql_collate": "utf8mb4_bin"}
 
 
 def _counter(name: str) -> Column[int]:

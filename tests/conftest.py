@@ -6,6 +6,7 @@ unreachable MariaDB fails the run. Set MARKET_TEST_MYSQL_URL to use another serv
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import secrets
@@ -55,9 +56,9 @@ def mysql_server() -> str:
     return MYSQL_ADMIN_URL
 
 
-def fresh_mysql_database(admin_url: str) -> Iterator[str]:
+def fresh_mysql_database(admin_url: str, prefix: str = "market_test") -> Iterator[str]:
     """Create a database of its own for one test; drop it afterwards."""
-    name = f"market_test_{os.getpid()}_{secrets.token_hex(4)}"
+    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"))
@@ -131,12 +132,21 @@ def start_market(db: Database, settings: Settings | None = None,
     return Market(db, buyer, seller)
 
 
+@contextlib.contextmanager
+def running_market(db: Database, settings: Settings | None = None, **kwargs: Any) -> Iterator[Market]:
+    """start_market, stopped (and its connections closed) on the way out."""
+    m = start_market(db, settings, **kwargs)
+    try:
+        yield m
+    finally:
+        for conn in m.connections:
+            conn.close()
+        m.buyer_server.shutdown()
+        m.seller_server.shutdown()
+
+
 @pytest.fixture
 def market(database: Database) -> Iterator[Market]:
     """Buyer and seller servers on a fresh database (each kind)."""
-    m = start_market(database)
-    yield m
-    for conn in m.connections:
-        conn.close()
-    m.buyer_server.shutdown()
-    m.seller_server.shutdown()
+    with running_market(database) as m:
+        yield m

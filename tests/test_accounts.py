@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import PASSWORD, Market, start_market, unique_name
+from conftest import PASSWORD, Market, running_market, unique_name
 from sqlalchemy import select
 
 from db import Database
@@ -91,8 +91,7 @@ def test_only_the_hash_of_a_token_is_stored(market: Market) -> None:
 
 
 def test_an_idle_session_expires_and_activity_keeps_it_alive(database: Database) -> None:
-    market = start_market(database, Settings(role="buyer", session_idle_s=1))
-    try:
+    with running_market(database, Settings(role="buyer", session_idle_s=1)) as market:
         buyer = market.user("buyer")
         for _ in range(6):  # 1.8 s of activity, longer than the idle timeout
             time.sleep(0.3)
@@ -100,27 +99,20 @@ def test_an_idle_session_expires_and_activity_keeps_it_alive(database: Database)
         time.sleep(1.5)
         with pytest.raises(UnauthenticatedError, match="expired"):
             buyer.call("display_cart")
-    finally:
-        market.buyer_server.shutdown()
-        market.seller_server.shutdown()
 
 
 def test_a_session_ends_at_its_absolute_limit(database: Database) -> None:
-    market = start_market(database, Settings(role="buyer", session_max_s=1))
-    try:
+    with running_market(database, Settings(role="buyer", session_max_s=1)) as market:
         buyer = market.user("buyer")
         buyer.call("display_cart")
         time.sleep(1.2)
         with pytest.raises(UnauthenticatedError, match="expired"):
             buyer.call("display_cart")
-    finally:
-        market.buyer_server.shutdown()
-        market.seller_server.shutdown()
 
 
 def test_failed_logins_are_slowed_down_but_never_lock_out_for_good(database: Database) -> None:
-    market = start_market(database, Settings(role="buyer", login_free_failures=3, login_max_delay_s=2))
-    try:
+    settings = Settings(role="buyer", login_free_failures=3, login_max_delay_s=2)
+    with running_market(database, settings) as market:
         conn = market.connect("buyer")
         name = unique_name()
         conn.call("create_account", {"username": name, "password": PASSWORD, "name": name})
@@ -140,14 +132,11 @@ def test_failed_logins_are_slowed_down_but_never_lock_out_for_good(database: Dat
         for _ in range(3):  # a success clears the count
             with pytest.raises(UnauthenticatedError, match="wrong username or password"):
                 conn.call("login", {"username": name, "password": "guess guess"})
-    finally:
-        market.buyer_server.shutdown()
-        market.seller_server.shutdown()
 
 
 def test_unknown_usernames_are_throttled_the_same_way(database: Database) -> None:
-    market = start_market(database, Settings(role="buyer", login_free_failures=2, login_max_delay_s=60))
-    try:
+    settings = Settings(role="buyer", login_free_failures=2, login_max_delay_s=60)
+    with running_market(database, settings) as market:
         conn = market.connect("buyer")
         ghost = unique_name("ghost")
         for _ in range(2):
@@ -157,6 +146,3 @@ def test_unknown_usernames_are_throttled_the_same_way(database: Database) -> Non
             conn.call("login", {"username": ghost, "password": PASSWORD})
         other = market.user("buyer")  # other usernames are not affected
         assert other.call("display_cart")["cart"]["items"] == []
-    finally:
-        market.buyer_server.shutdown()
-        market.seller_server.shutdown()

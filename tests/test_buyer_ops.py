@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import pytest
-from conftest import CARD, PASSWORD, Market
+from conftest import CARD, PASSWORD, Market, running_market
 
+from wire.config import Settings
 from wire.errors import (
     BadRequestError,
     ConflictError,
@@ -163,11 +164,8 @@ def test_not_enough_stock_is_a_conflict_and_keeps_the_cart(market: Market) -> No
 
 
 def test_a_declined_card_changes_nothing(database: object) -> None:
-    from conftest import start_market
 
-    from wire.config import Settings
-    market = start_market(database, Settings(role="buyer", payment_decline_rate=1.0))  # type: ignore[arg-type]
-    try:
+    with running_market(database, Settings(role="buyer", payment_decline_rate=1.0)) as market:  # type: ignore[arg-type]
         seller, buyer = market.user("seller"), market.user("buyer")
         item_id = market.item(seller, quantity=2)
         buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
@@ -177,9 +175,6 @@ def test_a_declined_card_changes_nothing(database: object) -> None:
         assert buyer.call("get_purchase_history")["purchases"] == []
         assert len(buyer.call("display_cart")["cart"]["items"]) == 1
         assert seller.call("get_seller_rating")["items_sold"] == 0
-    finally:
-        market.buyer_server.shutdown()
-        market.seller_server.shutdown()
 
 
 def test_an_idempotency_key_replays_the_same_answer(market: Market) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from conftest import CARD, PASSWORD, Market, start_market, unique_name
+from conftest import CARD, PASSWORD, Market, running_market, unique_name
 from sqlalchemy import text
 
 from db import Database
@@ -31,10 +31,8 @@ def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     """Both servers over one SQLite file, shared by this module's tests."""
     db = Database(f"sqlite:///{tmp_path_factory.mktemp('cli') / 'market.db'}", pool_size=8)
     db.create_schema()
-    m = start_market(db)
-    yield m
-    m.buyer_server.shutdown()
-    m.seller_server.shutdown()
+    with running_market(db) as m:
+        yield m
     db.close()
 
 
@@ -254,8 +252,7 @@ def test_passwords_are_not_echoed_and_history_persists_without_them(market: Mark
 def test_an_expired_session_says_so_and_asks_to_log_in_again(tmp_path: Path, home: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'expiry.db'}", pool_size=4)
     db.create_schema()
-    short = start_market(db, Settings(role="buyer", session_idle_s=1))
-    try:
+    with running_market(db, Settings(role="buyer", session_idle_s=1)) as short:
         buyer = spawn("buyer", short.buyer_server.address[1], home)
         name = unique_name()
         run(buyer, f"signup {name} --name X -p '{PASSWORD}'", f"{name}@buyer> ")
@@ -268,9 +265,6 @@ def test_an_expired_session_says_so_and_asks_to_log_in_again(tmp_path: Path, hom
         assert "Your cart is empty." in run(buyer, "cart", f"{name}@buyer> ")
         buyer.sendline("quit")
         buyer.expect(pexpect.EOF)
-    finally:
-        short.buyer_server.shutdown()
-        short.seller_server.shutdown()
         db.close()
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import secrets
 import shlex
 import shutil
 import signal
@@ -20,7 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
-from sqlalchemy import create_engine, make_url, text
+from conftest import fresh_mysql_database
+from sqlalchemy import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -268,16 +268,7 @@ def test_compose_sim_profile_runs_the_simulator_against_both_servers() -> None:
 @pytest.fixture
 def deploy_database(mysql_server: str) -> Iterator[str]:
     """A fresh MariaDB database market_deploy_<random>, dropped afterwards."""
-    name = f"market_deploy_{secrets.token_hex(4)}"
-    admin = create_engine(mysql_server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"))
-    try:
-        yield admin.url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-        admin.dispose()
+    yield from fresh_mysql_database(mysql_server, prefix="market_deploy")
 
 
 def container_environment(service: dict[str, Any], database_url: str) -> dict[str, str]:

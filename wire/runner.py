@@ -59,7 +59,9 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, ready: Callable[[
     from db import Database
 
     database = Database(settings.db_url, pool_size=settings.threads)
-    tls = server_context(settings.tls_cert, settings.tls_key) if settings.tls_cert else None
+    tls = None
+    if settings.tls_cert and settings.tls_key:
+        tls = server_context(settings.tls_cert, settings.tls_key)
     server = Server(build_app(settings, database), settings.host, port, limits_of(settings),
                     reuse_port=reuse_port, tls=tls)
     ready(server)
@@ -107,8 +109,7 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int) -> int:
         os.close(ready_r)
         code = 0
         try:
-            _serve(settings, build_app, port, reuse_port=True,
-                   ready=lambda _server: (os.write(ready_w, b"1"), os.close(ready_w)))
+            _serve(settings, build_app, port, reuse_port=True, ready=lambda _: _signal_ready(ready_w))
         except BaseException:
             log.exception("worker failed")
             code = 1
@@ -118,6 +119,12 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int) -> int:
     os.read(ready_r, 1)
     os.close(ready_r)
     return pid
+
+
+def _signal_ready(fd: int) -> None:
+    """Tell the supervisor this worker is listening."""
+    os.write(fd, b"1")
+    os.close(fd)
 
 
 def _signal(pid: int, signum: int) -> None:

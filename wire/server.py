@@ -182,13 +182,12 @@ class Server:
         if not data:
             self._close(conn)
             return
-        if conn.tls is not None:
-            data = self._decrypt(conn, data)
-            if data is None:
-                return
+        plaintext = self._decrypt(conn, data) if conn.tls is not None else data
+        if plaintext is None:
+            return
         now = time.monotonic()
         conn.last_activity = now
-        conn.decoder.feed(data)
+        conn.decoder.feed(plaintext)
         self._queue_messages(conn)
         if conn.decoder.in_frame or (conn.tls is not None and not conn.tls.handshake_done):
             conn.frame_started = conn.frame_started or now
