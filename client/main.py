@@ -51,6 +51,19 @@ def health(args: argparse.Namespace) -> int:
     return 0
 
 
+def seed(args: argparse.Namespace) -> int:
+    """Load a large catalogue into a database (for scale measurements)."""
+    from db import Database
+    from db.seed import SEED_PASSWORD, timed_seed
+
+    database = Database(args.db_url, pool_size=2)
+    database.create_schema()
+    result = timed_seed(database, args.sellers, args.items)
+    print(f"seeded {result['sellers']} sellers (seed<id>, password {SEED_PASSWORD!r}) and "
+          f"{result['items']} items in {result['seconds']} s")
+    return 0
+
+
 def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
     """--tls and --tls-ca, for talking to servers started with --tls-cert/--tls-key."""
     parser.add_argument("--tls-ca", default=env("MARKET_TLS_CA"), metavar="PEM",
@@ -77,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--buyer-port", type=int, default=int(env("MARKET_BUYER_PORT", 7001)))
     p.add_argument("--seller-port", type=int, default=int(env("MARKET_SELLER_PORT", 7002)))
     p.set_defaults(func=serve)
+    p = sub.add_parser("seed", help="bulk-load sellers and items into an idle database")
+    p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+    p.add_argument("--sellers", type=int, default=100_000)
+    p.add_argument("--items", type=int, default=1_000_000)
+    p.set_defaults(func=seed)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--timeout", type=float, default=3.0)

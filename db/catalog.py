@@ -11,7 +11,18 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import BindParameter, Connection, Select, bindparam, desc, func, insert, select, update
+from sqlalchemy import (
+    BindParameter,
+    Connection,
+    Integer,
+    Select,
+    bindparam,
+    desc,
+    func,
+    insert,
+    select,
+    update,
+)
 
 from wire.errors import ConflictError, ForbiddenError, NotFoundError
 from wire.values import decode_cursor, encode_cursor, format_money
@@ -96,7 +107,7 @@ def remove_item(tx: Connection, session: Session, item_id: int, quantity: int) -
 _SELLER_ITEMS = (select(*ITEM_COLUMNS)
                  .where(items.c.seller_id == bindparam("seller_id"), items.c.item_id > bindparam("after"),
                         items.c.quantity > 0)
-                 .order_by(items.c.item_id).limit(bindparam("limit")))
+                 .order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
 
 
 def display_items(tx: Connection, session: Session, limit: int, cursor: str | None) -> dict[str, Any]:
@@ -142,7 +153,7 @@ def _plain_search(by_category: bool) -> Select[Any]:
     query = select(*ITEM_COLUMNS).where(items.c.quantity > 0, items.c.item_id > bindparam("after"))
     if by_category:
         query = query.where(items.c.category == bindparam("category"))
-    return query.order_by(items.c.item_id).limit(bindparam("limit"))
+    return query.order_by(items.c.item_id).limit(bindparam("limit", type_=Integer))
 
 
 @functools.cache
@@ -163,7 +174,7 @@ def _ranked_search(by_category: bool, after_cursor: bool) -> Select[Any]:
         query = query.where((ranked_sq.c.matches < last_matches)
                             | ((ranked_sq.c.matches == last_matches)
                                & (items.c.item_id > bindparam("after"))))
-    return query.order_by(desc(ranked_sq.c.matches), items.c.item_id).limit(bindparam("limit"))
+    return query.order_by(desc(ranked_sq.c.matches), items.c.item_id).limit(bindparam("limit", type_=Integer))
 
 
 _SELLER_RATING = (select(users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold)

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, insert, select, update
+from sqlalchemy import Connection, Integer, and_, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from wire.errors import ConflictError, ForbiddenError
@@ -126,23 +126,27 @@ def provide_feedback(tx: Connection, session: Session, item_id: int, vote: str) 
     return {}
 
 
+_FIRST_PAGE = (2**62, 0)  # a cursor before every (order_id, item_id)
+_HISTORY = (select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.name,
+                   order_lines.c.quantity, order_lines.c.price_cents, orders.c.created_ms,
+                   feedback.c.vote)
+            .join_from(order_lines, orders, orders.c.order_id == order_lines.c.order_id)
+            .outerjoin(feedback, and_(feedback.c.buyer_id == order_lines.c.buyer_id,
+                                      feedback.c.item_id == order_lines.c.item_id))
+            .where(order_lines.c.buyer_id == bindparam("buyer_id"),
+                   (order_lines.c.order_id < bindparam("last_order"))
+                   | ((order_lines.c.order_id == bindparam("last_order"))
+                      & (order_lines.c.item_id > bindparam("last_item"))))
+            .order_by(order_lines.c.order_id.desc(), order_lines.c.item_id)
+            .limit(bindparam("limit", type_=Integer)))
+
+
 def get_purchase_history(tx: Connection, session: Session, limit: int,
                          cursor: str | None) -> dict[str, Any]:
     """The buyer's purchased lines, newest order first."""
-    query = (select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.name,
-                    order_lines.c.quantity, order_lines.c.price_cents, orders.c.created_ms,
-                    feedback.c.vote)
-             .join_from(order_lines, orders, orders.c.order_id == order_lines.c.order_id)
-             .outerjoin(feedback, and_(feedback.c.buyer_id == order_lines.c.buyer_id,
-                                       feedback.c.item_id == order_lines.c.item_id))
-             .where(order_lines.c.buyer_id == session.user_id))
-    if cursor:
-        last_order, last_item = decode_cursor(cursor, 2)
-        query = query.where((order_lines.c.order_id < last_order)
-                            | ((order_lines.c.order_id == last_order)
-                               & (order_lines.c.item_id > last_item)))
-    rows = tx.execute(query.order_by(order_lines.c.order_id.desc(), order_lines.c.item_id)
-                      .limit(limit + 1)).all()
+    last_order, last_item = decode_cursor(cursor, 2) if cursor else _FIRST_PAGE
+    rows = tx.execute(_HISTORY, {"buyer_id": session.user_id, "last_order": last_order,
+                                 "last_item": last_item, "limit": limit + 1}).all()
     rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.order_id, r.item_id))
     return {"purchases": [_history_line(r) for r in rows], "next_cursor": next_cursor}
 

@@ -1,0 +1,99 @@
+"""Bulk seeding of a large catalogue, for measuring how the marketplace scales.
+
+Sellers and items go in with multi-row INSERTs in batches, with ids chosen here
+(after the current largest), so keywords can be written without a round trip per
+item. Seed an idle database: ids are taken as max + 1 without a lock. Seeded sellers
+all share one password (hashing 100,000 passwords would take most of an hour).
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sqlalchemy import Connection, Table, func, insert, select
+
+from .database import Database, now_ms
+from .passwords import hash_password
+from .schema import item_keywords, items, users
+
+SEED_PASSWORD = "seeded-password"
+WORDS = ["lamp", "desk", "chair", "light", "table", "sofa", "bed", "rug", "shelf", "clock",
+         "mirror", "vase", "book", "pen", "mug", "plate", "bowl", "knife", "fork", "spoon",
+         "phone", "cable", "radio", "camera", "bike", "helmet", "ball", "racket", "shoe", "coat",
+         "hat", "scarf", "glove", "watch", "ring", "bag", "wallet", "toy", "game", "puzzle"]
+BATCH = 5000
+
+
+def seed(db: Database, sellers: int, items_count: int, *, rng: random.Random | None = None,
+         progress: Callable[[int], None] = lambda done: None) -> dict[str, int]:
+    """Add `sellers` sellers and `items_count` items spread over them; returns counts and ids."""
+    rng = rng or random.Random(1)
+    first_seller = _next_id(db, users.c.user_id)
+    _insert_batches(db, users, _seller_rows(first_seller, sellers))
+    first_item = _next_id(db, items.c.item_id)
+    done = 0
+    for batch in _batches(_item_rows(rng, first_item, items_count, first_seller, sellers), BATCH):
+        keywords = [{"keyword": k, "item_id": row["item_id"], "category": row["category"]}
+                    for row in batch for k in json.loads(row["keywords"])]
+        db.run(lambda tx, b=batch, k=keywords: _insert_pair(tx, b, k))
+        done += len(batch)
+        progress(done)
+    return {"sellers": sellers, "items": items_count, "first_seller_id": first_seller,
+            "first_item_id": first_item}
+
+
+def _insert_pair(tx: Connection, item_rows: list[dict[str, Any]], keyword_rows: list[dict[str, Any]]) -> None:
+    tx.execute(insert(items), item_rows)
+    if keyword_rows:
+        tx.execute(insert(item_keywords), keyword_rows)
+
+
+def _next_id(db: Database, column: Any) -> int:
+    return int(db.run(lambda tx: tx.execute(select(func.coalesce(func.max(column), 0))).scalar())) + 1
+
+
+def _seller_rows(first: int, count: int) -> Iterator[dict[str, Any]]:
+    password_hash, now = hash_password(SEED_PASSWORD), now_ms()
+    for user_id in range(first, first + count):
+        yield {"user_id": user_id, "role": "seller", "username": f"seed{user_id}",
+               "name": f"Seeded seller {user_id}", "password_hash": password_hash, "created_ms": now}
+
+
+def _item_rows(rng: random.Random, first: int, count: int, first_seller: int,
+               sellers: int) -> Iterator[dict[str, Any]]:
+    now = now_ms()
+    for item_id in range(first, first + count):
+        quantity = rng.randint(1, 100)
+        words = rng.sample(WORDS, rng.randint(0, 5))
+        yield {"item_id": item_id, "seller_id": first_seller + rng.randrange(max(1, sellers)),
+               "name": f"{' '.join(words[:2]) or 'thing'} {item_id}"[:32],
+               "category": rng.randint(0, 9), "keywords": json.dumps(words),
+               "item_condition": rng.choice(("new", "used")), "price_cents": rng.randint(1, 100_000),
+               "quantity": quantity, "listed": quantity, "created_ms": now}
+
+
+def _insert_batches(db: Database, table: Table, rows: Iterator[dict[str, Any]]) -> None:
+    for batch in _batches(rows, BATCH):
+        db.run(lambda tx, b=batch: tx.execute(insert(table), b))
+
+
+def _batches(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    batch: list[dict[str, Any]] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def timed_seed(db: Database, sellers: int, items_count: int) -> dict[str, Any]:
+    """seed() with its wall time, for the benchmark notes."""
+    start = time.perf_counter()
+    result: dict[str, Any] = seed(db, sellers, items_count)
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    return result
