@@ -7,6 +7,7 @@ all share one password (hashing 100,000 passwords would take most of an hour).
 """
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -38,7 +39,7 @@ def seed(db: Database, sellers: int, items_count: int, *, rng: random.Random | N
     for batch in _batches(_item_rows(rng, first_item, items_count, first_seller, sellers), BATCH):
         keywords = [{"keyword": k, "item_id": row["item_id"], "category": row["category"]}
                     for row in batch for k in json.loads(row["keywords"])]
-        db.run(lambda tx, b=batch, k=keywords: _insert_pair(tx, b, k))
+        db.run(functools.partial(_insert_pair, item_rows=batch, keyword_rows=keywords))
         done += len(batch)
         progress(done)
     return {"sellers": sellers, "items": items_count, "first_seller_id": first_seller,
@@ -52,7 +53,7 @@ def _insert_pair(tx: Connection, item_rows: list[dict[str, Any]], keyword_rows: 
 
 
 def _next_id(db: Database, column: Any) -> int:
-    return int(db.run(lambda tx: tx.execute(select(func.coalesce(func.max(column), 0))).scalar())) + 1
+    return int(db.run(lambda tx: tx.execute(select(func.coalesce(func.max(column), 0))).scalar_one())) + 1
 
 
 def _seller_rows(first: int, count: int) -> Iterator[dict[str, Any]]:
@@ -77,7 +78,11 @@ def _item_rows(rng: random.Random, first: int, count: int, first_seller: int,
 
 def _insert_batches(db: Database, table: Table, rows: Iterator[dict[str, Any]]) -> None:
     for batch in _batches(rows, BATCH):
-        db.run(lambda tx, b=batch: tx.execute(insert(table), b))
+        db.run(functools.partial(_insert_rows, table=table, rows=batch))
+
+
+def _insert_rows(tx: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+    tx.execute(insert(table), rows)
 
 
 def _batches(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
