@@ -3,7 +3,8 @@ report latency and throughput, and audit the database after every run.
 
 It starts both servers itself (subprocesses over `--db-url`, a fresh SQLite file in
 the results folder by default) or drives running ones (`--buyer`, `--seller`). It
-exits 1 when the audit finds a violation, 2 on bad arguments.
+exits 1 when the audit finds a violation, 2 on bad arguments, 3 when a server does
+not start or a simulated user cannot set up.
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from db.audit import audit
 
 from .mixes import MIXES
 from .report import write_reports
-from .scenario import Address, RunResult, run_once
-from .servers import parse_address, running_servers
+from .scenario import Address, RunResult, SimulationError, run_once
+from .servers import ServerStartError, parse_address, running_servers
 from .stats import summarise
 
 
@@ -110,7 +111,7 @@ def run_all(args: argparse.Namespace, buyer: Address, seller: Address, database:
         finished = 0
         for mix, users, run in plan:
             progress.update(task, description=f"{mix} N={users} run {run + 1}/{args.repeats}")
-            seed = None if args.seed is None else hash((args.seed, mix, users, run))
+            seed = None if args.seed is None else f"{args.seed}/{mix}/{users}/{run}"
             def show(done: int, base: int = finished) -> None:
                 progress.update(task, completed=base + done)
 
@@ -154,8 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         console = Console(width=140)
     args.out.mkdir(parents=True, exist_ok=True)
     db_url = args.db_url or _fresh_sqlite(args.out)
-    with _servers(args, db_url) as (buyer, seller), closing(Database(db_url, pool_size=2)) as database:
-        results = run_all(args, buyer, seller, database, console)
+    try:
+        with _servers(args, db_url) as (buyer, seller), closing(Database(db_url, pool_size=2)) as database:
+            results = run_all(args, buyer, seller, database, console)
+    except (SimulationError, ServerStartError) as exc:
+        console.print(f"market-sim: {exc}", style="bold red", markup=False)
+        return 3
     rows = summarise(results)
     paths = write_reports(rows, args.out, console, _preamble(args, db_url, argv))
     console.print("written: " + ", ".join(str(path) for path in paths))

@@ -25,8 +25,8 @@ Address = tuple[str, int]
 SETUP_TIMEOUT_S = 600.0
 
 
-class SetupError(RuntimeError):
-    """A simulated user could not create its account, log in or seed."""
+class SimulationError(RuntimeError):
+    """A simulated user could not set up (account, login, seeding) or crashed."""
 
 
 @dataclass
@@ -87,16 +87,19 @@ class SimulatedUser(threading.Thread):
                 self.barrier.wait(SETUP_TIMEOUT_S)
             except threading.BrokenBarrierError:
                 return
-            for _ in range(self.calls):
-                op = self.actor.rng.choices(self.ops, cum_weights=self.cum_weights)[0]
-                self._record(conn, self.actor.next_call(op))
-                self.done += 1
+            try:
+                for _ in range(self.calls):
+                    op = self.actor.rng.choices(self.ops, cum_weights=self.cum_weights)[0]
+                    self._record(conn, self.actor.next_call(op))
+                    self.done += 1
+            except BaseException as exc:  # a bug of the simulator: fail the run, do not shorten it
+                self.failure = exc
             self.finished = time.perf_counter()
 
     def _setup(self, conn: Connection, call: Call) -> None:
         outcome = self.actor.perform(conn, call)
         if outcome.kind != "ok":
-            raise SetupError(f"{self.actor.username}: {call.op} failed: {outcome.error}")
+            raise SimulationError(f"{self.actor.username}: {call.op} failed: {outcome.error}")
 
     def _record(self, conn: Connection, call: Call) -> None:
         outcome = self.actor.perform(conn, call)
@@ -110,7 +113,7 @@ class SimulatedUser(threading.Thread):
 
 
 def run_once(mix: Mix, users: int, calls: int, buyer: Address, seller: Address, *, run: int = 0,
-             seed: int | None = None, on_progress: Callable[[int], None] = lambda done: None) -> RunResult:
+             seed: str | None = None, on_progress: Callable[[int], None] = lambda done: None) -> RunResult:
     """Run N sellers + N buyers for K calls each; `on_progress` gets the calls done so far."""
     tag = secrets.token_hex(3)
     rng = random.Random(seed)
@@ -127,7 +130,7 @@ def run_once(mix: Mix, users: int, calls: int, buyer: Address, seller: Address, 
         on_progress(sum(thread.done for thread in threads))
     failures = [thread.failure for thread in threads if thread.failure]
     if failures:
-        raise SetupError(f"{len(failures)} simulated users failed to set up; first: {failures[0]}")
+        raise SimulationError(f"{len(failures)} simulated users failed; first: {failures[0]!r}")
     return _collect(mix, users, run, start[0], threads)
 
 
