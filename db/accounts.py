@@ -20,6 +20,7 @@ from wire.errors import ConflictError, UnauthenticatedError
 from . import login_throttle
 from .database import Database, inserted_id, now_ms
 from .passwords import hash_password, verify_password
+from .prepared import Prepared
 from .schema import cart_lines, saved_cart_lines, sessions, users
 
 T = TypeVar("T")
@@ -131,18 +132,18 @@ def logout(tx: Connection, session: Session) -> dict[str, Any]:
     return {}
 
 
-_SESSION_BY_TOKEN = (select(sessions.c.session_id, sessions.c.user_id, sessions.c.created_ms,
-                            sessions.c.last_seen_ms)
-                     .where(sessions.c.token_hash == bindparam("token_hash"),
-                            sessions.c.role == bindparam("role")))
-_TOUCH = (update(sessions).where(sessions.c.session_id == bindparam("id"))
-          .values(last_seen_ms=bindparam("now")))
+_SESSION_BY_TOKEN = Prepared(select(sessions.c.session_id, sessions.c.user_id, sessions.c.created_ms,
+                                     sessions.c.last_seen_ms)
+                              .where(sessions.c.token_hash == bindparam("token_hash"),
+                                     sessions.c.role == bindparam("role")))
+_TOUCH = Prepared(update(sessions).where(sessions.c.session_id == bindparam("id"))
+                  .values(last_seen_ms=bindparam("now")))
 
 
 def authenticate(tx: Connection, role: str, token: str, policy: SessionPolicy,
                  touch: bool) -> Session:
     """The live session of a token, or UNAUTHENTICATED; writes last-seen if `touch`."""
-    row = tx.execute(_SESSION_BY_TOKEN, {"token_hash": token_hash(token), "role": role}).first()
+    row = _SESSION_BY_TOKEN.first(tx, {"token_hash": token_hash(token), "role": role})
     if row is None:
         raise UnauthenticatedError("unknown or logged-out session; log in again")
     now = now_ms()
@@ -159,7 +160,7 @@ def authenticate(tx: Connection, role: str, token: str, policy: SessionPolicy,
 
 def touch_session(tx: Connection, session: Session) -> None:
     """Record activity on a session."""
-    tx.execute(_TOUCH, {"id": session.session_id, "now": now_ms()})
+    _TOUCH.execute(tx, {"id": session.session_id, "now": now_ms()})
 
 
 class SessionGate:

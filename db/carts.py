@@ -15,20 +15,26 @@ from wire.values import format_money
 
 from .accounts import Session
 from .catalog import load_item
+from .prepared import Prepared
 from .schema import cart_lines, items, saved_cart_lines
 
-_CART = (select(cart_lines.c.item_id, items.c.name, items.c.price_cents, cart_lines.c.quantity,
-                items.c.quantity.label("available"))
-         .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
-         .where(cart_lines.c.session_id == bindparam("session_id"))
-         .order_by(cart_lines.c.item_id))
-_IN_CART = select(cart_lines.c.quantity).where(cart_lines.c.session_id == bindparam("session_id"),
-                                               cart_lines.c.item_id == bindparam("item_id"))
+_SESSION = cart_lines.c.session_id == bindparam("session_id")
+_LINE = _SESSION & (cart_lines.c.item_id == bindparam("item_id"))
+_CART = Prepared(select(cart_lines.c.item_id, items.c.name, items.c.price_cents, cart_lines.c.quantity,
+                        items.c.quantity.label("available"))
+                 .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
+                 .where(_SESSION).order_by(cart_lines.c.item_id))
+_IN_CART = Prepared(select(cart_lines.c.quantity).where(_LINE))
+_SET_LINE = Prepared(update(cart_lines).where(_LINE).values(quantity=bindparam("quantity")))
+_ADD_LINE = Prepared(insert(cart_lines).values(session_id=bindparam("session_id"),
+                                               item_id=bindparam("item_id"), quantity=bindparam("quantity")))
+_DROP_LINE = Prepared(delete(cart_lines).where(_LINE))
+_EMPTY = Prepared(delete(cart_lines).where(_SESSION))
 
 
 def cart_to_wire(tx: Connection, session: Session) -> dict[str, Any]:
     """The session's cart as the protocol's cart object."""
-    rows = tx.execute(_CART, {"session_id": session.session_id}).all()
+    rows = _CART.all(tx, {"session_id": session.session_id})
     lines = [{"item_id": r.item_id, "name": r.name, "price": format_money(r.price_cents),
               "quantity": r.quantity, "available": r.available} for r in rows]
     total = sum(r.price_cents * r.quantity for r in rows)
@@ -36,7 +42,7 @@ def cart_to_wire(tx: Connection, session: Session) -> dict[str, Any]:
 
 
 def _in_cart(tx: Connection, session: Session, item_id: int) -> int:
-    return tx.execute(_IN_CART, {"session_id": session.session_id, "item_id": item_id}).scalar() or 0
+    return _IN_CART.scalar(tx, {"session_id": session.session_id, "item_id": item_id}) or 0
 
 
 def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
@@ -46,24 +52,19 @@ def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -
     if held + quantity > available:
         raise ConflictError(f"item {item_id}: only {available} left"
                             + (f", {held} already in your cart" if held else ""))
-    if held:
-        tx.execute(update(cart_lines).where(cart_lines.c.session_id == session.session_id,
-                                            cart_lines.c.item_id == item_id)
-                   .values(quantity=held + quantity))
-    else:
-        tx.execute(insert(cart_lines).values(session_id=session.session_id, item_id=item_id,
-                                             quantity=quantity))
+    line = {"session_id": session.session_id, "item_id": item_id, "quantity": held + quantity}
+    (_SET_LINE if held else _ADD_LINE).execute(tx, line)
     return cart_to_wire(tx, session)
 
 
 def remove_from_cart(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
     """Take units out of the cart; removing all or more removes the line."""
     held = _in_cart(tx, session, item_id)
-    line = (cart_lines.c.session_id == session.session_id) & (cart_lines.c.item_id == item_id)
+    line = {"session_id": session.session_id, "item_id": item_id, "quantity": held - quantity}
     if held > quantity:
-        tx.execute(update(cart_lines).where(line).values(quantity=held - quantity))
+        _SET_LINE.execute(tx, line)
     elif held:
-        tx.execute(delete(cart_lines).where(line))
+        _DROP_LINE.execute(tx, line)
     return cart_to_wire(tx, session)
 
 
@@ -74,7 +75,7 @@ def display_cart(tx: Connection, session: Session) -> dict[str, Any]:
 
 def clear_cart(tx: Connection, session: Session) -> dict[str, Any]:
     """Empty the session's cart (the saved cart stays)."""
-    tx.execute(delete(cart_lines).where(cart_lines.c.session_id == session.session_id))
+    _EMPTY.execute(tx, {"session_id": session.session_id})
     return {"cart": {"items": [], "total": "0.00"}}
 
 

@@ -15,7 +15,6 @@ from sqlalchemy import (
     BindParameter,
     Connection,
     Integer,
-    Select,
     bindparam,
     desc,
     func,
@@ -29,6 +28,7 @@ from wire.values import decode_cursor, encode_cursor, format_money
 
 from .accounts import Session
 from .database import inserted_id, now_ms
+from .prepared import Prepared
 from .schema import item_keywords, items, users
 
 ItemRow = Any  # a Row with ITEM_COLUMNS (SQLAlchemy types rows by column count)
@@ -66,12 +66,12 @@ def put_item(tx: Connection, session: Session, name: str, category: int, keyword
     return {"item_id": item_id}
 
 
-_ITEM_BY_ID = select(*ITEM_COLUMNS).where(items.c.item_id == bindparam("item_id"))
+_ITEM_BY_ID = Prepared(select(*ITEM_COLUMNS).where(items.c.item_id == bindparam("item_id")))
 
 
 def load_item(tx: Connection, item_id: int) -> ItemRow:
     """One item row, or NOT_FOUND."""
-    row = tx.execute(_ITEM_BY_ID, {"item_id": item_id}).first()
+    row = _ITEM_BY_ID.first(tx, {"item_id": item_id})
     if row is None:
         raise NotFoundError(f"no item {item_id}")
     return row
@@ -84,27 +84,32 @@ def _own_item(tx: Connection, session: Session, item_id: int) -> ItemRow:
     return row
 
 
+_SET_PRICE = Prepared(update(items).where(items.c.item_id == bindparam("item_id"))
+                      .values(price_cents=bindparam("price")))
+_REMOVE = Prepared(update(items)
+                   .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
+                   .values(quantity=items.c.quantity - bindparam("n"),
+                           removed=items.c.removed + bindparam("n")))
+
+
 def change_price(tx: Connection, session: Session, item_id: int, price: int) -> dict[str, Any]:
     """Set a new price on one of the seller's items."""
     _own_item(tx, session, item_id)
-    tx.execute(update(items).where(items.c.item_id == item_id).values(price_cents=price))
+    _SET_PRICE.execute(tx, {"item_id": item_id, "price": price})
     return item_to_wire(load_item(tx, item_id))
 
 
 def remove_item(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
     """Take units of one of the seller's items off sale."""
     _own_item(tx, session, item_id)
-    taken = tx.execute(update(items)
-                       .where(items.c.item_id == item_id, items.c.quantity >= quantity)
-                       .values(quantity=items.c.quantity - quantity,
-                               removed=items.c.removed + quantity)).rowcount
+    taken = _REMOVE.execute(tx, {"item_id": item_id, "n": quantity}).rowcount
     if taken != 1:
         left = load_item(tx, item_id).quantity
         raise ConflictError(f"item {item_id}: only {left} on sale, cannot remove {quantity}")
     return item_to_wire(load_item(tx, item_id))
 
 
-_SELLER_ITEMS = (select(*ITEM_COLUMNS)
+_SELLER_ITEMS = Prepared(select(*ITEM_COLUMNS)
                  .where(items.c.seller_id == bindparam("seller_id"), items.c.item_id > bindparam("after"),
                         items.c.quantity > 0)
                  .order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
@@ -113,8 +118,7 @@ _SELLER_ITEMS = (select(*ITEM_COLUMNS)
 def display_items(tx: Connection, session: Session, limit: int, cursor: str | None) -> dict[str, Any]:
     """The seller's items still on sale, by item_id."""
     after = decode_cursor(cursor, 1)[0] if cursor else 0
-    rows = tx.execute(_SELLER_ITEMS, {"seller_id": session.user_id, "after": after,
-                                      "limit": limit + 1}).all()
+    rows = _SELLER_ITEMS.all(tx, {"seller_id": session.user_id, "after": after, "limit": limit + 1})
     rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.item_id))
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
@@ -130,12 +134,14 @@ def search_items(tx: Connection, session: Session, category: int | None, keyword
     params: dict[str, Any] = {"category": category, "limit": limit + 1}
     if keywords:
         last = decode_cursor(cursor, 2) if cursor else None
-        params.update(keywords=keywords, last_matches=last and last[0], after=last and last[1])
-        statement, cursor_of = _ranked_search(category is not None, last is not None), _rank_cursor
+        params.update({f"keyword{n}": word for n, word in enumerate(keywords)},
+                      last_matches=last and last[0], after=last and last[1])
+        statement = _ranked_search(category is not None, last is not None, len(keywords))
+        cursor_of = _rank_cursor
     else:
         params["after"] = decode_cursor(cursor, 1)[0] if cursor else 0
         statement, cursor_of = _plain_search(category is not None), _id_cursor
-    rows, next_cursor = split_page(tx.execute(statement, params).all(), limit, cursor_of)
+    rows, next_cursor = split_page(statement.all(tx, params), limit, cursor_of)
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
 
@@ -148,20 +154,21 @@ def _rank_cursor(row: ItemRow) -> str:
 
 
 @functools.cache
-def _plain_search(by_category: bool) -> Select[Any]:
+def _plain_search(by_category: bool) -> Prepared:
     """Items on sale after a cursor, by item_id."""
     query = select(*ITEM_COLUMNS).where(items.c.quantity > 0, items.c.item_id > bindparam("after"))
     if by_category:
         query = query.where(items.c.category == bindparam("category"))
-    return query.order_by(items.c.item_id).limit(bindparam("limit", type_=Integer))
+    return Prepared(query.order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
 
 
 @functools.cache
-def _ranked_search(by_category: bool, after_cursor: bool) -> Select[Any]:
+def _ranked_search(by_category: bool, after_cursor: bool, keyword_count: int) -> Prepared:
     """Items on sale with any of the keywords, most matches first, then item_id."""
     matches = func.count().label("matches")
     ranked = (select(item_keywords.c.item_id, matches)
-              .where(item_keywords.c.keyword.in_(bindparam("keywords", expanding=True)))
+              .where(item_keywords.c.keyword.in_([bindparam(f"keyword{n}", type_=item_keywords.c.keyword.type)
+                                                 for n in range(keyword_count)]))
               .group_by(item_keywords.c.item_id))
     if by_category:
         ranked = ranked.where(item_keywords.c.category == bindparam("category"))
@@ -174,16 +181,17 @@ def _ranked_search(by_category: bool, after_cursor: bool) -> Select[Any]:
         query = query.where((ranked_sq.c.matches < last_matches)
                             | ((ranked_sq.c.matches == last_matches)
                                & (items.c.item_id > bindparam("after"))))
-    return query.order_by(desc(ranked_sq.c.matches), items.c.item_id).limit(bindparam("limit", type_=Integer))
+    return Prepared(query.order_by(desc(ranked_sq.c.matches), items.c.item_id)
+                    .limit(bindparam("limit", type_=Integer)))
 
 
-_SELLER_RATING = (select(users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold)
+_SELLER_RATING = Prepared(select(users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold)
                   .where(users.c.user_id == bindparam("seller_id"), users.c.role == "seller"))
 
 
 def seller_rating(tx: Connection, seller_id: int) -> dict[str, Any]:
     """A seller's votes and units sold, or NOT_FOUND."""
-    row = tx.execute(_SELLER_RATING, {"seller_id": seller_id}).first()
+    row = _SELLER_RATING.first(tx, {"seller_id": seller_id})
     if row is None:
         raise NotFoundError(f"no seller {seller_id}")
     return {"seller_id": seller_id, "thumbs_up": row.thumbs_up, "thumbs_down": row.thumbs_down,

@@ -20,11 +20,34 @@ from wire.values import decode_cursor, encode_cursor, format_money, format_time
 
 from .accounts import Session
 from .catalog import load_item, split_page
-from .database import RetryTransaction, inserted_id, now_ms
+from .database import RetryTransaction, now_ms
+from .prepared import Prepared
 from .schema import cart_lines, feedback, items, order_lines, orders, saved_cart_lines, users
 
 # charge(amount_cents, card_name, card_number, card_expiry, idempotency_key); raises on refusal.
 Charge = Callable[[int, str, str, str, str | None], None]
+
+
+_CART_LINES = Prepared(select(cart_lines.c.item_id, cart_lines.c.quantity)
+                       .where(cart_lines.c.session_id == bindparam("session_id"))
+                       .order_by(cart_lines.c.item_id))
+_NEW_ORDER = Prepared(insert(orders).values(buyer_id=bindparam("buyer_id"), total_cents=0,
+                                            idempotency_key=bindparam("key"), created_ms=bindparam("now")))
+_TAKE_STOCK = Prepared(update(items)
+                       .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
+                       .values(quantity=items.c.quantity - bindparam("n"),
+                               sold=items.c.sold + bindparam("n")))
+_SET_TOTAL = Prepared(update(orders).where(orders.c.order_id == bindparam("order_id"))
+                      .values(total_cents=bindparam("total")))
+_EMPTY_CART = Prepared(delete(cart_lines).where(cart_lines.c.session_id == bindparam("session_id")))
+_EMPTY_SAVED = Prepared(delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id")))
+_ORDER_BY_KEY = Prepared(select(orders.c.order_id, orders.c.total_cents)
+                         .where(orders.c.buyer_id == bindparam("buyer_id"),
+                                orders.c.idempotency_key == bindparam("key")))
+_ORDER_LINES = Prepared(select(order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
+                               order_lines.c.price_cents.label("cents"))
+                        .where(order_lines.c.order_id == bindparam("order_id"))
+                        .order_by(order_lines.c.item_id))
 
 
 def make_purchase(tx: Connection, session: Session, card_name: str, card_number: str,
@@ -34,36 +57,30 @@ def make_purchase(tx: Connection, session: Session, card_name: str, card_number:
         done = _order_by_key(tx, session.user_id, idempotency_key)
         if done is not None:
             return done
-    cart = tx.execute(select(cart_lines.c.item_id, cart_lines.c.quantity)
-                      .where(cart_lines.c.session_id == session.session_id)
-                      .order_by(cart_lines.c.item_id)).all()
+    cart = _CART_LINES.all(tx, {"session_id": session.session_id})
     if not cart:
         raise ConflictError("your cart is empty")
     order_id = _insert_order(tx, session.user_id, idempotency_key)
     for line in cart:
         _take_stock(tx, line.item_id, line.quantity)
-    lines = _write_lines(tx, session.user_id, order_id, dict(cart))
+    lines = _write_lines(tx, session.user_id, order_id, {ln.item_id: ln.quantity for ln in cart})
     total = sum(line["cents"] * line["quantity"] for line in lines)
-    tx.execute(update(orders).where(orders.c.order_id == order_id).values(total_cents=total))
+    _SET_TOTAL.execute(tx, {"order_id": order_id, "total": total})
     charge(total, card_name, card_number, card_expiry, idempotency_key)
-    tx.execute(delete(cart_lines).where(cart_lines.c.session_id == session.session_id))
-    tx.execute(delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == session.user_id))
+    _EMPTY_CART.execute(tx, {"session_id": session.session_id})
+    _EMPTY_SAVED.execute(tx, {"buyer_id": session.user_id})
     return _receipt(order_id, total, lines)
 
 
 def _insert_order(tx: Connection, buyer_id: int, key: str | None) -> int:
     try:
-        return inserted_id(tx.execute(insert(orders).values(
-            buyer_id=buyer_id, total_cents=0, idempotency_key=key, created_ms=now_ms(),
-        )))
+        return int(_NEW_ORDER.execute(tx, {"buyer_id": buyer_id, "key": key, "now": now_ms()}).lastrowid)
     except IntegrityError:
         raise RetryTransaction from None  # the same key has just committed: replay it
 
 
 def _take_stock(tx: Connection, item_id: int, quantity: int) -> None:
-    taken = tx.execute(update(items)
-                       .where(items.c.item_id == item_id, items.c.quantity >= quantity)
-                       .values(quantity=items.c.quantity - quantity, sold=items.c.sold + quantity))
+    taken = _TAKE_STOCK.execute(tx, {"item_id": item_id, "n": quantity})
     if taken.rowcount != 1:
         left = load_item(tx, item_id).quantity
         raise ConflictError(f"item {item_id}: only {left} left")
@@ -95,58 +112,67 @@ def _receipt(order_id: int, total: int, lines: list[dict[str, Any]]) -> dict[str
 
 
 def _order_by_key(tx: Connection, buyer_id: int, key: str) -> dict[str, Any] | None:
-    order = tx.execute(select(orders.c.order_id, orders.c.total_cents)
-                       .where(orders.c.buyer_id == buyer_id, orders.c.idempotency_key == key)).first()
+    order = _ORDER_BY_KEY.first(tx, {"buyer_id": buyer_id, "key": key})
     if order is None:
         return None
-    rows = tx.execute(select(order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
-                             order_lines.c.price_cents.label("cents"))
-                      .where(order_lines.c.order_id == order.order_id)
-                      .order_by(order_lines.c.item_id)).all()
-    return _receipt(order.order_id, order.total_cents, [dict(r._mapping) for r in rows])
+    rows = _ORDER_LINES.all(tx, {"order_id": order.order_id})
+    return _receipt(order.order_id, order.total_cents, [r._asdict() for r in rows])
 
 
 def provide_feedback(tx: Connection, session: Session, item_id: int, vote: str) -> dict[str, Any]:
     """One vote per item bought, counted for the item and its seller."""
     item = load_item(tx, item_id)
-    bought = tx.execute(select(order_lines.c.order_id).where(
-        order_lines.c.buyer_id == session.user_id, order_lines.c.item_id == item_id).limit(1)).first()
+    who = {"buyer_id": session.user_id, "item_id": item_id, "vote": vote, "now": now_ms(),
+           "seller_id": item.seller_id}
+    bought = _BOUGHT.first(tx, who)
     if bought is None:
         raise ForbiddenError(f"you have not bought item {item_id}")
     try:
-        tx.execute(insert(feedback).values(buyer_id=session.user_id, item_id=item_id, vote=vote,
-                                           created_ms=now_ms()))
+        _VOTE.execute(tx, who)
     except IntegrityError:
         raise ConflictError(f"you have already rated item {item_id}") from None
-    column = "thumbs_up" if vote == "up" else "thumbs_down"
-    tx.execute(update(items).where(items.c.item_id == item_id)
-               .values({column: items.c[column] + 1}))
-    tx.execute(update(users).where(users.c.user_id == item.seller_id)
-               .values({column: users.c[column] + 1}))
+    for statement in _COUNT_VOTE[vote]:
+        statement.execute(tx, who)
     return {}
 
 
+def _count_vote(column: str) -> tuple[Prepared, Prepared]:
+    """+1 on the item's and on its seller's thumbs_up or thumbs_down."""
+    return (Prepared(update(items).where(items.c.item_id == bindparam("item_id"))
+                     .values({column: items.c[column] + 1})),
+            Prepared(update(users).where(users.c.user_id == bindparam("seller_id"))
+                     .values({column: users.c[column] + 1})))
+
+
+_BOUGHT = Prepared(select(order_lines.c.order_id)
+                   .where(order_lines.c.buyer_id == bindparam("buyer_id"),
+                          order_lines.c.item_id == bindparam("item_id")).limit(1))
+_VOTE = Prepared(insert(feedback).values(buyer_id=bindparam("buyer_id"), item_id=bindparam("item_id"),
+                                         vote=bindparam("vote"), created_ms=bindparam("now")))
+_COUNT_VOTE = {"up": _count_vote("thumbs_up"), "down": _count_vote("thumbs_down")}
+
+
 _FIRST_PAGE = (2**62, 0)  # a cursor before every (order_id, item_id)
-_HISTORY = (select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.name,
-                   order_lines.c.quantity, order_lines.c.price_cents, orders.c.created_ms,
-                   feedback.c.vote)
-            .join_from(order_lines, orders, orders.c.order_id == order_lines.c.order_id)
-            .outerjoin(feedback, and_(feedback.c.buyer_id == order_lines.c.buyer_id,
-                                      feedback.c.item_id == order_lines.c.item_id))
-            .where(order_lines.c.buyer_id == bindparam("buyer_id"),
-                   (order_lines.c.order_id < bindparam("last_order"))
-                   | ((order_lines.c.order_id == bindparam("last_order"))
-                      & (order_lines.c.item_id > bindparam("last_item"))))
-            .order_by(order_lines.c.order_id.desc(), order_lines.c.item_id)
-            .limit(bindparam("limit", type_=Integer)))
+_HISTORY = Prepared(
+    select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
+           order_lines.c.price_cents, orders.c.created_ms, feedback.c.vote)
+    .join_from(order_lines, orders, orders.c.order_id == order_lines.c.order_id)
+    .outerjoin(feedback, and_(feedback.c.buyer_id == order_lines.c.buyer_id,
+                              feedback.c.item_id == order_lines.c.item_id))
+    .where(order_lines.c.buyer_id == bindparam("buyer_id"),
+           (order_lines.c.order_id < bindparam("last_order"))
+           | ((order_lines.c.order_id == bindparam("last_order"))
+              & (order_lines.c.item_id > bindparam("last_item"))))
+    .order_by(order_lines.c.order_id.desc(), order_lines.c.item_id)
+    .limit(bindparam("limit", type_=Integer)))
 
 
 def get_purchase_history(tx: Connection, session: Session, limit: int,
                          cursor: str | None) -> dict[str, Any]:
     """The buyer's purchased lines, newest order first."""
     last_order, last_item = decode_cursor(cursor, 2) if cursor else _FIRST_PAGE
-    rows = tx.execute(_HISTORY, {"buyer_id": session.user_id, "last_order": last_order,
-                                 "last_item": last_item, "limit": limit + 1}).all()
+    rows = _HISTORY.all(tx, {"buyer_id": session.user_id, "last_order": last_order,
+                             "last_item": last_item, "limit": limit + 1})
     rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.order_id, r.item_id))
     return {"purchases": [_history_line(r) for r in rows], "next_cursor": next_cursor}
 

@@ -23,14 +23,15 @@ from db.seed import seed
 
 PARAMS: dict[str, Any] = {
     "item_id": 1500, "seller_id": 3, "after": 0, "limit": 51, "category": 4,
-    "keywords": ["lamp", "desk"], "last_matches": 2, "token_hash": "ab" * 32, "role": "buyer",
+    "keyword0": "lamp", "keyword1": "desk", "last_matches": 2, "token_hash": "ab" * 32, "role": "buyer",
     "session_id": 1, "buyer_id": 2, "last_order": 2**62, "last_item": 0, "username": "someone",
 }
 STATEMENTS = {
     "get_item": _ITEM_BY_ID, "display_items": _SELLER_ITEMS, "get_seller_rating": _SELLER_RATING,
     "search by category": _plain_search(True), "search all": _plain_search(False),
-    "search keywords": _ranked_search(False, False), "search keywords+category": _ranked_search(True, False),
-    "search keywords, next page": _ranked_search(True, True), "display_cart": _CART,
+    "search keywords": _ranked_search(False, False, 2),
+    "search keywords+category": _ranked_search(True, False, 2),
+    "search keywords, next page": _ranked_search(True, True, 2), "display_cart": _CART,
     "token check": _SESSION_BY_TOKEN, "purchase history": _HISTORY, "login backoff": _FAILURES,
 }
 
@@ -48,6 +49,7 @@ def seeded(mysql_server: str) -> Iterator[Database]:
 
 def full_scans(db: Database, statement: Any) -> tuple[list[str], str]:
     """Base tables the plan reads in full (type ALL), and the SQL explained."""
+    statement = getattr(statement, "statement", statement)  # a Prepared one, or plain Core
     sql = str(statement.params(**PARAMS).compile(dialect=db.engine.dialect,
                                                   compile_kwargs={"literal_binds": True}))
     plan = db.run(lambda tx: tx.exec_driver_sql("EXPLAIN " + sql.replace("%%", "%")).mappings().all(),
