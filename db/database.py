@@ -19,7 +19,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from wire.errors import BusyError, UnavailableError
 
-from .engine import WRITE_OPTION, is_sqlite, make_engine
+from .engine import PROGRESS_KEY, WRITE_OPTION, is_sqlite, make_engine
 from .schema import SCHEMA_VERSION, metadata, schema_info
 
 T = TypeVar("T")
@@ -59,8 +59,9 @@ class Database:
     def run(self, work: Callable[[Connection], T], *, write: bool = True) -> T:
         """Run `work(tx)` in one transaction, retrying what the database says to retry."""
         for attempt in range(MAX_ATTEMPTS):
+            progress = [0]  # statements that reached the database in this attempt
             try:
-                return self._run_once(work, write)
+                return self._run_once(work, write, progress)
             except RetryTransaction:
                 pass
             except IntegrityError:
@@ -68,6 +69,8 @@ class Database:
             except PoolTimeoutError:
                 raise BusyError("every database connection is in use; try again") from None
             except DBAPIError as exc:
+                if exc.connection_invalidated and progress[0] == 0 and attempt == 0:
+                    continue  # a pooled connection had died (say, a database restart): nothing ran yet
                 if _is_unavailable(exc):
                     log.warning("database unavailable: %s", exc.orig)
                     raise UnavailableError("the database cannot be reached; nothing was changed") from None
@@ -76,8 +79,9 @@ class Database:
             time.sleep(random.uniform(0, 0.002 * 2**attempt))
         raise BusyError("the database is too busy to finish this; nothing was changed")
 
-    def _run_once(self, work: Callable[[Connection], T], write: bool) -> T:
+    def _run_once(self, work: Callable[[Connection], T], write: bool, progress: list[int]) -> T:
         with self.engine.connect() as conn:
+            conn.info[PROGRESS_KEY] = progress
             conn = conn.execution_options(**{WRITE_OPTION: write})
             with conn.begin():
                 return work(conn)

@@ -4,7 +4,8 @@ SQLite: WAL, a busy timeout, and transactions begun by us so that writers take t
 write lock up front (BEGIN IMMEDIATE) instead of failing to upgrade half-way.
 MySQL/MariaDB: mysql-connector-python's C extension, utf8mb4 with binary collation
 (text comes back exactly as sent), READ COMMITTED, a pool the size of the worker
-pool, pre-ping and recycling so a restarted database is survived.
+pool, and recycling; a restarted database is survived by retrying a call whose first
+statement found its pooled connection dead (Database.run).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ except ImportError:  # pragma: no cover - then MySQL URLs fail at connect with a
     CMySQLConnection = object  # type: ignore[misc,assignment]
 
 WRITE_OPTION = "market_write"  # execution option: this transaction writes
+PROGRESS_KEY = "market_progress"  # connection info: [statements run] in the current call
 _MYSQL_DRIVER = "mysql+mysqlconnector"
 
 
@@ -26,11 +28,27 @@ def make_engine(url: str, pool_size: int = 16) -> Engine:
     """A pooled engine for an SQLAlchemy URL (mysql:// means mysql-connector)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(url, pool_size)
+        return _count_statements(_sqlite_engine(url, pool_size))
     if parsed.get_backend_name() in ("mysql", "mariadb"):
-        return _mysql_engine(parsed.set(drivername=_MYSQL_DRIVER), pool_size)
+        return _count_statements(_mysql_engine(parsed.set(drivername=_MYSQL_DRIVER), pool_size))
     raise ValueError(f"unsupported database URL {parsed.render_as_string(hide_password=True)}; "
                      "use sqlite:///FILE or mysql://USER:PASS@HOST:PORT/DB")
+
+
+def _count_statements(engine: Engine) -> Engine:
+    """Count statements that reached the database (see Database.run's retry rule)."""
+    @event.listens_for(engine, "after_cursor_execute")
+    def _counted(conn: Any, *_args: Any) -> None:
+        count_statement(conn.info)
+
+    return engine
+
+
+def count_statement(info: dict[str, Any]) -> None:
+    """One more statement ran in the current call."""
+    progress = info.get(PROGRESS_KEY)
+    if progress is not None:
+        progress[0] += 1
 
 
 def is_sqlite(engine: Engine) -> bool:
@@ -62,8 +80,10 @@ def _sqlite_engine(url: str, pool_size: int) -> Engine:
 def _mysql_engine(url: Any, pool_size: int) -> Engine:
     engine = create_engine(
         url,
-        pool_size=pool_size, max_overflow=0, pool_timeout=10,
-        pool_pre_ping=True, pool_recycle=1800,
+        pool_size=pool_size, max_overflow=0, pool_timeout=10, pool_recycle=1800,
+        # No pre-ping: a ping is a round trip per call. A connection found dead by a call's
+        # first statement (nothing has run yet) is retried once on a fresh one instead.
+        pool_pre_ping=False,
         # every transaction ends in COMMIT or ROLLBACK (Database.run), so the pool's own
         # rollback on return would only be one more round trip
         pool_reset_on_return=None,
@@ -83,8 +103,7 @@ class _QuietConnection(CMySQLConnection):
     """mysql-connector's C connection without a server ping on every cursor().
 
     The stock is_connected() pings the server each time a cursor is made, which is one
-    extra round trip per statement; a dead connection still shows at the next query,
-    and the pool pre-pings at checkout.
+    extra round trip per statement; a dead connection still shows at the next query.
     """
 
     def is_connected(self) -> bool:

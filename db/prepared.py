@@ -16,6 +16,8 @@ from sqlalchemy import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
 
+from .engine import count_statement
+
 
 class _Compiled:
     """One statement's SQL and parameter layout for one dialect."""
@@ -57,6 +59,7 @@ class Prepared:
             cursor.execute(compiled.sql, values)
         except tx.dialect.loaded_dbapi.Error as exc:
             raise _translated(tx, compiled.sql, values, exc, cursor) from exc
+        count_statement(tx.info)
         return cursor
 
     def all(self, tx: Connection, params: dict[str, Any] | None = None) -> Sequence[Any]:
@@ -82,7 +85,8 @@ def _translated(tx: Connection, sql: str, values: Any, exc: Exception, cursor: A
     """The driver's error as SQLAlchemy's (IntegrityError, OperationalError, ...)."""
     dialect = tx.dialect
     disconnect = dialect.is_disconnect(exc, tx.connection.dbapi_connection, cursor)  # type: ignore[arg-type]
-    if disconnect:
+    if disconnect:  # as SQLAlchemy does: retire every connection of this generation
+        tx.engine.pool._invalidate(tx.connection, exc)  # type: ignore[arg-type]
         tx.invalidate(exc)
     error = DBAPIError.instance(sql, values, exc, dialect.loaded_dbapi.Error,
                                 connection_invalidated=disconnect, dialect=dialect)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import CARD, PASSWORD, Market, start_market, unique_name
+from conftest import CARD, PASSWORD, Market, running_market, start_market, unique_name
 from sqlalchemy import create_engine, func, select, text
 from test_processes import ServerProcess
 
@@ -377,3 +377,24 @@ def report_outage(calls: list[Call], down: float, up: float) -> None:
           f" slowest UNAVAILABLE {max(c.seconds for c in during) * 1000:.0f} ms;"
           f" first success {first_ok:.2f} s after the database was back, last failure at"
           f" {last_failure:+.2f} s; {ok_after:.1%} succeeded from +5 s ({len(after)} calls)")
+
+
+def test_calls_right_after_a_database_restart_succeed(private_mariadb: PrivateMariaDB) -> None:
+    """Pooled connections die with the database; the first call on each is retried on a
+    fresh connection (nothing had run yet), so no caller sees the restart."""
+    database = Database(private_mariadb.url, pool_size=4)
+    database.create_schema()
+    try:
+        with running_market(database) as market:
+            seller, buyer = market.user("seller"), market.user("buyer")
+            item_id = market.item(seller)
+            for _ in range(8):  # fill the pool with connections
+                buyer.call("get_item", {"item_id": item_id})
+            private_mariadb.kill()
+            private_mariadb.start()
+            seen = [buyer.call("get_item", {"item_id": item_id})["item_id"] for _ in range(8)]
+            assert seen == [item_id] * 8
+            buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+            assert buyer.call("make_purchase", CARD)["lines"][0]["item_id"] == item_id
+    finally:
+        database.close()

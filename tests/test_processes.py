@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 
@@ -24,10 +25,12 @@ class ServerProcess:
     """`python -m {role}_server --port 0` in a subprocess."""
 
     def __init__(self, role: str, db_url: str, port: int = 0, *extra: str) -> None:
+        # stderr goes to a file: a pipe nobody reads would fill up and stall the server
+        self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", f"{role}_server", "--port", str(port), "--db-url", db_url,
              "--threads", "4", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, stderr=self.log, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def wait_ready(self) -> ServerProcess:
@@ -40,10 +43,8 @@ class ServerProcess:
         return self
 
     def stderr(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read()
+        self.log.seek(0)
+        return self.log.read()
 
     def connect(self) -> Connection:
         return Connection(self.host, self.port, timeout=10)
@@ -171,3 +172,23 @@ def test_workers_share_the_port_and_a_dead_worker_is_replaced(spawn) -> None:  #
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
+
+
+def test_workers_stop_when_their_supervisor_is_killed(spawn) -> None:  # type: ignore[no-untyped-def]
+    server = spawn("buyer", 0, True, "--workers", "2")
+    workers = _children(server.proc.pid)
+    assert len(workers) == 2
+    server.proc.kill()
+    server.proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

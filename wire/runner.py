@@ -8,6 +8,7 @@ dies, passes SIGTERM on). The servers keep no state, so workers need no sharing.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ from .tls import server_context
 
 log = logging.getLogger("market.runner")
 BuildApp = Callable[[Settings, Any], App]
+_PR_SET_PDEATHSIG = 1
 
 
 def limits_of(settings: Settings) -> ServerLimits:
@@ -104,9 +106,11 @@ def _supervise(settings: Settings, build_app: BuildApp) -> int:
 def _fork_worker(settings: Settings, build_app: BuildApp, port: int) -> int:
     """A worker process serving `port`; returns once it is listening."""
     ready_r, ready_w = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
+        _die_with_parent(parent)
         code = 0
         try:
             _serve(settings, build_app, port, reuse_port=True, ready=lambda _: _signal_ready(ready_w))
@@ -119,6 +123,16 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int) -> int:
     os.read(ready_r, 1)
     os.close(ready_r)
     return pid
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGTERM this worker when the supervisor dies, even by SIGKILL (Linux prctl)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the supervisor's SIGTERM still reaches us
+        return
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(0)
 
 
 def _signal_ready(fd: int) -> None:
