@@ -18,7 +18,7 @@ from conftest import PASSWORD, unique_name
 from wire import Connection
 from wire.errors import UnauthenticatedError
 
-LISTENING = re.compile(r"^listening on (\S+):(\d+)( \(\d+ workers\))?$")
+LISTENING = re.compile(r"^listening on (\S+):(\d+)$")
 
 
 class ServerProcess:

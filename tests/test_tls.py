@@ -92,8 +92,8 @@ def test_the_server_process_takes_tls_flags(tmp_path: Path, certificate: tuple[s
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()
-        assert line.startswith("listening on 127.0.0.1:") and line.endswith("(TLS)")
-        port = int(line.split(":")[1].split()[0])
+        assert line.startswith("listening on 127.0.0.1:")
+        port = int(line.rsplit(":", 1)[1])
         conn = Connection("127.0.0.1", port, tls=client_context(certificate[0]))
         assert conn.call("ping")["server"] == "seller"
     finally:

@@ -52,7 +52,8 @@ def main(role: str, build_app: BuildApp, argv: list[str] | None = None) -> int:
 
 def _announce(server: Server) -> None:
     host, port = server.address
-    print(f"listening on {host}:{port}{' (TLS)' if server.tls else ''}", flush=True)
+    log.info("serving %s", "TLS" if server.tls else "plaintext")
+    print(f"listening on {host}:{port}", flush=True)
 
 
 def _serve(settings: Settings, build_app: BuildApp, port: int, ready: Callable[[Server], None],
@@ -79,7 +80,8 @@ def _supervise(settings: Settings, build_app: BuildApp) -> int:
     port = reserved.getsockname()[1]
     workers = {_fork_worker(settings, build_app, port) for _ in range(settings.workers)}
     reserved.close()
-    print(f"listening on {settings.host}:{port} ({settings.workers} workers)", flush=True)
+    log.info("%d worker processes share the port", settings.workers)
+    print(f"listening on {settings.host}:{port}", flush=True)
     stopping = False
 
     def stop(signum: int, _frame: Any) -> None:
