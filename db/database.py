@@ -2,8 +2,9 @@
 errors turned into the protocol's UNAVAILABLE / BUSY in one place.
 
 A transaction is a plain function of a SQLAlchemy Connection; `Database.run` calls
-it inside BEGIN ... COMMIT and calls it again (a bounded number of times) when the
-database asks for a retry, so the function must do all its work through `tx`.
+it inside BEGIN ... COMMIT (a read runs statement by statement, without one) and
+calls it again (a bounded number of times) when the database asks for a retry, so
+the function must do all its work through `tx`.
 """
 from __future__ import annotations
 
@@ -82,7 +83,9 @@ class Database:
     def _run_once(self, work: Callable[[Connection], T], write: bool, progress: list[int]) -> T:
         with self.engine.connect() as conn:
             conn.info[PROGRESS_KEY] = progress
-            conn = conn.execution_options(**{WRITE_OPTION: write})
+            conn.execution_options(**{WRITE_OPTION: write})
+            if not write:  # statement by statement: each sees the latest committed data
+                return work(conn)
             with conn.begin():
                 return work(conn)
 

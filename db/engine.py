@@ -3,7 +3,8 @@
 SQLite: WAL, a busy timeout, and transactions begun by us so that writers take the
 write lock up front (BEGIN IMMEDIATE) instead of failing to upgrade half-way.
 MySQL/MariaDB: mysql-connector-python's C extension, utf8mb4 with binary collation
-(text comes back exactly as sent), READ COMMITTED, a pool the size of the worker
+(text comes back exactly as sent), autocommit reads and READ COMMITTED write
+transactions, a pool the size of the worker
 pool, and recycling; a restarted database is survived by retrying a call whose first
 statement found its pooled connection dead (Database.run).
 """
@@ -87,14 +88,23 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
         # every transaction ends in COMMIT or ROLLBACK (Database.run), so the pool's own
         # rollback on return would only be one more round trip
         pool_reset_on_return=None,
-        isolation_level="READ COMMITTED",
+        # Reads run statement by statement in autocommit mode (no COMMIT round trip);
+        # writes open a READ COMMITTED transaction with START TRANSACTION (below).
+        isolation_level="AUTOCOMMIT",
         connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin", "use_pure": False,
-                      "connection_timeout": 5, "autocommit": False},
+                      "connection_timeout": 5},
     )
 
     @event.listens_for(engine, "do_connect")
     def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
-        return _QuietConnection(*cargs, **cparams)
+        conn = _QuietConnection(*cargs, **cparams)
+        conn.cmd_query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        return conn
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        if conn.get_execution_options().get(WRITE_OPTION, True):
+            conn.exec_driver_sql("START TRANSACTION")
 
     return engine
 
@@ -107,7 +117,8 @@ class _QuietConnection(CMySQLConnection):
     - The C extension's commit() and rollback() wait for the server while holding the
       GIL (a py-spy --gil profile of a loaded server showed 60-70% of all GIL time in
       commit), which stops every other thread of the process for a round trip. The
-      same statements sent with cmd_query() release the GIL while they wait.
+      same statements sent with cmd_query() release the GIL while they wait, and are
+      not sent at all when the server says no transaction is open (autocommit reads).
     """
 
     def is_connected(self) -> bool:
@@ -116,9 +127,11 @@ class _QuietConnection(CMySQLConnection):
     def commit(self) -> None:
         if self._cmysql:
             self.handle_unread_result()
-            self.cmd_query("COMMIT")
+            if self.in_transaction:  # the server's status flag: nothing to end otherwise
+                self.cmd_query("COMMIT")
 
     def rollback(self) -> None:
         if self._cmysql:
             self._cmysql.consume_result()
-            self.cmd_query("ROLLBACK")
+            if self.in_transaction:
+                self.cmd_query("ROLLBACK")

@@ -57,10 +57,12 @@ def make_purchase(tx: Connection, session: Session, card_name: str, card_number:
         done = _order_by_key(tx, session.user_id, idempotency_key)
         if done is not None:
             return done
+    # The order row comes first: with a key, it is the lock that makes a second request
+    # with the same key wait for this one, then replay it (read the cart only after it).
+    order_id = _insert_order(tx, session.user_id, idempotency_key)
     cart = _CART_LINES.all(tx, {"session_id": session.session_id})
     if not cart:
         raise ConflictError("your cart is empty")
-    order_id = _insert_order(tx, session.user_id, idempotency_key)
     for line in cart:
         _take_stock(tx, line.item_id, line.quantity)
     lines = _write_lines(tx, session.user_id, order_id, {ln.item_id: ln.quantity for ln in cart})

@@ -67,9 +67,8 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, ready: Callable[[
         tls = server_context(settings.tls_cert, settings.tls_key)
     server = Server(build_app(settings, database), settings.host, port, limits_of(settings),
                     reuse_port=reuse_port, tls=tls)
-    ready(server)
     try:
-        serve_until_signal(server)
+        serve_until_signal(server, ready)
     finally:
         database.close()
 
@@ -80,8 +79,6 @@ def _supervise(settings: Settings, build_app: BuildApp) -> int:
     port = reserved.getsockname()[1]
     workers = {_fork_worker(settings, build_app, port) for _ in range(settings.workers)}
     reserved.close()
-    log.info("%d worker processes share the port", settings.workers)
-    print(f"listening on {settings.host}:{port}", flush=True)
     stopping = False
 
     def stop(signum: int, _frame: Any) -> None:
@@ -92,6 +89,8 @@ def _supervise(settings: Settings, build_app: BuildApp) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    log.info("%d worker processes share the port", settings.workers)
+    print(f"listening on {settings.host}:{port}", flush=True)
     failed = False
     while workers:
         pid, status = os.wait()

@@ -361,14 +361,18 @@ def _refuse_busy(sock: socket.socket, plaintext: bool) -> None:
         sock.close()
 
 
-def serve_until_signal(server: Server) -> None:
-    """Serve in the foreground until SIGTERM or Ctrl-C, then stop cleanly."""
+def serve_until_signal(server: Server, ready: Callable[[Server], None] = lambda _: None) -> None:
+    """Serve in the foreground until SIGTERM or Ctrl-C, then stop cleanly.
+
+    `ready` runs once the handlers are in place, so a SIGTERM sent as soon as the
+    server says it is listening still stops it cleanly."""
     def stop(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
         server.shutdown(wait=False)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    ready(server)
     server.serve_forever()
 
 
