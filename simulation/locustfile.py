@@ -85,11 +85,11 @@ class BuyerUser(MarketUser):
     """Browse-heavy: searches and item pages dominate; carts, purchases and feedback follow."""
 
     role = "buyer"
-    tasks = _tasks("buyer")
+    tasks = _tasks("buyer")  # type: ignore[assignment]  # locust takes a weight dict too
 
 
 class SellerUser(MarketUser):
     """Checks its listings and rating, lists, reprices and removes stock."""
 
     role = "seller"
-    tasks = _tasks("seller")
+    tasks = _tasks("seller")  # type: ignore[assignment]

@@ -101,7 +101,7 @@ def plot_latency(rows: Sequence[OpSummary], path: Path) -> None:
     figure, axes = plt.subplots(len(mixes), 3, figsize=(15, 4.5 * len(mixes)), squeeze=False)
     for line, mix in zip(axes, mixes, strict=True):
         for axis, (label, figure_of) in zip(line, _PERCENTILES, strict=True):
-            axis.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+            axis.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # type: ignore[attr-defined]
             for op, points in _series(rows, mix).items():
                 style = {"color": "black", "linewidth": 2.5} if op == ALL else {"linewidth": 1}
                 axis.plot([p.users for p in points], [figure_of(p) for p in points], marker="o",
