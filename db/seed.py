@@ -25,6 +25,9 @@ WORDS = ["lamp", "desk", "chair", "light", "table", "sofa", "bed", "rug", "shelf
          "mirror", "vase", "book", "pen", "mug", "plate", "bowl", "knife", "fork", "spoon",
          "phone", "cable", "radio", "camera", "bike", "helmet", "ball", "racket", "shoe", "coat",
          "hat", "scarf", "glove", "watch", "ring", "bag", "wallet", "toy", "game", "puzzle"]
+# 40 everyday words and a long tail of made-up ones: 4,000 keywords in all, so that at a
+# million items each keyword is on about 600 of them, as in a real shop's vocabulary.
+VOCABULARY = WORDS + [f"w{n:04d}" for n in range(4000 - len(WORDS))]
 BATCH = 5000
 
 
@@ -68,7 +71,7 @@ def _item_rows(rng: random.Random, first: int, count: int, first_seller: int,
     now = now_ms()
     for item_id in range(first, first + count):
         quantity = rng.randint(1, 100)
-        words = rng.sample(WORDS, rng.randint(0, 5))
+        words = rng.sample(VOCABULARY, rng.randint(0, 5))
         yield {"item_id": item_id, "seller_id": first_seller + rng.randrange(max(1, sellers)),
                "name": f"{' '.join(words[:2]) or 'thing'} {item_id}"[:32],
                "category": rng.randint(0, 9), "keywords": json.dumps(words),

@@ -1,0 +1,103 @@
+"""`python -m simulation.catalogue`: how read latency holds up as the catalogue grows.
+
+Seeds a database to a given size (db.seed: sellers and items in bulk), starts both
+servers on it, and times the reads a shopper makes most — keyword search (with and
+without a category), category browsing, item pages, and a seeded seller's first
+`display_items` page — one call at a time from one client, reporting p50 and p95.
+Run it at two sizes and compare: the issue's bar is p95 within 2x from 1,000 to
+1,000,000 items.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from db import Database
+from db.seed import SEED_PASSWORD, VOCABULARY, timed_seed
+from wire import Connection
+
+from .servers import running_servers
+from .stats import percentile
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Seed to --items (unless --no-seed) and print a latency table for the read ops."""
+    args = _parser().parse_args(argv)
+    database = Database(args.db_url, pool_size=2)
+    database.create_schema()
+    if not args.no_seed:
+        print(f"seeded: {timed_seed(database, args.sellers, args.items)}", flush=True)
+    first_seller, last_item = _bounds(database)
+    database.close()
+    with tempfile.TemporaryDirectory() as logs, running_servers(args.db_url, Path(logs)) as addresses:
+        rows = measure(addresses, first_seller, last_item, args.calls, random.Random(args.seed))
+    print(f"| op | calls | p50 ms | p95 ms |  ({args.items} items requested, db {args.db_url})")
+    print("|---|---:|---:|---:|")
+    for op, latencies in rows.items():
+        ordered = sorted(latencies)
+        print(f"| {op} | {len(ordered)} | {statistics.median(ordered) * 1000:.2f} | "
+              f"{percentile(ordered, 95) * 1000:.2f} |")
+    return 0
+
+
+def measure(addresses: dict[str, tuple[str, int]], seller_id: int, last_item: int, calls: int,
+            rng: random.Random) -> dict[str, list[float]]:
+    """Seconds per call for each read op."""
+    buyer, seller = Connection(*addresses["buyer"]), Connection(*addresses["seller"])
+    name = f"reader{rng.randrange(10**9)}"
+    buyer.call("create_account", {"username": name, "password": SEED_PASSWORD, "name": "Reader"})
+    buyer.token = buyer.call("login", {"username": name, "password": SEED_PASSWORD})["token"]
+    seller.token = seller.call("login", {"username": f"seed{seller_id}", "password": SEED_PASSWORD})["token"]
+    ops: dict[str, Callable[[], Any]] = {
+        "search_items (2 keywords)": lambda: buyer.call(
+            "search_items", {"keywords": rng.sample(VOCABULARY, 2), "limit": 20}),
+        "search_items (keyword + category)": lambda: buyer.call(
+            "search_items", {"keywords": [rng.choice(VOCABULARY)], "category": rng.randrange(10),
+                             "limit": 20}),
+        "search_items (category only)": lambda: buyer.call(
+            "search_items", {"category": rng.randrange(10), "limit": 20}),
+        "get_item": lambda: buyer.call("get_item", {"item_id": rng.randint(1, last_item)}),
+        "display_items (first page)": lambda: seller.call("display_items", {"limit": 20}),
+    }
+    return {op: [_timed(call) for _ in range(calls)] for op, call in ops.items()}
+
+
+def _timed(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def _bounds(database: Database) -> tuple[int, int]:
+    """A seeded seller's id and the largest item id."""
+    from sqlalchemy import func, select
+
+    from db.schema import items, users
+
+    def work(tx: Any) -> tuple[int, int]:
+        seller = tx.execute(select(func.min(users.c.user_id)).where(users.c.username.like("seed%"))).scalar()
+        return int(seller or 0), int(tx.execute(select(func.max(items.c.item_id))).scalar() or 0)
+
+    return database.run(work, write=False)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m simulation.catalogue", description=__doc__)
+    parser.add_argument("--db-url", required=True)
+    parser.add_argument("--items", type=int, default=1000)
+    parser.add_argument("--sellers", type=int, default=100)
+    parser.add_argument("--calls", type=int, default=300, help="calls per op")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--no-seed", action="store_true", help="measure the database as it is")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())
