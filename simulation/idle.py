@@ -1,0 +1,47 @@
+"""`python -m simulation.idle`: hold many idle client connections open against running
+servers, to measure what they cost everyone else (run market-sim alongside).
+
+Each connection pings once, so the server has really accepted it, then stays silent
+until the given time is up (or Ctrl-C). Connections are spread over the addresses.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from wire import Connection
+
+from .servers import parse_address
+
+
+def hold(addresses: list[tuple[str, int]], count: int, seconds: float) -> int:
+    """Open `count` connections round-robin, keep them for `seconds`; returns how many opened."""
+    held = []
+    for n in range(count):
+        conn = Connection(*addresses[n % len(addresses)], timeout=10)
+        conn.call("ping")
+        held.append(conn)
+    print(f"holding {len(held)} idle connections for {seconds:.0f} s", flush=True)
+    try:
+        time.sleep(seconds)
+    except KeyboardInterrupt:
+        pass
+    for conn in held:
+        conn.close()
+    return len(held)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    parser = argparse.ArgumentParser(prog="python -m simulation.idle", description=__doc__)
+    parser.add_argument("addresses", nargs="+", help="HOST:PORT of each server")
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=600)
+    args = parser.parse_args(argv)
+    hold([parse_address(a) for a in args.addresses], args.count, args.seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

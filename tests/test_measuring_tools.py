@@ -1,0 +1,36 @@
+"""The catalogue-growth and idle-connection measuring scripts run end to end (tiny sizes)."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from conftest import Market
+
+from simulation import catalogue, idle
+
+
+def test_catalogue_seeds_and_reports_every_read_op(tmp_path: Path, capsys: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'catalogue.db'}"
+    assert catalogue.main(["--db-url", url, "--items", "60", "--sellers", "4", "--calls", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "'items': 60" in out
+    for op in ("search_items (2 keywords)", "search_items (category only)", "get_item",
+               "display_items (first page)"):
+        assert f"| {op} | 3 |" in out
+
+
+def test_idle_connections_are_really_held(market: Market) -> None:
+    addresses = [market.buyer_server.address, market.seller_server.address]
+    seen: list[int] = []
+
+    def watch() -> None:
+        for _ in range(50):
+            seen.append(market.buyer_server.connection_count + market.seller_server.connection_count)
+            threading.Event().wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    assert idle.hold(addresses, count=30, seconds=1.0) == 30
+    watcher.join()
+    assert max(seen) >= 30
