@@ -1,20 +1,26 @@
 """A blocking client connection: request in, result out, error codes as exceptions.
 
 It reconnects by itself at the next call after the server went away. A call that
-fails in flight is repeated once only when repeating is safe: a read-only op, or a
-request that carries an idempotency key. Anything else raises ConnectionLostError.
+fails in flight is repeated (up to three times, with short pauses) only when repeating
+is safe: a read-only op, or a request that carries an idempotency key. Anything else
+raises ConnectionLostError.
 """
 from __future__ import annotations
 
 import select
 import socket
 import ssl
+import time
 from typing import Any
 
 from .envelope import make_request
 from .errors import error_from_wire
 from .framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
 from .ops import READ_ONLY_OPS
+
+# A repeatable request (read-only, or carrying an idempotency key) is tried again after
+# these pauses when the connection fails: a balancer needs a moment to notice a dead instance.
+_RETRY_PAUSES = (0.05, 0.25, 1.0)
 
 
 class ConnectionLostError(OSError):
@@ -87,18 +93,23 @@ class Connection:
         return message
 
     def _round_trip(self, message: dict[str, Any], repeatable: bool) -> dict[str, Any]:
-        self.connect()
-        try:
-            self.send(message)
-            return self.receive()
-        except OSError as exc:
-            self.close()
-            if not repeatable:
-                raise ConnectionLostError(
-                    f"connection lost during {message['op']}; it may or may not have been applied"
-                ) from exc
-        self.send(message)
-        return self.receive()
+        pauses = iter(_RETRY_PAUSES if repeatable else ())
+        while True:
+            try:
+                self.connect()  # a failure here sent nothing (and leaves no socket)
+                self.send(message)
+                return self.receive()
+            except OSError as exc:
+                sent = self._sock is not None
+                self.close()
+                if sent and not repeatable:
+                    raise ConnectionLostError(
+                        f"connection lost during {message['op']}; it may or may not have been applied"
+                    ) from exc
+                pause = next(pauses, None)
+                if pause is None:
+                    raise
+                time.sleep(pause)  # behind a balancer, give it time to see the instance is gone
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:
