@@ -200,7 +200,7 @@ class Server:
         try:
             plaintext = conn.tls.receive(data)
         except ssl.SSLError as exc:
-            log.info("closing a connection that does not speak TLS: %s", exc.reason)
+            log.debug("closing a connection that does not speak TLS: %s", exc.reason)
             self._close(conn)
             return None
         if not conn.tls.flush_nowait(conn.sock):
@@ -245,7 +245,7 @@ class Server:
                 continue
             if conn.frame_started is not None:
                 if now - conn.frame_started > self.limits.frame_deadline_s:
-                    log.info("closing a connection that did not finish its frame in time")
+                    log.debug("closing a connection that did not finish its frame in time")
                     self._close(conn)
             elif now - conn.last_activity > self.limits.idle_timeout_s:
                 self._close(conn)
