@@ -24,6 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from db import Database
 from db.audit import audit
+from wire.config import env
+from wire.tls import optional_client_context
 
 from .mixes import MIXES
 from .report import write_reports
@@ -65,6 +67,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("sim-results"), help="results folder")
     parser.add_argument("--seed", type=int, help="random seed of the simulated users")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--tls-ca", default=env("MARKET_TLS_CA"), metavar="PEM",
+                        help="talk TLS to the servers, trusting this CA certificate")
+    parser.add_argument("--tls-cert", help="with --tls-key: start the servers with TLS (this certificate)")
+    parser.add_argument("--tls-key", help="the key of --tls-cert")
     args = parser.parse_args(argv)
     if (args.buyer is None) != (args.seller is None):
         parser.error("--buyer and --seller go together")
@@ -78,7 +84,9 @@ def _servers(args: argparse.Namespace, db_url: str) -> Iterator[tuple[Address, A
     if args.buyer:
         yield args.buyer, args.seller
         return
-    extra = ("--workers", str(args.workers)) if args.workers else ()
+    extra: tuple[str, ...] = ("--workers", str(args.workers)) if args.workers else ()
+    if args.tls_cert:
+        extra += ("--tls-cert", args.tls_cert, "--tls-key", args.tls_key)
     with running_servers(db_url, args.out, extra) as addresses:
         yield addresses["buyer"], addresses["seller"]
 
@@ -116,7 +124,7 @@ def run_all(args: argparse.Namespace, buyer: Address, seller: Address, database:
                 progress.update(task, completed=base + done)
 
             result = run_once(MIXES[mix], users, args.calls, buyer, seller, run=run, seed=seed,
-                              on_progress=show)
+                              on_progress=show, tls=optional_client_context(args.tls_ca))
             finished += 2 * users * args.calls
             progress.update(task, completed=finished)
             result.violations = audit(database, result.acknowledged)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import random
 import secrets
+import ssl
 import threading
 import time
 from collections import Counter
@@ -62,9 +63,10 @@ class SimulatedUser(threading.Thread):
     """One simulated user: its actor, its connection and its log."""
 
     def __init__(self, actor: Actor, address: Address, mix: Mix, calls: int,
-                 barrier: threading.Barrier) -> None:
+                 barrier: threading.Barrier, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(name=actor.username, daemon=True)
         self.actor, self.address, self.calls, self.barrier = actor, address, calls, barrier
+        self.tls = tls
         weights = mix.weights(actor.role)
         self.ops, self.cum_weights = list(weights), list(itertools.accumulate(weights.values()))
         self.log: dict[str, OpLog] = {}
@@ -75,7 +77,7 @@ class SimulatedUser(threading.Thread):
 
     def run(self) -> None:
         """Set up, wait for everyone, then make the calls."""
-        with Connection(*self.address, timeout=120) as conn:
+        with Connection(*self.address, timeout=120, tls=self.tls) as conn:
             try:
                 for call in self.actor.setup_calls():
                     self._setup(conn, call)
@@ -113,7 +115,8 @@ class SimulatedUser(threading.Thread):
 
 
 def run_once(mix: Mix, users: int, calls: int, buyer: Address, seller: Address, *, run: int = 0,
-             seed: str | None = None, on_progress: Callable[[int], None] = lambda done: None) -> RunResult:
+             seed: str | None = None, on_progress: Callable[[int], None] = lambda done: None,
+             tls: ssl.SSLContext | None = None) -> RunResult:
     """Run N sellers + N buyers for K calls each; `on_progress` gets the calls done so far."""
     tag = secrets.token_hex(3)
     rng = random.Random(seed)
@@ -121,7 +124,7 @@ def run_once(mix: Mix, users: int, calls: int, buyer: Address, seller: Address, 
               for role in ("seller", "buyer") for i in range(users)]
     start = [0.0]
     barrier = threading.Barrier(len(actors), action=lambda: start.__setitem__(0, time.perf_counter()))
-    threads = [SimulatedUser(actor, seller if actor.role == "seller" else buyer, mix, calls, barrier)
+    threads = [SimulatedUser(actor, seller if actor.role == "seller" else buyer, mix, calls, barrier, tls)
                for actor in actors]
     for thread in threads:
         thread.start()

@@ -112,3 +112,13 @@ def test_the_shell_and_health_check_speak_tls(tls_server: Server, certificate: t
     shell = subprocess.run([*market, "buyer", "--port", str(port), "--tls-ca", certificate[0], "-c", "ping"],
                            capture_output=True, text=True, timeout=30)
     assert shell.returncode == 0, shell.stderr
+
+
+def test_the_simulator_runs_over_tls(tmp_path: Path, certificate: tuple[str, str]) -> None:
+    from simulation.__main__ import main as market_sim
+
+    common = ["-n", "2", "-k", "20", "-r", "1", "--no-progress", "--tls-ca", certificate[0]]
+    assert market_sim([*common, "--out", str(tmp_path / "tls"),
+                       "--tls-cert", certificate[0], "--tls-key", certificate[1]]) == 0
+    # the same client against plaintext servers cannot even start: it really speaks TLS
+    assert market_sim([*common, "--out", str(tmp_path / "plain")]) != 0
