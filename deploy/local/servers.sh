@@ -77,6 +77,23 @@ CFG
   done
 }
 
+# all_checked SOCKET: every instance has passed a health check since HAProxy started
+# (until then HAProxy shows it as "UP 1/2": presumed up, not yet checked).
+all_checked() {
+  "$PYTHON" - "$1" <<'PY'
+import socket, sys
+with socket.socket(socket.AF_UNIX) as sock:
+    sock.connect(sys.argv[1])
+    sock.sendall(b"show stat\n")
+    data = b"".join(iter(lambda: sock.recv(65536), b""))
+header, *rows = data.decode().splitlines()
+names = header.lstrip("# ").split(",")
+stats = [dict(zip(names, row.split(","))) for row in rows if row]
+states = [s["status"] for s in stats if s["svname"] not in ("FRONTEND", "BACKEND")]
+sys.exit(0 if states and all(state == "UP" for state in states) else 1)
+PY
+}
+
 start() {
   mkdir -p "$DIR"
   alive "$DIR/haproxy.pid" && die "already running in $DIR (stop it first)"
@@ -94,6 +111,7 @@ start() {
     wait_for 20 "$PYTHON" -m client.main health "127.0.0.1:$port" >/dev/null \
       || die "no healthy server behind 127.0.0.1:$port"
   done
+  wait_for 20 all_checked "$DIR/haproxy.sock" || die "not every instance passed its health check"
   echo "buyer 127.0.0.1:$BUYER_PORT ($BUYERS instances), seller 127.0.0.1:$SELLER_PORT ($SELLERS instances)"
 }
 
