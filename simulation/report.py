@@ -134,11 +134,15 @@ _PERCENTILES: list[tuple[str, Callable[[OpSummary], float]]] = [
 
 
 def _users_axis(axis: Any, rows: Sequence[OpSummary]) -> None:
-    users = sorted({row.users for row in rows})
+    count_axis(axis, sorted({row.users for row in rows}), "N (sellers = buyers = N)")
+
+
+def count_axis(axis: Any, counts: Sequence[int], label: str) -> None:
+    """A log-scaled x axis ticked at these counts, with a light grid."""
     axis.set_xscale("log")
-    axis.set_xticks(users, labels=[str(n) for n in users])
+    axis.set_xticks(counts, labels=[str(n) for n in counts])
     axis.minorticks_off()
-    axis.set_xlabel("N (sellers = buyers = N)")
+    axis.set_xlabel(label)
     axis.grid(True, alpha=0.3)
 
 

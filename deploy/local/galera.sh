@@ -9,6 +9,7 @@ set -euo pipefail
 #   deploy/local/galera.sh status [--dir DIR]
 #   deploy/local/galera.sh kill-node N [--dir DIR]             SIGKILL one node (a crash drill)
 #   deploy/local/galera.sh start-node N [--dir DIR]            start one node; it rejoins by IST
+#   deploy/local/galera.sh config N [--dir DIR] [--base-port B] print node N's my.cnf; starts nothing
 #
 # Ports (B = --base-port, default 4560): the balancer B, node N's SQL port B+N, group
 # communication B+10+N, IST B+20+N, SST (rsync) B+30+N. The database URL is printed at start:
@@ -180,5 +181,6 @@ case $command in
   status) status ;;
   kill-node) [ -n "$NODE" ] || die "which node?"; kill -KILL "$(cat "$DIR/node$NODE/pid")" ;;
   start-node) [ -n "$NODE" ] || die "which node?"; start_node "$NODE" ;;
-  *) die "usage: $0 start|stop|status|kill-node N|start-node N [--dir DIR] [--base-port B]" ;;
+  config) [ -n "$NODE" ] || die "which node?"; node_config "$NODE" ;;
+  *) die "usage: $0 start|stop|status|kill-node N|start-node N|config N [--dir DIR] [--base-port B]" ;;
 esac
