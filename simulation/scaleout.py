@@ -283,6 +283,7 @@ def standalone_mariadb(console: Console) -> Iterator[DatabaseServer]:
     process: subprocess.Popen[bytes] | None = None
     try:
         (node / "data").mkdir(parents=True)
+        (node / "tmp").mkdir()  # the config's tmpdir (see galera.sh: never /tmp)
         (node / "my.cnf").write_text(standalone_config(run_dir, base))
         _install_db(node)
         with (node / "console.log").open("wb") as log:

@@ -237,8 +237,12 @@ class PrivateMariaDB:
 
     def start(self) -> None:
         log = (self.root / "mariadbd.log").open("ab")
+        (self.root / "tmp").mkdir(exist_ok=True)
         self.proc = subprocess.Popen(
+            # a tmpdir of its own: mariadbd deletes every #sql* file in its tmpdir at start,
+            # and in /tmp those are the temporary tables of the machine's own MariaDB
             [MARIADBD, "--no-defaults", f"--datadir={self.root / 'data'}", f"--port={self.port}",
+             f"--tmpdir={self.root / 'tmp'}",
              "--bind-address=127.0.0.1", f"--socket={self.root / 'sock'}", "--user=root",
              f"--pid-file={self.root / 'pid'}", "--skip-log-bin", "--innodb-buffer-pool-size=32M"],
             stdout=log, stderr=log)

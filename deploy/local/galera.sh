@@ -39,6 +39,9 @@ node_config() {
 # as root, the rsync daemon of a state transfer would write as nobody: run as mysql
 user=mysql
 datadir=$node/data
+# a tmpdir of its own: mariadbd deletes every #sql* file in its tmpdir when it starts, and
+# in /tmp those are the live temporary tables of any other MariaDB here (it crashes then)
+tmpdir=$node/tmp
 socket=$node/sock
 pid-file=$node/pid
 log-error=$node/error.log
@@ -82,7 +85,7 @@ recovered_position() {
 launch() {
   local n=$1 node="$DIR/node$1"; shift
   alive "$node/pid" && die "node $n is already running"
-  mkdir -p "$node/data"
+  mkdir -p "$node/data" "$node/tmp"
   node_config "$n" >"$node/my.cnf"
   touch "$node/error.log"
   chown -R mysql:mysql "$node"
