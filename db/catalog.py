@@ -26,10 +26,10 @@ from sqlalchemy import (
 from wire.errors import ConflictError, ForbiddenError, NotFoundError
 from wire.values import decode_cursor, encode_cursor, format_money
 
-from .accounts import Session
+from .accounts import Session, with_session
 from .database import inserted_id, now_ms
 from .prepared import Prepared
-from .schema import item_keywords, items, users
+from .schema import item_keywords, items, sessions, users
 
 ItemRow = Any  # a Row with ITEM_COLUMNS (SQLAlchemy types rows by column count)
 ITEM_COLUMNS = (items.c.item_id, items.c.seller_id, items.c.name, items.c.category, items.c.keywords,
@@ -109,29 +109,38 @@ def remove_item(tx: Connection, session: Session, item_id: int, quantity: int) -
     return item_to_wire(load_item(tx, item_id))
 
 
-_SELLER_ITEMS = Prepared(select(*ITEM_COLUMNS)
-                 .where(items.c.seller_id == bindparam("seller_id"), items.c.item_id > bindparam("after"),
-                        items.c.quantity > 0)
-                 .order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
+_SELLER_ITEMS = Prepared(
+    with_session(*ITEM_COLUMNS, joined=items,
+                 on=(items.c.seller_id == sessions.c.user_id) & (items.c.item_id > bindparam("after"))
+                 & (items.c.quantity > 0))
+    .order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
 
 
 def display_items(tx: Connection, session: Session, limit: int, cursor: str | None) -> dict[str, Any]:
     """The seller's items still on sale, by item_id."""
     after = decode_cursor(cursor, 1)[0] if cursor else 0
-    rows = _SELLER_ITEMS.all(tx, {"seller_id": session.user_id, "after": after, "limit": limit + 1})
+    params = {**session.check_params, "after": after, "limit": limit + 1}
+    rows = session.accept_rows(_SELLER_ITEMS.all(tx, params))
     rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.item_id))
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
 
+_ITEM_FOR_SESSION = Prepared(with_session(*ITEM_COLUMNS, joined=items,
+                                          on=items.c.item_id == bindparam("item_id")))
+
+
 def get_item(tx: Connection, session: Session, item_id: int) -> dict[str, Any]:
     """One item, also when sold out."""
-    return item_to_wire(load_item(tx, item_id))
+    rows = session.accept_rows(_ITEM_FOR_SESSION.all(tx, {**session.check_params, "item_id": item_id}))
+    if not rows:
+        raise NotFoundError(f"no item {item_id}")
+    return item_to_wire(rows[0])
 
 
 def search_items(tx: Connection, session: Session, category: int | None, keywords: list[str],
                  limit: int, cursor: str | None) -> dict[str, Any]:
     """Items on sale, by category and/or keywords, best match first."""
-    params: dict[str, Any] = {"category": category, "limit": limit + 1}
+    params: dict[str, Any] = {**session.check_params, "category": category, "limit": limit + 1}
     if keywords:
         last = decode_cursor(cursor, 2) if cursor else None
         params.update({f"keyword{n}": word for n, word in enumerate(keywords)},
@@ -141,7 +150,7 @@ def search_items(tx: Connection, session: Session, category: int | None, keyword
     else:
         params["after"] = decode_cursor(cursor, 1)[0] if cursor else 0
         statement, cursor_of = _plain_search(category is not None), _id_cursor
-    rows, next_cursor = split_page(statement.all(tx, params), limit, cursor_of)
+    rows, next_cursor = split_page(session.accept_rows(statement.all(tx, params)), limit, cursor_of)
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
 
@@ -155,10 +164,11 @@ def _rank_cursor(row: ItemRow) -> str:
 
 @functools.cache
 def _plain_search(by_category: bool) -> Prepared:
-    """Items on sale after a cursor, by item_id."""
-    query = select(*ITEM_COLUMNS).where(items.c.quantity > 0, items.c.item_id > bindparam("after"))
+    """Items on sale after a cursor, by item_id (with the caller's session)."""
+    on = (items.c.quantity > 0) & (items.c.item_id > bindparam("after"))
     if by_category:
-        query = query.where(items.c.category == bindparam("category"))
+        on &= items.c.category == bindparam("category")
+    query = with_session(*ITEM_COLUMNS, joined=items, on=on)
     return Prepared(query.order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
 
 
@@ -173,31 +183,31 @@ def _ranked_search(by_category: bool, after_cursor: bool, keyword_count: int) ->
     if by_category:
         ranked = ranked.where(item_keywords.c.category == bindparam("category"))
     ranked_sq = ranked.subquery()
-    query = (select(*ITEM_COLUMNS, ranked_sq.c.matches)
-             .join_from(ranked_sq, items, items.c.item_id == ranked_sq.c.item_id)
-             .where(items.c.quantity > 0))
+    on = items.c.quantity > 0
     if after_cursor:
         last_matches: BindParameter[int] = bindparam("last_matches")
-        query = query.where((ranked_sq.c.matches < last_matches)
-                            | ((ranked_sq.c.matches == last_matches)
-                               & (items.c.item_id > bindparam("after"))))
+        on &= ((ranked_sq.c.matches < last_matches)
+               | ((ranked_sq.c.matches == last_matches) & (items.c.item_id > bindparam("after"))))
+    found = ranked_sq.join(items, items.c.item_id == ranked_sq.c.item_id)
+    query = with_session(*ITEM_COLUMNS, ranked_sq.c.matches, joined=found, on=on)
     return Prepared(query.order_by(desc(ranked_sq.c.matches), items.c.item_id)
                     .limit(bindparam("limit", type_=Integer)))
 
 
-_SELLER_RATING = Prepared(select(users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold)
-                  .where(users.c.user_id == bindparam("seller_id"), users.c.role == "seller"))
+_RATING_FOR_SESSION = Prepared(with_session(
+    users.c.user_id, users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold, joined=users,
+    on=(users.c.user_id == func.coalesce(bindparam("seller_id", type_=Integer), sessions.c.user_id))
+    & (users.c.role == "seller")))
 
 
-def seller_rating(tx: Connection, seller_id: int) -> dict[str, Any]:
-    """A seller's votes and units sold, or NOT_FOUND."""
-    row = _SELLER_RATING.first(tx, {"seller_id": seller_id})
-    if row is None:
-        raise NotFoundError(f"no seller {seller_id}")
+def _rating_to_wire(seller_id: int, row: Any) -> dict[str, Any]:
     return {"seller_id": seller_id, "thumbs_up": row.thumbs_up, "thumbs_down": row.thumbs_down,
             "items_sold": row.items_sold}
 
 
 def get_seller_rating(tx: Connection, session: Session, seller_id: int | None = None) -> dict[str, Any]:
-    """The rating of the given seller, or of the calling seller."""
-    return seller_rating(tx, seller_id if seller_id is not None else session.user_id)
+    """The rating of the given seller, or of the calling seller (one query with the token check)."""
+    rows = session.accept_rows(_RATING_FOR_SESSION.all(tx, {**session.check_params, "seller_id": seller_id}))
+    if not rows:
+        raise NotFoundError(f"no seller {seller_id if seller_id is not None else session.user_id}")
+    return _rating_to_wire(rows[0].user_id, rows[0])

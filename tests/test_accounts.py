@@ -11,7 +11,7 @@ from db import Database
 from db.accounts import token_hash
 from db.schema import sessions, users
 from wire.config import Settings
-from wire.errors import BadRequestError, ConflictError, UnauthenticatedError
+from wire.errors import BadRequestError, ConflictError, NotFoundError, UnauthenticatedError
 
 
 def test_ping_names_the_server(market: Market) -> None:
@@ -146,3 +146,56 @@ def test_unknown_usernames_are_throttled_the_same_way(database: Database) -> Non
             conn.call("login", {"username": ghost, "password": PASSWORD})
         other = market.user("buyer")  # other usernames are not affected
         assert other.call("display_cart")["cart"]["items"] == []
+
+
+# Reads fold the token check into their own query (db.accounts.with_session); these pin
+# that the answer is still the same as with a separate check, whatever else is wrong.
+FOLDED_READS = [
+    ("buyer", "get_item", {"item_id": 10**9}), ("buyer", "search_items", {"keywords": ["nothing"]}),
+    ("buyer", "search_items", {}), ("buyer", "search_items", {"category": 3}),
+    ("buyer", "get_seller_rating", {"seller_id": 10**9}), ("seller", "get_seller_rating", {}),
+    ("seller", "display_items", {}),
+]
+
+
+@pytest.mark.parametrize(("role", "op", "args"), FOLDED_READS)
+def test_a_folded_read_says_unauthenticated_before_anything_else(market: Market, role: str, op: str,
+                                                               args: dict[str, object]) -> None:
+    user = market.user(role)
+    user.call("logout")
+    with pytest.raises(UnauthenticatedError, match="log in again"):
+        user.call(op, args)
+    with pytest.raises(UnauthenticatedError):  # bad arguments too: the token is checked first
+        user.call(op, {**args, "limit": -1})
+
+
+def test_a_folded_read_answers_for_the_caller_and_finds_what_exists(market: Market) -> None:
+    seller, other, buyer = market.user("seller"), market.user("seller"), market.user("buyer")
+    assert seller.call("display_items") == {"items": [], "next_cursor": None}
+    assert seller.call("get_seller_rating")["seller_id"] == seller.user_id  # type: ignore[attr-defined]
+    item = market.item(other, keywords=["folded"])
+    assert [i["item_id"] for i in other.call("display_items")["items"]] == [item]
+    assert seller.call("display_items")["items"] == []
+    assert buyer.call("get_item", {"item_id": item})["seller_id"] == other.user_id  # type: ignore[attr-defined]
+    assert [i["item_id"] for i in buyer.call("search_items", {"keywords": ["folded"]})["items"]] == [item]
+    with pytest.raises(NotFoundError):
+        buyer.call("get_item", {"item_id": item + 1000})
+    with pytest.raises(NotFoundError):
+        buyer.call("get_seller_rating", {"seller_id": buyer.user_id})  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("role", "op"), [("buyer", "get_item"), ("buyer", "search_items"),
+                                         ("buyer", "get_seller_rating"), ("seller", "display_items"),
+                                         ("seller", "get_seller_rating")])
+def test_a_folded_read_sees_an_expired_session(database: Database, role: str, op: str) -> None:
+    with running_market(database, Settings(role=role, session_max_s=1)) as market:
+        user = market.user(role)
+        seller = user if role == "seller" else market.user("seller")
+        item = market.item(seller, keywords=["expiry"])
+        args = {"get_item": {"item_id": item}, "search_items": {"keywords": ["expiry"]},
+                "get_seller_rating": {"seller_id": seller.user_id} if role == "buyer" else {},  # type: ignore[attr-defined]
+                "display_items": {}}[op]
+        assert user.call(op, args)  # the data is found: the check runs on the op's own row
+        time.sleep(1.2)
+        with pytest.raises(UnauthenticatedError, match="expired"):
+            user.call(op, args)

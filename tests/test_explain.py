@@ -15,10 +15,17 @@ from sqlalchemy import select, text
 from db import Database
 from db.accounts import _SESSION_BY_TOKEN
 from db.carts import _CART
-from db.catalog import _ITEM_BY_ID, _SELLER_ITEMS, _SELLER_RATING, _plain_search, _ranked_search
+from db.catalog import (
+    _ITEM_BY_ID,
+    _ITEM_FOR_SESSION,
+    _RATING_FOR_SESSION,
+    _SELLER_ITEMS,
+    _plain_search,
+    _ranked_search,
+)
 from db.login_throttle import _FAILURES
 from db.orders import _HISTORY
-from db.schema import items, metadata
+from db.schema import items, login_failures, metadata, sessions
 from db.seed import seed
 
 PARAMS: dict[str, Any] = {
@@ -26,8 +33,11 @@ PARAMS: dict[str, Any] = {
     "keyword0": "lamp", "keyword1": "desk", "last_matches": 2, "token_hash": "ab" * 32, "role": "buyer",
     "session_id": 1, "buyer_id": 2, "last_order": 2**62, "last_item": 0, "username": "someone",
 }
+SELLER = {"token_hash": "cd" * 32, "role": "seller"}  # the seeded seller 3's session
 STATEMENTS = {
-    "get_item": _ITEM_BY_ID, "display_items": _SELLER_ITEMS, "get_seller_rating": _SELLER_RATING,
+    "get_item": _ITEM_FOR_SESSION, "item by id": _ITEM_BY_ID, "display_items": (_SELLER_ITEMS, SELLER),
+    "get_seller_rating": _RATING_FOR_SESSION,
+    "own seller rating": (_RATING_FOR_SESSION, {**SELLER, "seller_id": None}),
     "search by category": _plain_search(True), "search all": _plain_search(False),
     "search keywords": _ranked_search(False, False, 2),
     "search keywords+category": _ranked_search(True, False, 2),
@@ -42,18 +52,32 @@ def seeded(mysql_server: str) -> Iterator[Database]:
         db = Database(url, pool_size=2)
         db.create_schema()
         seed(db, sellers=50, items_count=3000)
+        db.run(lambda tx: tx.execute(sessions.insert(), [
+            {"token_hash": "ab" * 32, "user_id": 3, "role": "buyer", "created_ms": 0, "last_seen_ms": 0},
+            {"token_hash": "cd" * 32, "user_id": 3, "role": "seller", "created_ms": 0, "last_seen_ms": 0}]))
+        db.run(lambda tx: tx.execute(login_failures.insert().values(
+            role="buyer", username="someone", failures=1, last_failure_ms=0)))
         db.run(lambda tx: [tx.execute(text(f"ANALYZE TABLE {t}")).all() for t in metadata.tables])
         yield db
         db.close()
 
 
-def full_scans(db: Database, statement: Any) -> tuple[list[str], str]:
-    """Base tables the plan reads in full (type ALL), and the SQL explained."""
+def plan_of(db: Database, statement: Any) -> tuple[list[dict[str, Any]], str]:
+    """EXPLAIN's rows for a statement (or a (statement, parameter overrides) pair), and its SQL."""
+    statement, overrides = statement if isinstance(statement, tuple) else (statement, {})
     statement = getattr(statement, "statement", statement)  # a Prepared one, or plain Core
-    sql = str(statement.params(**PARAMS).compile(dialect=db.engine.dialect,
-                                                  compile_kwargs={"literal_binds": True}))
+    sql = str(statement.params(**{**PARAMS, **overrides}).compile(
+        dialect=db.engine.dialect, compile_kwargs={"literal_binds": True}))
     plan = db.run(lambda tx: tx.exec_driver_sql("EXPLAIN " + sql.replace("%%", "%")).mappings().all(),
                   write=False)
+    cut_short = [row["Extra"] for row in plan if "Impossible" in str(row["Extra"])]
+    assert not cut_short, f"the plan stopped early ({cut_short}): the parameters find nothing\n{sql}"
+    return [dict(row) for row in plan], sql
+
+
+def full_scans(db: Database, statement: Any) -> tuple[list[str], str]:
+    """Base tables the plan reads in full (type ALL), and the SQL explained."""
+    plan, sql = plan_of(db, statement)
     return [row["table"] for row in plan
             if row["type"] == "ALL" and not str(row["table"]).startswith("<derived")], sql
 
@@ -67,3 +91,10 @@ def test_no_full_table_scan(seeded: Database, name: str) -> None:
 def test_the_check_does_see_a_full_scan(seeded: Database) -> None:
     unindexed = select(items.c.item_id).where(items.c.name == "no such name")
     assert full_scans(seeded, unindexed)[0] == ["items"]
+
+
+@pytest.mark.parametrize("name", ["display_items", "search all", "search by category"])
+def test_listings_in_item_order_read_the_index_in_order(seeded: Database, name: str) -> None:
+    """No sort of every on-sale row: the index gives item_id order and the LIMIT stops the read."""
+    plan, sql = plan_of(seeded, STATEMENTS[name])
+    assert not [row for row in plan if "filesort" in str(row["Extra"])], f"{name} sorts\n{sql}"
