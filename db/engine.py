@@ -10,13 +10,18 @@ statement found its pooled connection dead (Database.run).
 """
 from __future__ import annotations
 
+import re
+from itertools import chain
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 try:  # the C extension of mysql-connector-python (pinned to a version whose extension loads)
+    from _mysql_connector import MySQLInterfaceError
     from mysql.connector.connection_cext import CMySQLConnection
+    from mysql.connector.errors import OperationalError, get_mysql_exception
 except ImportError:  # pragma: no cover - then MySQL URLs fail at connect with a clear error
     CMySQLConnection = object  # type: ignore[misc,assignment]
 
@@ -102,11 +107,41 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
         return conn
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
+    def _on_begin(conn: Connection) -> None:
         if conn.get_execution_options().get(WRITE_OPTION, True):
-            conn.exec_driver_sql("START TRANSACTION")
+            # straight to the driver: SQLAlchemy's exec_driver_sql cost 40 µs of CPU here
+            try:
+                conn.connection.driver_connection.cmd_query("START TRANSACTION")  # type: ignore[union-attr]
+            except conn.dialect.loaded_dbapi.Error as exc:
+                raise driver_error(conn, "START TRANSACTION", (), exc, None) from exc
 
     return engine
+
+
+class StatementResult:
+    """What a statement run without a cursor returned: its rows, or its row count and new id."""
+
+    def __init__(self, rows: list[Any], rowcount: int, lastrowid: int) -> None:
+        self.rows, self.rowcount, self.lastrowid = rows, rowcount, lastrowid
+
+    def fetchall(self) -> list[Any]:
+        return self.rows
+
+    def fetchone(self) -> Any | None:
+        return self.rows[0] if self.rows else None
+
+
+_TEMPLATES: dict[str, tuple[list[bytes], list[str]]] = {}  # SQL -> (text around placeholders, names)
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+def _template(sql: str) -> tuple[list[bytes], list[str]]:
+    """The pieces of text between a statement's %(name)s placeholders, and their names."""
+    pieces = _PLACEHOLDER.split(sql)
+    texts, names = pieces[0::2], pieces[1::2]
+    if any("%" in text for text in texts):
+        raise ValueError(f"a % outside a placeholder needs the cursor's escaping rules: {sql!r}")
+    return [text.encode() for text in texts], names
 
 
 class _QuietConnection(CMySQLConnection):
@@ -124,6 +159,32 @@ class _QuietConnection(CMySQLConnection):
     def is_connected(self) -> bool:
         return bool(self._cmysql and self._cmysql.connected())
 
+    def run_statement(self, sql: str, values: dict[str, Any]) -> StatementResult:
+        """Run one statement with %(name)s placeholders, without a cursor.
+
+        What a cursor's execute() does (values quoted and escaped by the C extension,
+        the same conversion of results), minus about 30 µs of Python per statement
+        spent on the cursor object and the result's column descriptions.
+        """
+        self.handle_unread_result()
+        cmysql = self._cmysql
+        if cmysql is None:
+            raise OperationalError(errno=2055, msg="Connection not available.")
+        texts, names = _TEMPLATES.get(sql) or _TEMPLATES.setdefault(sql, _template(sql))
+        quoted = cmysql.convert_to_mysql(*[values[name] for name in names]) if names else ()
+        statement = b"".join(chain.from_iterable(zip(texts, quoted, strict=False))) + texts[-1]
+        try:
+            cmysql.query(statement)
+            if not cmysql.have_result_set:
+                return StatementResult([], cmysql.affected_rows(), cmysql.insert_id())
+            rows = []
+            while (row := cmysql.fetch_row()) is not None:
+                rows.append(row)
+            cmysql.free_result()
+        except MySQLInterfaceError as exc:
+            raise get_mysql_exception(exc.errno, msg=exc.msg, sqlstate=exc.sqlstate) from exc
+        return StatementResult(rows, len(rows), 0)
+
     def commit(self) -> None:
         if self._cmysql:
             self.handle_unread_result()
@@ -135,3 +196,20 @@ class _QuietConnection(CMySQLConnection):
             self._cmysql.consume_result()
             if self.in_transaction:
                 self.cmd_query("ROLLBACK")
+
+
+def driver_error(tx: Connection, sql: str, values: Any, exc: Exception, cursor: Any) -> DBAPIError:
+    """A driver error as SQLAlchemy would raise it (IntegrityError, OperationalError, ...).
+
+    For statements sent to the driver directly (db.prepared, START TRANSACTION), so that
+    Database.run sees the same errors as for statements SQLAlchemy executed.
+    """
+    dialect = tx.dialect
+    disconnect = dialect.is_disconnect(exc, tx.connection.dbapi_connection, cursor)  # type: ignore[arg-type]
+    if disconnect:  # as SQLAlchemy does: retire every connection of this generation
+        tx.engine.pool._invalidate(tx.connection, exc)  # type: ignore[arg-type]
+        tx.invalidate(exc)
+    error = DBAPIError.instance(sql, values, exc, dialect.loaded_dbapi.Error,
+                                connection_invalidated=disconnect, dialect=dialect)
+    assert isinstance(error, DBAPIError)
+    return error

@@ -1,10 +1,12 @@
-"""Core statements compiled once per dialect and run on the driver's cursor.
+"""Core statements compiled once per dialect and run on the driver directly.
 
 SQLAlchemy's per-execution machinery costs about 80 µs of CPU per statement here,
 several times the cost of a simple indexed query, and a call makes three or four of
 them. A Prepared statement keeps SQLAlchemy for what it is good at (one statement
 definition, compiled correctly for SQLite or MySQL) and skips it on the hot path.
-Driver errors are re-raised as SQLAlchemy's, so Database.run handles them as usual.
+On MySQL a statement does not even need a cursor (engine's run_statement); on
+SQLite it runs on a cursor, which is cheap there. Driver errors are re-raised as
+SQLAlchemy's, so Database.run handles them as usual.
 """
 from __future__ import annotations
 
@@ -13,10 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Dialect
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
 
-from .engine import count_statement
+from .engine import count_statement, driver_error
 
 
 class _Compiled:
@@ -51,16 +52,22 @@ class Prepared:
         return compiled
 
     def execute(self, tx: Connection, params: dict[str, Any] | None = None) -> Any:
-        """Run it; the driver's cursor (rowcount, lastrowid) after it ran."""
+        """Run it; a result with fetchall(), fetchone(), rowcount and lastrowid."""
         compiled = self._compiled(tx)
         values = compiled.parameters(params or {})
-        cursor = tx.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        driver = tx.connection.driver_connection
+        run_statement = getattr(driver, "run_statement", None)  # MySQL: no cursor needed
+        cursor = None if run_statement else driver.cursor()  # type: ignore[union-attr]
         try:
-            cursor.execute(compiled.sql, values)
+            if run_statement:
+                result = run_statement(compiled.sql, values)
+            else:
+                cursor.execute(compiled.sql, values)  # type: ignore[union-attr]
+                result = cursor
         except tx.dialect.loaded_dbapi.Error as exc:
-            raise _translated(tx, compiled.sql, values, exc, cursor) from exc
+            raise driver_error(tx, compiled.sql, values, exc, cursor) from exc
         count_statement(tx.info)
-        return cursor
+        return result
 
     def all(self, tx: Connection, params: dict[str, Any] | None = None) -> Sequence[Any]:
         """Every row, as named tuples."""
@@ -79,16 +86,3 @@ class Prepared:
         """The first column of the first row, or None."""
         values = self.execute(tx, params).fetchone()
         return values[0] if values is not None else None
-
-
-def _translated(tx: Connection, sql: str, values: Any, exc: Exception, cursor: Any) -> DBAPIError:
-    """The driver's error as SQLAlchemy's (IntegrityError, OperationalError, ...)."""
-    dialect = tx.dialect
-    disconnect = dialect.is_disconnect(exc, tx.connection.dbapi_connection, cursor)  # type: ignore[arg-type]
-    if disconnect:  # as SQLAlchemy does: retire every connection of this generation
-        tx.engine.pool._invalidate(tx.connection, exc)  # type: ignore[arg-type]
-        tx.invalidate(exc)
-    error = DBAPIError.instance(sql, values, exc, dialect.loaded_dbapi.Error,
-                                connection_invalidated=disconnect, dialect=dialect)
-    assert isinstance(error, DBAPIError)
-    return error
