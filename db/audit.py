@@ -7,6 +7,7 @@ list of readable violations; an empty list means the books balance.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, case, distinct, exists, func, select
 
 from .database import Database
-from .schema import feedback, items, order_lines, orders, users
+from .schema import feedback, item_keywords, items, order_lines, orders, users
 
 _CHUNK = 500  # ids per IN (...) list
 
@@ -33,7 +34,7 @@ def audit(database: Database, acknowledged: Iterable[AckedOrder] = ()) -> list[s
     acked = list(acknowledged)
 
     def work(tx: Connection) -> list[str]:
-        return [*_item_rules(tx), *_seller_rules(tx), *_order_rules(tx),
+        return [*_item_rules(tx), *_search_index_rules(tx), *_seller_rules(tx), *_order_rules(tx),
                 *_feedback_rules(tx), *_acknowledged_rules(tx, acked)]
 
     return database.run(work, write=False)
@@ -59,6 +60,20 @@ def _item_rules(tx: Connection) -> Iterator[str]:
         yield from _thumbs(name, item, (up, down), "feedback rows")
         if up + down > buyers:
             yield f"{name}: {up + down} votes from only {buyers} distinct buyers"
+
+
+def _search_index_rules(tx: Connection) -> Iterator[str]:
+    """item_keywords holds exactly the keywords (and category) of every item on sale."""
+    indexed: dict[int, set[tuple[str, int]]] = {}
+    for row in tx.execute(select(item_keywords.c.item_id, item_keywords.c.keyword, item_keywords.c.category)):
+        indexed.setdefault(row.item_id, set()).add((row.keyword, row.category))
+    for item in tx.execute(select(items.c.item_id, items.c.quantity, items.c.keywords, items.c.category)):
+        words = json.loads(item.keywords) if item.quantity > 0 else []
+        if indexed.pop(item.item_id, set()) != {(word, item.category) for word in words}:
+            yield (f"item {item.item_id}: search index rows differ from its keywords"
+                   f" (on sale: {item.quantity})")
+    for item_id in indexed:
+        yield f"search index rows for item {item_id}, which does not exist"
 
 
 def _seller_rules(tx: Connection) -> Iterator[str]:

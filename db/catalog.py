@@ -1,8 +1,10 @@
 """Items and ratings: listing, pricing, removing, displaying, searching.
 
 Keywords live twice: as the item's JSON list (returned in order, no extra query)
-and as rows of item_keywords (the search index). Search ranks by matching
-keywords, then item_id, and pages with a cursor over exactly that order.
+and as rows of item_keywords, the search index, which holds items on sale only: an
+item's rows go when it sells out (its quantity never rises again), so ranking runs on
+that index alone. Search ranks by matching keywords, then item_id, and pages with a
+cursor over exactly that order.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from sqlalchemy import (
     Connection,
     Integer,
     bindparam,
+    delete,
     desc,
     func,
     insert,
@@ -106,7 +109,19 @@ def remove_item(tx: Connection, session: Session, item_id: int, quantity: int) -
     if taken != 1:
         left = load_item(tx, item_id).quantity
         raise ConflictError(f"item {item_id}: only {left} on sale, cannot remove {quantity}")
-    return item_to_wire(load_item(tx, item_id))
+    row = load_item(tx, item_id)
+    if row.quantity == 0:
+        unlist(tx, [item_id])
+    return item_to_wire(row)
+
+
+_UNLIST = Prepared(delete(item_keywords).where(item_keywords.c.item_id == bindparam("item_id")))
+
+
+def unlist(tx: Connection, sold_out: Sequence[int]) -> None:
+    """Take sold-out items out of the search index (see the module docstring)."""
+    for item_id in sold_out:
+        _UNLIST.execute(tx, {"item_id": item_id})
 
 
 _SELLER_ITEMS = Prepared(
@@ -174,7 +189,11 @@ def _plain_search(by_category: bool) -> Prepared:
 
 @functools.cache
 def _ranked_search(by_category: bool, after_cursor: bool, keyword_count: int) -> Prepared:
-    """Items on sale with any of the keywords, most matches first, then item_id."""
+    """Items on sale with any of the keywords, most matches first, then item_id.
+
+    The page is ranked and cut on the keyword index alone (integers only, so MariaDB's
+    temporary table stays in memory); only then are its items read and joined.
+    """
     matches = func.count().label("matches")
     ranked = (select(item_keywords.c.item_id, matches)
               .where(item_keywords.c.keyword.in_([bindparam(f"keyword{n}", type_=item_keywords.c.keyword.type)
@@ -182,16 +201,16 @@ def _ranked_search(by_category: bool, after_cursor: bool, keyword_count: int) ->
               .group_by(item_keywords.c.item_id))
     if by_category:
         ranked = ranked.where(item_keywords.c.category == bindparam("category"))
-    ranked_sq = ranked.subquery()
-    on = items.c.quantity > 0
     if after_cursor:
         last_matches: BindParameter[int] = bindparam("last_matches")
-        on &= ((ranked_sq.c.matches < last_matches)
-               | ((ranked_sq.c.matches == last_matches) & (items.c.item_id > bindparam("after"))))
-    found = ranked_sq.join(items, items.c.item_id == ranked_sq.c.item_id)
-    query = with_session(*ITEM_COLUMNS, ranked_sq.c.matches, joined=found, on=on)
-    return Prepared(query.order_by(desc(ranked_sq.c.matches), items.c.item_id)
-                    .limit(bindparam("limit", type_=Integer)))
+        ranked = ranked.having((func.count() < last_matches)
+                               | ((func.count() == last_matches)
+                                  & (item_keywords.c.item_id > bindparam("after"))))
+    page = (ranked.order_by(desc(matches), item_keywords.c.item_id)
+            .limit(bindparam("limit", type_=Integer)).subquery())
+    found = page.join(items, items.c.item_id == page.c.item_id)
+    query = with_session(*ITEM_COLUMNS, page.c.matches, joined=found, on=items.c.quantity > 0)
+    return Prepared(query.order_by(desc(page.c.matches), page.c.item_id))
 
 
 _RATING_FOR_SESSION = Prepared(with_session(

@@ -14,14 +14,14 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, CursorResult, insert, select
+from sqlalchemy import Connection, CursorResult, delete, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from wire.errors import BusyError, UnavailableError
 
 from .engine import PROGRESS_KEY, WRITE_OPTION, is_sqlite, make_engine
-from .schema import SCHEMA_VERSION, metadata, schema_info
+from .schema import SCHEMA_VERSION, item_keywords, items, metadata, schema_info
 
 T = TypeVar("T")
 log = logging.getLogger("market.db")
@@ -95,8 +95,11 @@ class Database:
             try:
                 with self.engine.begin() as conn:
                     metadata.create_all(conn, checkfirst=True)
-                    if conn.execute(select(schema_info.c.version)).first() is None:
+                    version = conn.execute(select(schema_info.c.version)).scalar()
+                    if version is None:
                         conn.execute(insert(schema_info).values(version=SCHEMA_VERSION))
+                    elif version != SCHEMA_VERSION:
+                        _upgrade(conn, version)
                 return
             except (OperationalError, IntegrityError, DBAPIError):
                 if attempt == 4:
@@ -107,6 +110,18 @@ class Database:
     def is_sqlite(self) -> bool:
         """True for the embedded SQLite database."""
         return is_sqlite(self.engine)
+
+
+def _upgrade(conn: Connection, version: int) -> None:
+    """Bring a database made by an earlier version of the schema up to this one."""
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(f"the database has schema version {version}, newer than this code's "
+                           f"{SCHEMA_VERSION}: run a newer version of the marketplace")
+    if version < 2:  # version 2: the search index holds items on sale only
+        conn.execute(delete(item_keywords).where(
+            item_keywords.c.item_id.in_(select(items.c.item_id).where(items.c.quantity == 0))))
+    conn.execute(update(schema_info).values(version=SCHEMA_VERSION))
+    log.info("schema upgraded from version %d to %d", version, SCHEMA_VERSION)
 
 
 def _errno(exc: DBAPIError) -> int | None:

@@ -19,7 +19,7 @@ from wire.errors import ConflictError, ForbiddenError
 from wire.values import decode_cursor, encode_cursor, format_money, format_time
 
 from .accounts import Session
-from .catalog import load_item, split_page
+from .catalog import load_item, split_page, unlist
 from .database import RetryTransaction, now_ms
 from .prepared import Prepared
 from .schema import cart_lines, feedback, items, order_lines, orders, saved_cart_lines, users
@@ -90,8 +90,10 @@ def _take_stock(tx: Connection, item_id: int, quantity: int) -> None:
 
 def _write_lines(tx: Connection, buyer_id: int, order_id: int,
                  quantities: dict[int, int]) -> list[dict[str, Any]]:
-    rows = tx.execute(select(items.c.item_id, items.c.seller_id, items.c.name, items.c.price_cents)
+    rows = tx.execute(select(items.c.item_id, items.c.seller_id, items.c.name, items.c.price_cents,
+                             items.c.quantity)
                       .where(items.c.item_id.in_(quantities)).order_by(items.c.item_id)).all()
+    unlist(tx, [r.item_id for r in rows if r.quantity == 0])
     lines = [{"item_id": r.item_id, "name": r.name, "quantity": quantities[r.item_id],
               "cents": r.price_cents, "seller_id": r.seller_id} for r in rows]
     tx.execute(insert(order_lines), [

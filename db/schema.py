@@ -24,7 +24,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: item_keywords holds items on sale only (Database._upgrade)
 metadata = MetaData()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import pytest
 from conftest import CARD, PASSWORD, Market, running_market
+from sqlalchemy import select
 
+from db.audit import audit
+from db.schema import item_keywords
 from wire.config import Settings
 from wire.errors import (
     BadRequestError,
@@ -33,6 +36,28 @@ def test_search_by_category_and_keywords_ranks_by_matches_then_id(market: Market
     assert ids(keywords=["desk", "light"]) == [two, other_cat, one]
     assert none in ids(category=2) and sold_out not in ids(category=2)
     assert ids(category=9) == []
+
+
+def test_a_sold_out_item_leaves_the_search_index_by_purchase_or_removal(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    bought = market.item(seller, keywords=["gone", "soon"], quantity=1)
+    removed = market.item(seller, keywords=["gone"], quantity=2)
+    kept = market.item(seller, keywords=["soon"], quantity=3)
+
+    def ids(*words: str) -> list[int]:
+        return [i["item_id"] for i in buyer.call("search_items", {"keywords": list(words)})["items"]]
+
+    assert ids("gone", "soon") == [bought, removed, kept]
+    buyer.call("add_to_cart", {"item_id": bought, "quantity": 1})
+    buyer.call("make_purchase", CARD)
+    seller.call("remove_item", {"item_id": removed, "quantity": 1})
+    assert ids("gone", "soon") == [removed, kept]  # one unit left: still listed
+    seller.call("remove_item", {"item_id": removed, "quantity": 1})
+    assert ids("gone", "soon") == [kept]
+    indexed = market.db.run(lambda tx: tx.execute(select(item_keywords.c.item_id).distinct()).scalars().all())
+    assert bought not in indexed and removed not in indexed and kept in indexed
+    assert buyer.call("get_item", {"item_id": bought})["keywords"] == ["gone", "soon"]  # kept on the item
+    assert audit(market.db) == []
 
 
 def test_search_pages_through_the_ranked_order(market: Market) -> None:
