@@ -1,6 +1,7 @@
 """The sans-IO frame decoder: any chunking, strict JSON, limits checked on the header."""
 from __future__ import annotations
 
+import json
 import struct
 
 import pytest
@@ -106,6 +107,30 @@ def test_surrogate_pairs_are_fine() -> None:
     assert decode_body(b'{"a": "\\ud83d\\ude00"}') == {"a": "😀"}
 
 
-def test_encode_refuses_nan() -> None:
-    with pytest.raises(ValueError):
-        encode_frame({"a": float("nan")})
+def test_encode_never_writes_nan_or_infinity() -> None:
+    # NaN and Infinity are not JSON; the protocol has no floats at all (money is a decimal
+    # string), so a stray one is written as null rather than as an invalid token
+    frame = encode_frame({"a": float("nan"), "b": float("inf")})
+    assert decode_body(frame[4:]) == {"a": None, "b": None}
+
+
+def test_encode_matches_the_standard_librarys_compact_utf8() -> None:
+    message = {"id": "é-1", "ok": True, "result": {"items": [{"name": "naïve 🛒", "n": 2**62}], "c": None}}
+    expected = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+    assert encode_frame(message)[4:] == expected
+
+
+@pytest.mark.parametrize("body", [b"[1]", b"{", b'{"a": NaN}', b"\xff"])
+def test_the_trusting_decoder_still_wants_one_json_object(body: bytes) -> None:
+    decoder = FrameDecoder(strict=False)
+    decoder.feed(len(body).to_bytes(4, "big") + body)
+    with pytest.raises(BadFrameError):
+        decoder.next_message()
+
+
+def test_the_trusting_decoder_reads_what_the_strict_one_reads() -> None:
+    frame = encode_frame({"id": 1, "ok": True, "result": {"items": [{"a": "😀"}], "next_cursor": None}})
+    strict, trusting = FrameDecoder(), FrameDecoder(strict=False)
+    for decoder in (strict, trusting):
+        decoder.feed(frame)
+    assert strict.next_message() == trusting.next_message()

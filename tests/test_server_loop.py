@@ -37,9 +37,10 @@ class _NoSessions:
 
 
 def tiny_app() -> App:
-    specs = {name: OpSpec(name, public=True) for name in ("ping", "boom", "slow")}
+    specs = {name: OpSpec(name, public=True) for name in ("ping", "boom", "slow", "unencodable")}
     specs["private"] = OpSpec("private")
-    handlers = {"ping": lambda: {"pong": True}, "boom": _boom, "slow": _slow, "private": _boom}
+    handlers = {"ping": lambda: {"pong": True}, "boom": _boom, "slow": _slow, "private": _boom,
+                "unencodable": lambda: {"text": "\udc80 lone surrogate"}}
     return App(specs, handlers, _NoSessions())
 
 
@@ -159,6 +160,20 @@ def test_internal_errors_leak_nothing_and_are_logged(serve: Any, caplog: Any) ->
     assert "hunter2" in caplog.text and "Traceback" in caplog.text
     sock.sendall(encode_frame({"id": 10, "op": "ping"}))
     assert read_messages(sock, 1)[0]["ok"]
+
+
+def test_an_answer_that_cannot_be_json_is_internal_and_the_connection_lives(serve: Any) -> None:
+    sock = raw(serve())
+    sock.sendall(encode_frame({"id": 1, "op": "unencodable"}) + encode_frame({"id": 2, "op": "ping"}))
+    first, second = read_messages(sock, 2)
+    assert (first["id"], first["error"]["code"]) == (1, "INTERNAL")
+    assert (second["id"], second["ok"]) == (2, True)
+
+
+def test_an_id_beyond_64_bits_comes_back_exactly(serve: Any) -> None:
+    sock = raw(serve())
+    sock.sendall(encode_frame({"id": 10**30, "op": "ping"}))
+    assert read_messages(sock, 1)[0]["id"] == 10**30
 
 
 def test_over_the_connection_limit_a_client_gets_busy_and_is_closed(serve: Any) -> None:

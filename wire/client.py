@@ -37,7 +37,7 @@ class Connection:
         self.token: str | None = None
         self.reconnects = 0  # new sockets opened after the first
         self._sock: socket.socket | None = None
-        self._decoder = FrameDecoder(max_frame)
+        self._decoder = FrameDecoder(max_frame, strict=False)
         self._next_id = 0
         self._used = False  # connected before: a new socket counts as a reconnect
 
@@ -56,7 +56,7 @@ class Connection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_hostname=self.host)
-            self._sock, self._decoder = sock, FrameDecoder(self.max_frame)
+            self._sock, self._decoder = sock, FrameDecoder(self.max_frame, strict=False)
             self.reconnects += self._used
             self._used = True
 

@@ -50,17 +50,17 @@ class ServerLimits:
     threads: int = 16
 
 
-def respond(app: App, message: dict[str, Any] | ProtocolError) -> dict[str, Any]:
-    """The response to one decoded message (or to a framing error), never raising."""
+def respond(app: App, message: dict[str, Any] | ProtocolError) -> bytes:
+    """The framed response to one decoded message (or to a framing error), never raising."""
     if isinstance(message, ProtocolError):
-        return error_response(None, message)
+        return encode_frame(error_response(None, message))
     try:
-        return app.handle(message)
+        return encode_frame(app.handle(message))
     except ProtocolError as exc:
-        return error_response(request_id(message), exc)
+        return encode_frame(error_response(request_id(message), exc))
     except Exception:
         log.exception("internal error serving op %r", message.get("op"))
-        return error_response(request_id(message), InternalError())
+        return encode_frame(error_response(request_id(message), InternalError()))
 
 
 class _WorkerPool:
@@ -353,12 +353,12 @@ class Server:
         elif not conn.reading:
             self._call_soon(lambda: self._resume_reading(conn))
 
-    def _send(self, conn: _Connection, response: dict[str, Any]) -> bool:
+    def _send(self, conn: _Connection, frame: bytes) -> bool:
         try:
             if conn.tls is not None:
-                conn.tls.send(conn.sock, encode_frame(response))
+                conn.tls.send(conn.sock, frame)
             else:
-                conn.sock.sendall(encode_frame(response))
+                conn.sock.sendall(frame)
             return True
         except OSError:
             conn.closing = True
