@@ -15,6 +15,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ def measure(addresses: dict[str, tuple[str, int]], seller_id: int, last_item: in
             rng: random.Random) -> dict[str, list[float]]:
     """Seconds per call for each read op."""
     buyer, seller = Connection(*addresses["buyer"]), Connection(*addresses["seller"])
-    name = f"reader{rng.randrange(10**9)}"
+    name = f"reader{uuid.uuid4().hex[:12]}"  # new each run: --no-seed may measure a database again
     buyer.call("create_account", {"username": name, "password": SEED_PASSWORD, "name": "Reader"})
     buyer.token = buyer.call("login", {"username": name, "password": SEED_PASSWORD})["token"]
     seller.token = seller.call("login", {"username": f"seed{seller_id}", "password": SEED_PASSWORD})["token"]
