@@ -232,17 +232,17 @@ class SessionGate:
     def run(self, token: str, write: bool, work: Callable[[Connection, Session], T]) -> T:
         """`work(tx, session)` for the token's live session, else UNAUTHENTICATED.
 
-        A write checks the token first (and writes last-seen in its transaction); a read
-        may fold the check into its own query. Either way no answer, error or not, leaves
-        before the token was checked: UNAUTHENTICATED comes before every other error.
+        The token is checked at the op's first use of the session, or folded into its
+        first query (with_session); a write also writes last-seen in its transaction.
+        Either way no answer, error or not, leaves before the token was checked, and a
+        write found unauthenticated rolls back: UNAUTHENTICATED comes before every other
+        error.
         """
         sessions_seen: list[Session] = []
 
         def transaction(tx: Connection) -> T:
             session = Session(tx, self.role, token, self.policy, touch=write)
             sessions_seen.append(session)
-            if write:
-                session.require()
             try:
                 result = work(tx, session)
             except ProtocolError:

@@ -10,13 +10,12 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, insert, literal, select, update
 
-from wire.errors import ConflictError
+from wire.errors import ConflictError, NotFoundError
 from wire.values import format_money
 
-from .accounts import Session
-from .catalog import load_item
+from .accounts import Session, with_session
 from .prepared import Prepared
-from .schema import cart_lines, items, saved_cart_lines
+from .schema import cart_lines, items, saved_cart_lines, sessions
 
 _SESSION = cart_lines.c.session_id == bindparam("session_id")
 _LINE = _SESSION & (cart_lines.c.item_id == bindparam("item_id"))
@@ -45,10 +44,19 @@ def _in_cart(tx: Connection, session: Session, item_id: int) -> int:
     return _IN_CART.scalar(tx, {"session_id": session.session_id, "item_id": item_id}) or 0
 
 
+_STOCK_AND_HELD = Prepared(
+    with_session(items.c.quantity, cart_lines.c.quantity.label("held"), joined=items,
+                 on=items.c.item_id == bindparam("item_id"))
+    .outerjoin(cart_lines, (cart_lines.c.session_id == sessions.c.session_id)
+               & (cart_lines.c.item_id == items.c.item_id)))
+
+
 def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
     """Add units of an item; CONFLICT when the cart would hold more than is on sale."""
-    available = load_item(tx, item_id).quantity
-    held = _in_cart(tx, session, item_id)
+    rows = session.accept_rows(_STOCK_AND_HELD.all(tx, {**session.check_params, "item_id": item_id}))
+    if not rows:
+        raise NotFoundError(f"no item {item_id}")
+    available, held = rows[0].quantity, rows[0].held or 0
     if held + quantity > available:
         raise ConflictError(f"item {item_id}: only {available} left"
                             + (f", {held} already in your cart" if held else ""))

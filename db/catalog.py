@@ -80,11 +80,18 @@ def load_item(tx: Connection, item_id: int) -> ItemRow:
     return row
 
 
+_OWN_ITEM = Prepared(with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
+                     .with_for_update())
+
+
 def _own_item(tx: Connection, session: Session, item_id: int) -> ItemRow:
-    row = load_item(tx, item_id)
-    if row.seller_id != session.user_id:
+    """One of the caller's items, locked until the transaction ends (the token check folded in)."""
+    rows = session.accept_rows(_OWN_ITEM.all(tx, {**session.check_params, "item_id": item_id}))
+    if not rows:
+        raise NotFoundError(f"no item {item_id}")
+    if rows[0].seller_id != session.user_id:
         raise ForbiddenError(f"item {item_id} belongs to another seller")
-    return row
+    return rows[0]
 
 
 _SET_PRICE = Prepared(update(items).where(items.c.item_id == bindparam("item_id"))
@@ -97,22 +104,19 @@ _REMOVE = Prepared(update(items)
 
 def change_price(tx: Connection, session: Session, item_id: int, price: int) -> dict[str, Any]:
     """Set a new price on one of the seller's items."""
-    _own_item(tx, session, item_id)
+    row = _own_item(tx, session, item_id)
     _SET_PRICE.execute(tx, {"item_id": item_id, "price": price})
-    return item_to_wire(load_item(tx, item_id))
+    return {**item_to_wire(row), "price": format_money(price)}  # the row is locked: nothing else moved
 
 
 def remove_item(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
     """Take units of one of the seller's items off sale."""
-    _own_item(tx, session, item_id)
-    taken = _REMOVE.execute(tx, {"item_id": item_id, "n": quantity}).rowcount
-    if taken != 1:
-        left = load_item(tx, item_id).quantity
-        raise ConflictError(f"item {item_id}: only {left} on sale, cannot remove {quantity}")
-    row = load_item(tx, item_id)
-    if row.quantity == 0:
+    row = _own_item(tx, session, item_id)
+    if row.quantity < quantity or _REMOVE.execute(tx, {"item_id": item_id, "n": quantity}).rowcount != 1:
+        raise ConflictError(f"item {item_id}: only {row.quantity} on sale, cannot remove {quantity}")
+    if row.quantity == quantity:
         unlist(tx, [item_id])
-    return item_to_wire(row)
+    return {**item_to_wire(row), "quantity": row.quantity - quantity}
 
 
 _UNLIST = Prepared(delete(item_keywords).where(item_keywords.c.item_id == bindparam("item_id")))

@@ -4,12 +4,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import PASSWORD, Market, running_market, unique_name
+from conftest import CARD, PASSWORD, Market, running_market, unique_name
 from sqlalchemy import select
 
 from db import Database
 from db.accounts import token_hash
-from db.schema import sessions, users
+from db.schema import cart_lines, feedback, item_keywords, items, orders, saved_cart_lines, sessions, users
 from wire.config import Settings
 from wire.errors import BadRequestError, ConflictError, NotFoundError, UnauthenticatedError
 
@@ -199,3 +199,36 @@ def test_a_folded_read_sees_an_expired_session(database: Database, role: str, op
         time.sleep(1.2)
         with pytest.raises(UnauthenticatedError, match="expired"):
             user.call(op, args)
+
+
+WRITES = [  # (role, op, args); ITEM is replaced by a real item of another seller's
+    ("seller", "put_item", {"name": "Lamp", "category": 1, "keywords": ["x"], "condition": "new",
+                            "price": "1.00", "quantity": 1}),
+    ("seller", "change_price", {"item_id": "ITEM", "price": "2.00"}),
+    ("seller", "remove_item", {"item_id": "ITEM", "quantity": 1}),
+    ("buyer", "add_to_cart", {"item_id": "ITEM", "quantity": 1}),
+    ("buyer", "remove_from_cart", {"item_id": "ITEM", "quantity": 1}),
+    ("buyer", "make_purchase", CARD), ("buyer", "provide_feedback", {"item_id": "ITEM", "vote": "up"}),
+    ("buyer", "save_cart", {}), ("buyer", "clear_cart", {}),
+]
+
+
+@pytest.mark.parametrize(("role", "op", "args"), WRITES)
+def test_a_write_with_a_dead_token_is_unauthenticated_and_changes_nothing(
+        market: Market, role: str, op: str, args: dict[str, object]) -> None:
+    seller = market.user("seller")
+    item = market.item(seller, quantity=3)
+    shopper = market.user("buyer")
+    shopper.call("add_to_cart", {"item_id": item, "quantity": 1})
+    caller = seller if role == "seller" else shopper
+    caller.call("logout")
+    before = _snapshot(market)
+    with pytest.raises(UnauthenticatedError):
+        caller.call(op, {k: item if v == "ITEM" else v for k, v in args.items()})
+    assert _snapshot(market) == before
+
+
+def _snapshot(market: Market) -> list[object]:
+    tables = (items, item_keywords, cart_lines, saved_cart_lines, orders, feedback, sessions)
+    return market.db.run(lambda tx: [sorted(map(tuple, tx.execute(select(t)).all())) for t in tables],
+                         write=False)

@@ -14,10 +14,11 @@ from sqlalchemy import select, text
 
 from db import Database
 from db.accounts import _SESSION_BY_TOKEN
-from db.carts import _CART
+from db.carts import _CART, _STOCK_AND_HELD
 from db.catalog import (
     _ITEM_BY_ID,
     _ITEM_FOR_SESSION,
+    _OWN_ITEM,
     _RATING_FOR_SESSION,
     _SELLER_ITEMS,
     _plain_search,
@@ -42,7 +43,8 @@ STATEMENTS = {
     "search keywords": _ranked_search(False, False, 2),
     "search keywords+category": _ranked_search(True, False, 2),
     "search keywords, next page": _ranked_search(True, True, 2), "display_cart": _CART,
-    "token check": _SESSION_BY_TOKEN, "purchase history": _HISTORY, "login backoff": _FAILURES,
+    "token check": _SESSION_BY_TOKEN, "own item (change_price, remove_item)": (_OWN_ITEM, SELLER),
+    "add_to_cart": _STOCK_AND_HELD, "purchase history": _HISTORY, "login backoff": _FAILURES,
 }
 
 
