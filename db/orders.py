@@ -9,7 +9,7 @@ second purchase with the same key waits for the first, then replays its answer.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Integer, and_, bindparam, delete, insert, select, update
@@ -28,9 +28,15 @@ from .schema import cart_lines, feedback, items, order_lines, orders, saved_cart
 Charge = Callable[[int, str, str, str, str | None], None]
 
 
-_CART_LINES = Prepared(select(cart_lines.c.item_id, cart_lines.c.quantity)
+# The cart with its items' sellers, names, prices and stock, locked (in item order, as the
+# stock updates take them) so that what the order records is exact.
+_CART_LINES = Prepared(select(cart_lines.c.item_id, cart_lines.c.quantity, items.c.seller_id, items.c.name,
+                              items.c.price_cents, items.c.quantity.label("available"))
+                       .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
                        .where(cart_lines.c.session_id == bindparam("session_id"))
-                       .order_by(cart_lines.c.item_id))
+                       .order_by(cart_lines.c.item_id).with_for_update())
+_ADD_SOLD = Prepared(update(users).where(users.c.user_id == bindparam("seller_id"))
+                     .values(items_sold=users.c.items_sold + bindparam("n")))
 _NEW_ORDER = Prepared(insert(orders).values(buyer_id=bindparam("buyer_id"), total_cents=0,
                                             idempotency_key=bindparam("key"), created_ms=bindparam("now")))
 _TAKE_STOCK = Prepared(update(items)
@@ -65,7 +71,7 @@ def make_purchase(tx: Connection, session: Session, card_name: str, card_number:
         raise ConflictError("your cart is empty")
     for line in cart:
         _take_stock(tx, line.item_id, line.quantity)
-    lines = _write_lines(tx, session.user_id, order_id, {ln.item_id: ln.quantity for ln in cart})
+    lines = _write_lines(tx, session.user_id, order_id, cart)
     total = sum(line["cents"] * line["quantity"] for line in lines)
     _SET_TOTAL.execute(tx, {"order_id": order_id, "total": total})
     charge(total, card_name, card_number, card_expiry, idempotency_key)
@@ -89,13 +95,10 @@ def _take_stock(tx: Connection, item_id: int, quantity: int) -> None:
 
 
 def _write_lines(tx: Connection, buyer_id: int, order_id: int,
-                 quantities: dict[int, int]) -> list[dict[str, Any]]:
-    rows = tx.execute(select(items.c.item_id, items.c.seller_id, items.c.name, items.c.price_cents,
-                             items.c.quantity)
-                      .where(items.c.item_id.in_(quantities)).order_by(items.c.item_id)).all()
-    unlist(tx, [r.item_id for r in rows if r.quantity == 0])
-    lines = [{"item_id": r.item_id, "name": r.name, "quantity": quantities[r.item_id],
-              "cents": r.price_cents, "seller_id": r.seller_id} for r in rows]
+                 cart: Sequence[Any]) -> list[dict[str, Any]]:
+    """The order's lines, each seller's units sold, and the search index of what sold out."""
+    lines = [{"item_id": ln.item_id, "name": ln.name, "quantity": ln.quantity, "cents": ln.price_cents,
+              "seller_id": ln.seller_id} for ln in cart]
     tx.execute(insert(order_lines), [
         {"order_id": order_id, "item_id": ln["item_id"], "buyer_id": buyer_id,
          "seller_id": ln["seller_id"], "name": ln["name"], "quantity": ln["quantity"],
@@ -104,8 +107,8 @@ def _write_lines(tx: Connection, buyer_id: int, order_id: int,
     for ln in lines:
         sold[ln["seller_id"]] += ln["quantity"]
     for seller_id in sorted(sold):
-        tx.execute(update(users).where(users.c.user_id == seller_id)
-                   .values(items_sold=users.c.items_sold + sold[seller_id]))
+        _ADD_SOLD.execute(tx, {"seller_id": seller_id, "n": sold[seller_id]})
+    unlist(tx, [ln.item_id for ln in cart if ln.available == ln.quantity])  # the last units went
     return lines
 
 

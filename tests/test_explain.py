@@ -25,7 +25,7 @@ from db.catalog import (
     _ranked_search,
 )
 from db.login_throttle import _FAILURES
-from db.orders import _HISTORY
+from db.orders import _CART_LINES, _HISTORY
 from db.schema import items, login_failures, metadata, sessions
 from db.seed import seed
 
@@ -44,7 +44,8 @@ STATEMENTS = {
     "search keywords+category": _ranked_search(True, False, 2),
     "search keywords, next page": _ranked_search(True, True, 2), "display_cart": _CART,
     "token check": _SESSION_BY_TOKEN, "own item (change_price, remove_item)": (_OWN_ITEM, SELLER),
-    "add_to_cart": _STOCK_AND_HELD, "purchase history": _HISTORY, "login backoff": _FAILURES,
+    "add_to_cart": _STOCK_AND_HELD, "make_purchase's cart": _CART_LINES, "purchase history": _HISTORY,
+    "login backoff": _FAILURES,
 }
 
 
