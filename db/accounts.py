@@ -44,7 +44,6 @@ class LiveSession:
 
     session_id: int
     user_id: int
-    role: str
     stale: bool = False  # last-seen time is due to be written
 
 
@@ -172,7 +171,7 @@ class Session:
     """
 
     def __init__(self, tx: Connection, role: str, token: str, policy: SessionPolicy, touch: bool) -> None:
-        self.role, self._tx, self._policy, self._touch = role, tx, policy, touch
+        self._tx, self._policy, self._touch = tx, policy, touch
         self.check_params = {"token_hash": token_hash(token), "role": role}
         self.live: LiveSession | None = None
 
@@ -212,7 +211,7 @@ class Session:
                 now - row.session_created_ms > self._policy.max_s * 1000:
             raise UnauthenticatedError("session expired; log in again")
         stale = idle_ms >= self._policy.touch_interval_ms
-        self.live = LiveSession(row.session_id, row.session_user_id, self.role, stale and not self._touch)
+        self.live = LiveSession(row.session_id, row.session_user_id, stale and not self._touch)
         if stale and self._touch:
             touch_session(self._tx, self.live)
         return self.live

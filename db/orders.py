@@ -70,7 +70,7 @@ def make_purchase(tx: Connection, session: Session, card_name: str, card_number:
     if not cart:
         raise ConflictError("your cart is empty")
     for line in cart:
-        _take_stock(tx, line.item_id, line.quantity)
+        _take_stock(tx, line)
     lines = _write_lines(tx, session.user_id, order_id, cart)
     total = sum(line["cents"] * line["quantity"] for line in lines)
     _SET_TOTAL.execute(tx, {"order_id": order_id, "total": total})
@@ -87,11 +87,11 @@ def _insert_order(tx: Connection, buyer_id: int, key: str | None) -> int:
         raise RetryTransaction from None  # the same key has just committed: replay it
 
 
-def _take_stock(tx: Connection, item_id: int, quantity: int) -> None:
-    taken = _TAKE_STOCK.execute(tx, {"item_id": item_id, "n": quantity})
-    if taken.rowcount != 1:
-        left = load_item(tx, item_id).quantity
-        raise ConflictError(f"item {item_id}: only {left} left")
+def _take_stock(tx: Connection, line: Any) -> None:
+    """Take a cart line's units; its item row is locked, so `available` is exact."""
+    if line.quantity > line.available or \
+            _TAKE_STOCK.execute(tx, {"item_id": line.item_id, "n": line.quantity}).rowcount != 1:
+        raise ConflictError(f"item {line.item_id}: only {line.available} left")
 
 
 def _write_lines(tx: Connection, buyer_id: int, order_id: int,
