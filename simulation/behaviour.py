@@ -87,6 +87,8 @@ class Actor:
             expected = isinstance(exc, ConflictError) and call.op in EXPECTED_CONFLICTS
             return Outcome("conflict" if expected else exc.code, latency, error=exc)
         except OSError as exc:
+            if call.op == "login":  # as a shopper would: log in again, or every call after fails
+                self.pending.appendleft(call)
             return Outcome("CONNECTION", time.perf_counter() - start, error=exc)
         latency = time.perf_counter() - start
         if call.op == "login":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import os
+import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,9 @@ from sqlalchemy import text
 import simulation.__main__ as sim
 from db import Database
 from db.audit import AckedOrder, audit
+from simulation.behaviour import make_actor
 from simulation.mixes import DEFAULT
+from wire import Connection
 
 SMALL = ["--users", "2", "--calls", "20", "--repeats", "1", "--no-progress"]
 SQLITE_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -117,3 +121,14 @@ def test_locust_headless_run_reports_every_op_without_failures(market: Market, t
     every_op = {*DEFAULT.buyer, *DEFAULT.seller, "login"}  # (importing locust here would patch threads)
     assert every_op <= set(stats), sorted(every_op - set(stats))
     assert stats["Aggregated"]["Failure Count"] == "0", done.stderr[-3000:]
+
+
+def test_a_login_lost_to_a_dropped_connection_is_tried_again() -> None:
+    with socket.socket() as sock:  # a port with nothing listening: the connection is refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    seller = make_actor("seller", "lost", random.Random(1))
+    login = seller.setup_calls()[1]
+    outcome = seller.perform(Connection("127.0.0.1", port, timeout=2), login)
+    assert outcome.kind == "CONNECTION"
+    assert seller.next_call("ping") == login
