@@ -5,10 +5,15 @@ A transaction is a plain function of a SQLAlchemy Connection; `Database.run` cal
 it inside BEGIN ... COMMIT (a read runs statement by statement, without one) and
 calls it again (a bounded number of times) when the database asks for a retry, so
 the function must do all its work through `tx`.
+
+The Connections themselves stay open between calls (`_Connections`): opening one per
+call (a pool checkout, its events and a return) cost about 100 Python function calls,
+more than the rest of a write's transaction handling.
 """
 from __future__ import annotations
 
 import logging
+import queue
 import random
 import time
 from collections.abc import Callable
@@ -20,7 +25,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from wire.errors import BusyError, UnavailableError
 
-from .engine import PROGRESS_KEY, WRITE_OPTION, is_sqlite, make_engine
+from .engine import PROGRESS_KEY, WRITE_KEY, is_sqlite, make_engine
 from .schema import SCHEMA_VERSION, item_keywords, items, metadata, schema_info
 
 T = TypeVar("T")
@@ -28,6 +33,7 @@ log = logging.getLogger("market.db")
 MAX_ATTEMPTS = 8
 _RETRY_ERRNOS = {1205, 1213}  # lock wait timeout, deadlock (Galera certification failures too)
 _UNAVAILABLE_ERRNOS = {1040, 1053, 2002, 2003, 2005, 2006, 2013, 2055}
+_OPENED_KEY = "market_opened"  # connection info: when its Connection was opened (monotonic)
 
 
 class RetryTransaction(Exception):
@@ -52,9 +58,11 @@ class Database:
     def __init__(self, url: str, pool_size: int = 16) -> None:
         self.url = url
         self.engine = make_engine(url, pool_size)
+        self._connections = _Connections(self.engine, pool_size)
 
     def close(self) -> None:
         """Close every pooled connection."""
+        self._connections.close()
         self.engine.dispose()
 
     def run(self, work: Callable[[Connection], T], *, write: bool = True) -> T:
@@ -70,6 +78,8 @@ class Database:
             except PoolTimeoutError:
                 raise BusyError("every database connection is in use; try again") from None
             except DBAPIError as exc:
+                if exc.connection_invalidated:  # the database restarted, most likely: all died
+                    self._connections.retire_all()
                 if exc.connection_invalidated and progress[0] == 0 and attempt == 0:
                     continue  # a pooled connection had died (say, a database restart): nothing ran yet
                 if _is_unavailable(exc):
@@ -81,25 +91,27 @@ class Database:
         raise BusyError("the database is too busy to finish this; nothing was changed")
 
     def _run_once(self, work: Callable[[Connection], T], write: bool, progress: list[int]) -> T:
-        with self.engine.connect() as conn:
-            conn.info[PROGRESS_KEY] = progress
-            conn.execution_options(**{WRITE_OPTION: write})
+        conn = self._connections.take()
+        try:
+            info = conn.info
+            info[PROGRESS_KEY] = progress
+            info[WRITE_KEY] = write
             if not write:  # statement by statement: each sees the latest committed data
-                return work(conn)
+                try:
+                    return work(conn)
+                finally:
+                    if conn.in_transaction():  # SQLAlchemy's autobegin (a no-op on MySQL)
+                        conn.rollback()
             with conn.begin():
                 return work(conn)
+        finally:
+            self._connections.give(conn)
 
     def create_schema(self) -> None:
         """Create missing tables; safe when several servers start at once."""
         for attempt in range(5):
             try:
-                with self.engine.begin() as conn:
-                    metadata.create_all(conn, checkfirst=True)
-                    version = conn.execute(select(schema_info.c.version)).scalar()
-                    if version is None:
-                        conn.execute(insert(schema_info).values(version=SCHEMA_VERSION))
-                    elif version != SCHEMA_VERSION:
-                        _upgrade(conn, version)
+                self._run_once(_create_or_upgrade, True, [0])
                 return
             except (OperationalError, IntegrityError, DBAPIError):
                 if attempt == 4:
@@ -110,6 +122,78 @@ class Database:
     def is_sqlite(self) -> bool:
         """True for the embedded SQLite database."""
         return is_sqlite(self.engine)
+
+
+def _create_or_upgrade(conn: Connection) -> None:
+    metadata.create_all(conn, checkfirst=True)
+    version = conn.execute(select(schema_info.c.version)).scalar()
+    if version is None:
+        conn.execute(insert(schema_info).values(version=SCHEMA_VERSION))
+    elif version != SCHEMA_VERSION:
+        _upgrade(conn, version)
+
+
+class _Connections:
+    """Open Connections kept between calls, at most `size`, each holding a pooled one.
+
+    A slot is a Connection ready for use or None (open a new one when taken). One that
+    was invalidated (its database connection died) is closed when given back; one
+    older than the engine's recycle time, or opened before retire_all, is replaced
+    when taken, as the pool would.
+    """
+
+    def __init__(self, engine: Any, size: int, timeout_s: float = 10.0) -> None:
+        self._engine, self._timeout_s = engine, timeout_s
+        self._recycle_s = engine.pool._recycle if engine.pool._recycle > 0 else float("inf")
+        self._retired_before = 0.0
+        self._slots: queue.SimpleQueue[Connection | None] = queue.SimpleQueue()
+        for _ in range(size):
+            self._slots.put(None)
+
+    def take(self) -> Connection:
+        """A Connection for one call; BUSY if none is free within the timeout."""
+        try:
+            conn = self._slots.get(timeout=self._timeout_s)
+        except queue.Empty:
+            raise BusyError("every database connection is in use; try again") from None
+        if conn is not None:
+            opened = conn.info[_OPENED_KEY]
+            if opened > self._retired_before and time.monotonic() - opened < self._recycle_s:
+                return conn
+            conn.close()
+        try:
+            conn = self._engine.connect()
+        except BaseException:
+            self._slots.put(None)
+            raise
+        conn.info[_OPENED_KEY] = time.monotonic()
+        return conn
+
+    def give(self, conn: Connection) -> None:
+        """Return a Connection taken for a call that has ended (committed or rolled back)."""
+        if conn.invalidated or conn.in_transaction():
+            conn.close()
+            self._slots.put(None)
+        else:
+            self._slots.put(conn)
+
+    def retire_all(self) -> None:
+        """Replace every Connection open now at its next use (one found its connection dead)."""
+        self._retired_before = time.monotonic()
+
+    def close(self) -> None:
+        """Close the Connections that are not in use (their slots stay, to open anew)."""
+        drained = 0
+        while True:
+            try:
+                conn = self._slots.get_nowait()
+            except queue.Empty:
+                break
+            drained += 1
+            if conn is not None:
+                conn.close()
+        for _ in range(drained):
+            self._slots.put(None)
 
 
 def _upgrade(conn: Connection, version: int) -> None:

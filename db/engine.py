@@ -4,9 +4,10 @@ SQLite: WAL, a busy timeout, and transactions begun by us so that writers take t
 write lock up front (BEGIN IMMEDIATE) instead of failing to upgrade half-way.
 MySQL/MariaDB: mysql-connector-python's C extension, utf8mb4 with binary collation
 (text comes back exactly as sent), autocommit reads and READ COMMITTED write
-transactions, a pool the size of the worker
-pool, and recycling; a restarted database is survived by retrying a call whose first
-statement found its pooled connection dead (Database.run).
+transactions, a pool the size of the worker pool (Database keeps that many open
+between calls; the overflow serves anything else using the engine), and recycling;
+a restarted database is survived by retrying a call whose first statement found its
+pooled connection dead (Database.run).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ try:  # the C extension of mysql-connector-python (pinned to a version whose ext
 except ImportError:  # pragma: no cover - then MySQL URLs fail at connect with a clear error
     CMySQLConnection = object  # type: ignore[misc,assignment]
 
-WRITE_OPTION = "market_write"  # execution option: this transaction writes
+WRITE_KEY = "market_write"  # connection info: the current call writes
 PROGRESS_KEY = "market_progress"  # connection info: [statements run] in the current call
 _MYSQL_DRIVER = "mysql+mysqlconnector"
 
@@ -77,7 +78,7 @@ def _sqlite_engine(url: str, pool_size: int) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        writes = conn.get_execution_options().get(WRITE_OPTION, True)
+        writes = conn.info.get(WRITE_KEY, True)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
 
     return engine
@@ -86,7 +87,7 @@ def _sqlite_engine(url: str, pool_size: int) -> Engine:
 def _mysql_engine(url: Any, pool_size: int) -> Engine:
     engine = create_engine(
         url,
-        pool_size=pool_size, max_overflow=0, pool_timeout=10, pool_recycle=1800,
+        pool_size=pool_size, max_overflow=pool_size, pool_timeout=10, pool_recycle=1800,
         # No pre-ping: a ping is a round trip per call. A connection found dead by a call's
         # first statement (nothing has run yet) is retried once on a fresh one instead.
         pool_pre_ping=False,
@@ -108,7 +109,7 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        if conn.get_execution_options().get(WRITE_OPTION, True):
+        if conn.info.get(WRITE_KEY, True):
             # straight to the driver: SQLAlchemy's exec_driver_sql cost 40 µs of CPU here
             try:
                 conn.connection.driver_connection.run_plain(b"START TRANSACTION")  # type: ignore[union-attr]

@@ -1,6 +1,9 @@
 """The engine factory: the MySQL driver is the C extension, and the dialect settings hold."""
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import mysql.connector
 import pytest
 from sqlalchemy import bindparam, insert, select, text, update
@@ -10,6 +13,7 @@ from db import Database
 from db.engine import _QuietConnection, _template
 from db.prepared import Prepared
 from db.schema import login_failures
+from wire.errors import BusyError
 
 
 def test_mysql_runs_on_the_c_extension(database: Database) -> None:
@@ -71,3 +75,59 @@ def test_row_counts_and_new_ids_come_back(database: Database) -> None:
 def test_a_literal_percent_sign_is_refused_rather_than_guessed() -> None:
     with pytest.raises(ValueError, match="outside a placeholder"):
         _template("SELECT 1 FROM t WHERE name LIKE 'a%%'")
+
+
+# -- Connections stay open between calls (Database's _Connections) -----------------------------
+
+def _driver_id(tx: Any) -> int:
+    return id(tx.connection.driver_connection)
+
+
+def test_calls_reuse_open_connections_up_to_the_pool_size(db_url: str) -> None:
+    database = Database(db_url, pool_size=2)
+    try:
+        seen = {database.run(_driver_id, write=n % 2 == 0) for n in range(20)}
+        assert len(seen) == 2  # two slots, each opened once, reads and writes alike
+        database.close()
+        assert database.run(_driver_id, write=False) not in seen  # close() keeps the slots usable
+    finally:
+        database.close()
+
+
+def test_a_dead_connection_retires_every_open_one(db_url: str) -> None:
+    database = Database(db_url, pool_size=2)
+
+    def opened(tx: Any) -> float:  # when the Connection the call ran on was opened
+        return float(tx.info["market_opened"])
+
+    try:
+        before = {database.run(opened) for _ in range(4)}
+        database._connections.retire_all()  # what Database.run does when one is found dead
+        after = {database.run(opened) for _ in range(4)}
+        assert len(before) == len(after) == 2 and min(after) > max(before)
+    finally:
+        database.close()
+
+
+def test_a_call_waits_for_a_free_connection_then_says_busy(db_url: str) -> None:
+    database = Database(db_url, pool_size=1)
+    database._connections = type(database._connections)(database.engine, 1, timeout_s=0.2)
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold(tx: Any) -> None:
+        held.set()
+        release.wait(5)
+
+    holder = threading.Thread(target=database.run, args=(hold,), kwargs={"write": False})
+    holder.start()
+    try:
+        assert held.wait(5)
+        with pytest.raises(BusyError):
+            database.run(lambda tx: None, write=False)
+    finally:
+        release.set()
+        holder.join()
+    assert database.run(lambda tx: 1, write=False) == 1  # the slot came back
+    database.close()
+
