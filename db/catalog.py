@@ -30,8 +30,8 @@ from wire.errors import ConflictError, ForbiddenError, NotFoundError
 from wire.values import decode_cursor, encode_cursor, format_money
 
 from .accounts import Session, with_session
-from .database import inserted_id, now_ms
-from .prepared import Prepared
+from .database import now_ms
+from .prepared import Prepared, PreparedRows
 from .schema import item_keywords, items, sessions, users
 
 ItemRow = Any  # a Row with ITEM_COLUMNS (SQLAlchemy types rows by column count)
@@ -56,16 +56,22 @@ def split_page(rows: Sequence[Any], limit: int, cursor_of: Any) -> tuple[Sequenc
     return rows, cursor_of(rows[-1])
 
 
+_NEW_ITEM = Prepared(insert(items).values(
+    seller_id=bindparam("seller_id"), name=bindparam("name"), category=bindparam("category"),
+    keywords=bindparam("keywords"), item_condition=bindparam("condition"), price_cents=bindparam("price"),
+    quantity=bindparam("quantity"), listed=bindparam("quantity"), created_ms=bindparam("now")))
+_INDEX_KEYWORDS = PreparedRows(item_keywords, ("keyword", "item_id", "category"))
+
+
 def put_item(tx: Connection, session: Session, name: str, category: int, keywords: list[str],
              condition: str, price: int, quantity: int) -> dict[str, Any]:
     """List a new item for sale."""
-    item_id = inserted_id(tx.execute(insert(items).values(
-        seller_id=session.user_id, name=name, category=category, keywords=json.dumps(keywords),
-        item_condition=condition, price_cents=price, quantity=quantity, listed=quantity,
-        created_ms=now_ms())))
+    item_id = int(_NEW_ITEM.execute(tx, {
+        "seller_id": session.user_id, "name": name, "category": category, "keywords": json.dumps(keywords),
+        "condition": condition, "price": price, "quantity": quantity, "now": now_ms()}).lastrowid)
     if keywords:
-        tx.execute(insert(item_keywords),
-                   [{"keyword": k, "item_id": item_id, "category": category} for k in keywords])
+        _INDEX_KEYWORDS.execute(tx, [{"keyword": word, "item_id": item_id, "category": category}
+                                     for word in keywords])
     return {"item_id": item_id}
 
 

@@ -21,7 +21,7 @@ from wire.values import decode_cursor, encode_cursor, format_money, format_time
 from .accounts import Session
 from .catalog import load_item, split_page, unlist
 from .database import RetryTransaction, now_ms
-from .prepared import Prepared
+from .prepared import Prepared, PreparedRows
 from .schema import cart_lines, feedback, items, order_lines, orders, saved_cart_lines, users
 
 # charge(amount_cents, card_name, card_number, card_expiry, idempotency_key); raises on refusal.
@@ -39,6 +39,8 @@ _ADD_SOLD = Prepared(update(users).where(users.c.user_id == bindparam("seller_id
                      .values(items_sold=users.c.items_sold + bindparam("n")))
 _NEW_ORDER = Prepared(insert(orders).values(buyer_id=bindparam("buyer_id"), total_cents=0,
                                             idempotency_key=bindparam("key"), created_ms=bindparam("now")))
+_NEW_LINES = PreparedRows(order_lines, ("order_id", "item_id", "buyer_id", "seller_id", "name", "quantity",
+                                        "price_cents"))
 _TAKE_STOCK = Prepared(update(items)
                        .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
                        .values(quantity=items.c.quantity - bindparam("n"),
@@ -99,7 +101,7 @@ def _write_lines(tx: Connection, buyer_id: int, order_id: int,
     """The order's lines, each seller's units sold, and the search index of what sold out."""
     lines = [{"item_id": ln.item_id, "name": ln.name, "quantity": ln.quantity, "cents": ln.price_cents,
               "seller_id": ln.seller_id} for ln in cart]
-    tx.execute(insert(order_lines), [
+    _NEW_LINES.execute(tx, [
         {"order_id": order_id, "item_id": ln["item_id"], "buyer_id": buyer_id,
          "seller_id": ln["seller_id"], "name": ln["name"], "quantity": ln["quantity"],
          "price_cents": ln["cents"]} for ln in lines])

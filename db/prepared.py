@@ -14,7 +14,7 @@ from collections import namedtuple
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Dialect
+from sqlalchemy import Connection, Dialect, Table, bindparam, insert
 from sqlalchemy.sql import ClauseElement
 
 from .engine import count_statement, driver_error
@@ -27,6 +27,9 @@ class _Compiled:
         compiled = statement.compile(dialect=dialect)
         self.sql = str(compiled)
         self.defaults = {k: v for k, v in compiled.params.items() if v is not None}
+        for column in getattr(compiled, "insert_prefetch", ()):  # columns left to a Python default
+            if column.default is not None and column.default.is_scalar:
+                self.defaults.setdefault(column.key, column.default.arg)
         positional = getattr(compiled, "positional", False)
         self.order = list(getattr(compiled, "positiontup", None) or []) if positional else None
         columns = getattr(statement, "selected_columns", None)
@@ -86,3 +89,31 @@ class Prepared:
         """The first column of the first row, or None."""
         values = self.execute(tx, params).fetchone()
         return values[0] if values is not None else None
+
+
+class PreparedRows:
+    """An INSERT of many rows in one statement (one Prepared per row count), not executemany.
+
+    SQLAlchemy's executemany path costs about as much Python as the statement itself;
+    a multi-row VALUES list also makes one round trip on every driver. Rows go in
+    statements of at most `chunk` rows, so few statements are ever compiled.
+    """
+
+    def __init__(self, table: Table, columns: Sequence[str], chunk: int = 20) -> None:
+        self.table, self.columns, self.chunk = table, tuple(columns), chunk
+        self._by_count: dict[int, Prepared] = {}
+
+    def execute(self, tx: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert `rows` (each a dict holding every column)."""
+        for start in range(0, len(rows), self.chunk):
+            part = rows[start:start + self.chunk]
+            params = {f"{column}_{n}": row[column] for n, row in enumerate(part) for column in self.columns}
+            self._statement(len(part)).execute(tx, params)
+
+    def _statement(self, count: int) -> Prepared:
+        prepared = self._by_count.get(count)
+        if prepared is None:
+            values: list[dict[str, Any]] = [{column: bindparam(f"{column}_{n}") for column in self.columns}
+                                            for n in range(count)]
+            prepared = self._by_count[count] = Prepared(insert(self.table).values(values))
+        return prepared

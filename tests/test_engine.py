@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 
 from db import Database
 from db.engine import _QuietConnection, _template
-from db.prepared import Prepared
+from db.prepared import Prepared, PreparedRows
 from db.schema import login_failures
 from wire.errors import BusyError
 
@@ -131,3 +131,15 @@ def test_a_call_waits_for_a_free_connection_then_says_busy(db_url: str) -> None:
     assert database.run(lambda tx: 1, write=False) == 1  # the slot came back
     database.close()
 
+
+def test_prepared_rows_insert_every_row_exactly_in_chunks(database: Database) -> None:
+    rows = [{"role": "seller", "username": f"{AWKWARD[n % len(AWKWARD)]}#{n}", "failures": n,
+             "last_failure_ms": 10 * n} for n in range(45)]  # 20 + 20 + 5 rows
+    inserter = PreparedRows(login_failures, ("role", "username", "failures", "last_failure_ms"), chunk=20)
+    database.run(lambda tx: inserter.execute(tx, rows))
+    stored = database.run(lambda tx: tx.execute(
+        select(login_failures.c.username, login_failures.c.failures, login_failures.c.last_failure_ms)
+        .where(login_failures.c.role == "seller")).all(), write=False)
+    expected = [(row["username"], row["failures"], row["last_failure_ms"]) for row in rows]
+    assert sorted(map(tuple, stored)) == sorted(expected)
+    assert sorted(inserter._by_count) == [5, 20]  # two statement shapes for three statements
