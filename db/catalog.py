@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 from sqlalchemy import (
     BindParameter,
     Connection,
@@ -43,7 +44,7 @@ ITEM_COLUMNS = (items.c.item_id, items.c.seller_id, items.c.name, items.c.catego
 def item_to_wire(row: ItemRow) -> dict[str, Any]:
     """An item row as the protocol's item object."""
     return {"item_id": row.item_id, "seller_id": row.seller_id, "name": row.name,
-            "category": row.category, "keywords": json.loads(row.keywords),
+            "category": row.category, "keywords": orjson.loads(row.keywords),
             "condition": row.item_condition, "price": format_money(row.price_cents),
             "quantity": row.quantity, "thumbs_up": row.thumbs_up, "thumbs_down": row.thumbs_down}
 

@@ -17,6 +17,16 @@ def test_put_item_and_display_it(market: Market) -> None:
         "thumbs_up": 0, "thumbs_down": 0}]}
 
 
+def test_keywords_beyond_ascii_come_back_exactly(market: Market) -> None:
+    seller = market.user("seller")
+    words = ["naïve", "東京", "🛒cart", 'q"uote', "back\\"]  # stored as JSON with \u escapes
+    item_id = market.item(seller, keywords=words)
+    assert seller.call("display_items")["items"][0]["keywords"] == words
+    buyer = market.user("buyer")
+    assert buyer.call("get_item", {"item_id": item_id})["keywords"] == words
+    assert buyer.call("search_items", {"keywords": ["🛒cart"]})["items"][0]["keywords"] == words
+
+
 @pytest.mark.parametrize("override,field", [
     ({"name": ""}, "name"), ({"name": "x" * 33}, "name"), ({"category": 10}, "category"),
     ({"category": True}, "category"), ({"keywords": ["a", "A"]}, "keywords"),
