@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, insert, literal, select, update
+from sqlalchemy import Connection, bindparam, delete, insert, select, update
 
 from wire.errors import ConflictError, NotFoundError
 from wire.values import format_money
@@ -29,6 +29,10 @@ _ADD_LINE = Prepared(insert(cart_lines).values(session_id=bindparam("session_id"
                                                item_id=bindparam("item_id"), quantity=bindparam("quantity")))
 _DROP_LINE = Prepared(delete(cart_lines).where(_LINE))
 _EMPTY = Prepared(delete(cart_lines).where(_SESSION))
+_FORGET_SAVED = Prepared(delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id")))
+_SAVE = Prepared(insert(saved_cart_lines).from_select(
+    ["buyer_id", "item_id", "quantity"],
+    select(bindparam("buyer_id"), cart_lines.c.item_id, cart_lines.c.quantity).where(_SESSION)))
 
 
 def cart_to_wire(tx: Connection, session: Session) -> dict[str, Any]:
@@ -89,9 +93,7 @@ def clear_cart(tx: Connection, session: Session) -> dict[str, Any]:
 
 def save_cart(tx: Connection, session: Session) -> dict[str, Any]:
     """Make the session's cart the buyer's saved cart."""
-    tx.execute(delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == session.user_id))
-    tx.execute(insert(saved_cart_lines).from_select(
-        ["buyer_id", "item_id", "quantity"],
-        select(literal(session.user_id), cart_lines.c.item_id,
-               cart_lines.c.quantity).where(cart_lines.c.session_id == session.session_id)))
+    who = {"buyer_id": session.user_id, "session_id": session.session_id}
+    _FORGET_SAVED.execute(tx, who)
+    _SAVE.execute(tx, who)
     return cart_to_wire(tx, session)
