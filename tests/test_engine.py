@@ -29,10 +29,57 @@ def test_mysql_runs_on_the_c_extension(database: Database) -> None:
         assert conn.exec_driver_sql("SELECT @@character_set_connection").scalar() == "utf8mb4"
 
 
+_ONE = Prepared(select(login_failures.c.failures).where(login_failures.c.username == bindparam("username")))
+
+
+def _in_transaction_after_a_statement(tx: Any) -> bool:
+    _ONE.all(tx, {"username": "nobody"})
+    return bool(tx.connection.driver_connection.in_transaction)
+
+
 def test_reads_run_outside_a_transaction_and_writes_inside_one(database: Database) -> None:
     # both drivers report whether the database has a transaction open on the connection
-    assert database.run(lambda tx: tx.connection.driver_connection.in_transaction, write=False) is False
-    assert database.run(lambda tx: tx.connection.driver_connection.in_transaction, write=True) is True
+    assert database.run(_in_transaction_after_a_statement, write=False) is False
+    assert database.run(_in_transaction_after_a_statement, write=True) is True
+    # through SQLAlchemy's own execution path too
+    assert database.run(lambda tx: tx.execute(text("SELECT 1")).scalar() == 1 and
+                        tx.connection.driver_connection.in_transaction, write=True) is True
+
+
+class _QueriesSent:
+    """The C connection, passed through, with the text of every query sent on it."""
+
+    def __init__(self, cmysql: Any) -> None:
+        self.cmysql, self.sent = cmysql, []
+
+    def query(self, statement: bytes, *args: Any, **kwargs: Any) -> Any:
+        self.sent.append(bytes(statement).split(b" ", 2)[:2])
+        return self.cmysql.query(statement, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cmysql, name)
+
+
+def test_a_write_opens_its_transaction_with_its_first_statement(db_url: str) -> None:
+    if db_url.startswith("sqlite"):
+        pytest.skip("MySQL only: SQLite's BEGIN costs no round trip")
+    database = Database(db_url, pool_size=1)  # one connection: every call below uses it
+    database.create_schema()
+    driver = database.run(lambda tx: tx.connection.driver_connection, write=False)
+    recorder = driver._cmysql = _QueriesSent(driver._cmysql)
+    try:
+        database.run(lambda tx: _ONE.all(tx, {"username": "nobody"}), write=True)
+        assert recorder.sent == [[b"START", b"TRANSACTION;SELECT"], [b"COMMIT"]]
+        recorder.sent.clear()
+        database.run(lambda tx: tx.execute(text("SELECT 1")).scalar(), write=True)  # SQLAlchemy's path
+        assert recorder.sent == [[b"START", b"TRANSACTION"], [b"SELECT", b"1"], [b"COMMIT"]]
+        recorder.sent.clear()
+        database.run(lambda tx: None, write=True)  # nothing sent, nothing to end
+        database.run(lambda tx: _ONE.all(tx, {"username": "nobody"}), write=False)
+        assert recorder.sent == [[b"SELECT", b"login_failures.failures"]]
+    finally:
+        driver._cmysql = recorder.cmysql
+        database.close()
 
 
 # -- Prepared statements run on the driver (on MySQL without a cursor: engine.run_statement) ---
