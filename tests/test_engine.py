@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import mysql.connector
 import pytest
+from conftest import fresh_mysql_database
 from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
@@ -60,10 +62,14 @@ class _QueriesSent:
         return getattr(self.cmysql, name)
 
 
-def test_a_write_opens_its_transaction_with_its_first_statement(db_url: str) -> None:
-    if db_url.startswith("sqlite"):
-        pytest.skip("MySQL only: SQLite's BEGIN costs no round trip")
-    database = Database(db_url, pool_size=1)  # one connection: every call below uses it
+@pytest.fixture
+def mariadb_url(mysql_server: str) -> Iterator[str]:
+    yield from fresh_mysql_database(mysql_server)
+
+
+def test_a_write_opens_its_transaction_with_its_first_statement(mariadb_url: str) -> None:
+    # MySQL only: SQLite's BEGIN costs no round trip
+    database = Database(mariadb_url, pool_size=1)  # one connection: every call below uses it
     database.create_schema()
     driver = database.run(lambda tx: tx.connection.driver_connection, write=False)
     recorder = driver._cmysql = _QueriesSent(driver._cmysql)
