@@ -203,12 +203,24 @@ class Buyer(Actor):
         return Call("get_seller_rating", {"seller_id": item["seller_id"]})
 
     def _plan_add_to_cart(self) -> Call:
-        choices = [i for i, item in self.known.items() if item["quantity"] > self.cart.get(i, 0)]
-        if not choices:
+        item_id = self._pick_addable()
+        if item_id is None:
             return self._plan_search_items()
-        item_id = self.rng.choice(choices)
         room = self.known[item_id]["quantity"] - self.cart.get(item_id, 0)
         return Call("add_to_cart", {"item_id": item_id, "quantity": self.rng.randint(1, min(2, room))})
+
+    def _pick_addable(self) -> int | None:
+        """A known item with units left to add, uniformly; None if there is none.
+
+        One draw over all known items is almost always addable; only when it is not is
+        the list of addable ones built (a draw among them: the same distribution)."""
+        if not self.known:
+            return None
+        item_id = self.rng.choice(list(self.known))
+        if self.known[item_id]["quantity"] > self.cart.get(item_id, 0):
+            return item_id
+        addable = [i for i, item in self.known.items() if item["quantity"] > self.cart.get(i, 0)]
+        return self.rng.choice(addable) if addable else None
 
     def _plan_remove_from_cart(self) -> Call:
         if not self.cart:

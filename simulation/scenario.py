@@ -6,6 +6,7 @@ from the mix. A run's wall time ends when the last user finishes.
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 import secrets
@@ -89,9 +90,12 @@ class SimulatedUser(threading.Thread):
                 self.barrier.wait(SETUP_TIMEOUT_S)
             except threading.BrokenBarrierError:
                 return
+            # what rng.choices(self.ops, cum_weights=...) does, the same draws, without its
+            # Python-level set-up on every call
+            total, last = float(self.cum_weights[-1]), len(self.ops) - 1
             try:
                 for _ in range(self.calls):
-                    op = self.actor.rng.choices(self.ops, cum_weights=self.cum_weights)[0]
+                    op = self.ops[bisect.bisect(self.cum_weights, self.actor.rng.random() * total, 0, last)]
                     self._record(conn, self.actor.next_call(op))
                     self.done += 1
             except BaseException as exc:  # a bug of the simulator: fail the run, do not shorten it

@@ -132,3 +132,19 @@ def test_a_login_lost_to_a_dropped_connection_is_tried_again() -> None:
     outcome = seller.perform(Connection("127.0.0.1", port, timeout=2), login)
     assert outcome.kind == "CONNECTION"
     assert seller.next_call("ping") == login
+
+
+def test_buyers_add_only_items_with_units_left_and_pick_them_evenly() -> None:
+    from collections import Counter
+
+    from simulation.behaviour import Buyer
+
+    buyer = Buyer("b", random.Random(7))
+    assert buyer._plan_add_to_cart().op == "search_items"  # knows no item yet
+    buyer.known = {n: {"item_id": n, "seller_id": 1, "quantity": 2} for n in range(1, 11)}
+    buyer.cart = {n: 2 for n in range(1, 8)}  # items 1-7: every unit already in the cart
+    picks = Counter(buyer._plan_add_to_cart().args["item_id"] for _ in range(3000))
+    assert set(picks) == {8, 9, 10}
+    assert all(800 < count < 1200 for count in picks.values())  # 1,000 each if even
+    buyer.cart.update({8: 2, 9: 2, 10: 2})
+    assert buyer._plan_add_to_cart().op == "search_items"
