@@ -188,10 +188,11 @@ def test_purchases_whose_clients_hang_up_are_whole_or_not_at_all(market: Market)
     buyers = [market.user("buyer") for _ in range(HANGING_BUYERS)]
     address = market.buyer_server.address
     errors: list[BaseException] = []
+    # listed here, not in the threads: one client connection must not be shared by threads
+    items_of = [[market.item(seller, quantity=1_000_000, price=f"{n}.10") for n in (1, 2)] for _ in buyers]
 
-    def hang_up_repeatedly(buyer: Connection) -> None:
+    def hang_up_repeatedly(buyer: Connection, items: list[int]) -> None:
         try:
-            items = [market.item(seller, quantity=1_000_000, price=f"{n}.10") for n in (1, 2)]
             for n in range(HANG_UPS // HANGING_BUYERS):
                 for item_id in items[: 1 + n % 2]:
                     buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
@@ -200,7 +201,8 @@ def test_purchases_whose_clients_hang_up_are_whole_or_not_at_all(market: Market)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 
-    threads = [threading.Thread(target=hang_up_repeatedly, args=(b,)) for b in buyers]
+    threads = [threading.Thread(target=hang_up_repeatedly, args=(b, items))
+               for b, items in zip(buyers, items_of, strict=True)]
     for thread in threads:
         thread.start()
     for thread in threads:
