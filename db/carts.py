@@ -35,9 +35,9 @@ _SAVE = Prepared(insert(saved_cart_lines).from_select(
     select(bindparam("buyer_id"), cart_lines.c.item_id, cart_lines.c.quantity).where(_SESSION)))
 
 
-def cart_to_wire(tx: Connection, session: Session, *, last: bool = False) -> dict[str, Any]:
-    """The session's cart as the protocol's cart object (last: see Prepared.execute)."""
-    rows = _CART.all(tx, {"session_id": session.session_id}, last=last)
+def cart_to_wire(tx: Connection, session: Session) -> dict[str, Any]:
+    """The session's cart as the protocol's cart object."""
+    rows = _CART.all(tx, {"session_id": session.session_id})
     lines = [{"item_id": r.item_id, "name": r.name, "price": format_money(r.price_cents),
               "quantity": r.quantity, "available": r.available} for r in rows]
     total = sum(r.price_cents * r.quantity for r in rows)
@@ -66,7 +66,7 @@ def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -
                             + (f", {held} already in your cart" if held else ""))
     line = {"session_id": session.session_id, "item_id": item_id, "quantity": held + quantity}
     (_SET_LINE if held else _ADD_LINE).execute(tx, line)
-    return cart_to_wire(tx, session, last=True)
+    return cart_to_wire(tx, session)
 
 
 def remove_from_cart(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:

@@ -69,11 +69,10 @@ def put_item(tx: Connection, session: Session, name: str, category: int, keyword
     """List a new item for sale."""
     item_id = int(_NEW_ITEM.execute(tx, {
         "seller_id": session.user_id, "name": name, "category": category, "keywords": json.dumps(keywords),
-        "condition": condition, "price": price, "quantity": quantity, "now": now_ms()},
-        last=not keywords).lastrowid)
+        "condition": condition, "price": price, "quantity": quantity, "now": now_ms()}).lastrowid)
     if keywords:
         _INDEX_KEYWORDS.execute(tx, [{"keyword": word, "item_id": item_id, "category": category}
-                                     for word in keywords], last=True)
+                                     for word in keywords])
     return {"item_id": item_id}
 
 
@@ -113,7 +112,7 @@ _REMOVE = Prepared(update(items)
 def change_price(tx: Connection, session: Session, item_id: int, price: int) -> dict[str, Any]:
     """Set a new price on one of the seller's items."""
     row = _own_item(tx, session, item_id)
-    _SET_PRICE.execute(tx, {"item_id": item_id, "price": price}, last=True)
+    _SET_PRICE.execute(tx, {"item_id": item_id, "price": price})
     return {**item_to_wire(row), "price": format_money(price)}  # the row is locked: nothing else moved
 
 

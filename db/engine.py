@@ -23,7 +23,7 @@ try:  # the C extension of mysql-connector-python (pinned to a version whose ext
     from _mysql_connector import MySQLInterfaceError
     from mysql.connector.connection_cext import CMySQLConnection
     from mysql.connector.constants import ClientFlag
-    from mysql.connector.errors import InterfaceError, OperationalError, get_mysql_exception
+    from mysql.connector.errors import OperationalError, get_mysql_exception
 except ImportError:  # pragma: no cover - then MySQL URLs fail at connect with a clear error
     CMySQLConnection = object  # type: ignore[misc,assignment]
 
@@ -167,17 +167,14 @@ class _QuietConnection(CMySQLConnection):
       run: nothing here puts a value into SQL text unquoted (run_statement quotes
       with the C extension, SQLAlchemy binds), and tests/test_engine.py sends such
       values and checks that they come back as data.
-    - The same way, COMMIT can go in the same query as a statement the op marks as its
-      transaction's last (run_statement's `last`); a statement after it is refused.
     """
 
     _begin_pending = False  # START TRANSACTION waits for the next statement
-    _ended = False  # a statement marked last has committed the transaction
 
     def is_connected(self) -> bool:
         return bool(self._cmysql and self._cmysql.connected())
 
-    def run_statement(self, sql: str, values: dict[str, Any], last: bool = False) -> StatementResult:
+    def run_statement(self, sql: str, values: dict[str, Any]) -> StatementResult:
         """Run one statement with %(name)s placeholders, without a cursor.
 
         What a cursor's execute() does (values quoted and escaped by the C extension,
@@ -186,31 +183,23 @@ class _QuietConnection(CMySQLConnection):
         """
         texts, names = _TEMPLATES.get(sql) or _TEMPLATES.setdefault(sql, _template(sql))
         quoted = self._live().convert_to_mysql(*[values[name] for name in names]) if names else ()
-        statement = b"".join(chain.from_iterable(zip(texts, quoted, strict=False))) + texts[-1]
-        commit = last and (self._begin_pending or self.in_transaction)
-        cmysql = self.run_plain(statement + b";COMMIT" if commit else statement)
+        cmysql = self.run_plain(b"".join(chain.from_iterable(zip(texts, quoted, strict=False))) + texts[-1])
         try:
             if not cmysql.have_result_set:
-                result = StatementResult([], cmysql.affected_rows(), cmysql.insert_id())
-            else:
-                rows = []
-                while (row := cmysql.fetch_row()) is not None:
-                    rows.append(row)
-                cmysql.free_result()
-                result = StatementResult(rows, len(rows), 0)
-            if commit:
-                cmysql.next_result()  # COMMIT's own answer (an error if it failed)
-                self._ended = True
+                return StatementResult([], cmysql.affected_rows(), cmysql.insert_id())
+            rows = []
+            while (row := cmysql.fetch_row()) is not None:
+                rows.append(row)
+            cmysql.free_result()
         except MySQLInterfaceError as exc:
             raise get_mysql_exception(exc.errno, msg=exc.msg, sqlstate=exc.sqlstate) from exc
-        return result
+        return StatementResult(rows, len(rows), 0)
 
     def run_plain(self, statement: bytes) -> Any:
         """Send a complete statement (nothing left to quote) without cmd_query's costs.
 
         Returns the C connection, its result (if any) not yet read."""
         cmysql = self._live()
-        self._refuse_after_end()
         self.handle_unread_result()
         begin, self._begin_pending = self._begin_pending, False
         try:
@@ -229,15 +218,10 @@ class _QuietConnection(CMySQLConnection):
 
     def cmd_query(self, query: Any, *args: Any, **kwargs: Any) -> Any:
         """The driver's query path (SQLAlchemy's cursors): a pending START TRANSACTION goes first."""
-        self._refuse_after_end()
         if self._begin_pending:
             self._begin_pending = False
             self.run_plain(b"START TRANSACTION")
         return super().cmd_query(query, *args, **kwargs)
-
-    def _refuse_after_end(self) -> None:
-        if self._ended:  # it would run outside the transaction, in autocommit
-            raise InterfaceError(msg="a statement after the one that ended its transaction")
 
     def _live(self) -> Any:
         """The C connection, or the driver's error for a closed one."""
@@ -246,14 +230,14 @@ class _QuietConnection(CMySQLConnection):
         return self._cmysql
 
     def commit(self) -> None:
-        self._begin_pending = self._ended = False  # nothing sent, or already committed: nothing to end
+        self._begin_pending = False  # a transaction that sent nothing has nothing to end
         if self._cmysql:
             self.handle_unread_result()
             if self.in_transaction:  # the server's status flag: nothing to end otherwise
                 self.run_plain(b"COMMIT")
 
     def rollback(self) -> None:
-        self._begin_pending = self._ended = False
+        self._begin_pending = False
         if self._cmysql:
             self._cmysql.consume_result()
             if self.in_transaction:

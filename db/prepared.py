@@ -54,13 +54,8 @@ class Prepared:
             compiled = self._by_dialect[name] = _Compiled(self.statement, tx.dialect)
         return compiled
 
-    def execute(self, tx: Connection, params: dict[str, Any] | None = None, *, last: bool = False) -> Any:
-        """Run it; a result with fetchall(), fetchone(), rowcount and lastrowid.
-
-        last=True: the transaction's last statement. On MySQL its COMMIT goes in the same
-        query, so the call must neither run another statement (the driver refuses) nor
-        fail after it (the work is committed). Elsewhere COMMIT comes at the end as usual.
-        """
+    def execute(self, tx: Connection, params: dict[str, Any] | None = None) -> Any:
+        """Run it; a result with fetchall(), fetchone(), rowcount and lastrowid."""
         compiled = self._compiled(tx)
         values = compiled.parameters(params or {})
         driver = tx.connection.driver_connection
@@ -68,7 +63,7 @@ class Prepared:
         cursor = None if run_statement else driver.cursor()  # type: ignore[union-attr]
         try:
             if run_statement:
-                result = run_statement(compiled.sql, values, last)
+                result = run_statement(compiled.sql, values)
             else:
                 cursor.execute(compiled.sql, values)  # type: ignore[union-attr]
                 result = cursor
@@ -77,12 +72,11 @@ class Prepared:
         count_statement(tx.info)
         return result
 
-    def all(self, tx: Connection, params: dict[str, Any] | None = None, *,
-            last: bool = False) -> Sequence[Any]:
-        """Every row, as named tuples (last: see execute)."""
+    def all(self, tx: Connection, params: dict[str, Any] | None = None) -> Sequence[Any]:
+        """Every row, as named tuples."""
         row = self._compiled(tx).row
         assert row is not None, "not a SELECT"
-        return [row(*values) for values in self.execute(tx, params, last=last).fetchall()]
+        return [row(*values) for values in self.execute(tx, params).fetchall()]
 
     def first(self, tx: Connection, params: dict[str, Any] | None = None) -> Any | None:
         """The first row, or None."""
@@ -109,12 +103,12 @@ class PreparedRows:
         self.table, self.columns, self.chunk = table, tuple(columns), chunk
         self._by_count: dict[int, Prepared] = {}
 
-    def execute(self, tx: Connection, rows: Sequence[dict[str, Any]], *, last: bool = False) -> None:
-        """Insert `rows` (each a dict holding every column; last: see Prepared.execute)."""
+    def execute(self, tx: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert `rows` (each a dict holding every column)."""
         for start in range(0, len(rows), self.chunk):
             part = rows[start:start + self.chunk]
             params = {f"{column}_{n}": row[column] for n, row in enumerate(part) for column in self.columns}
-            self._statement(len(part)).execute(tx, params, last=last and start + self.chunk >= len(rows))
+            self._statement(len(part)).execute(tx, params)
 
     def _statement(self, count: int) -> Prepared:
         prepared = self._by_count.get(count)

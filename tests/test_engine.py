@@ -9,7 +9,7 @@ import mysql.connector
 import pytest
 from conftest import fresh_mysql_database
 from sqlalchemy import bindparam, insert, select, text, update
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 
 from db import Database
 from db.engine import _QuietConnection, _template
@@ -52,11 +52,10 @@ class _QueriesSent:
     """The C connection, passed through, with the text of every query sent on it."""
 
     def __init__(self, cmysql: Any) -> None:
-        self.cmysql, self.sent, self.statements = cmysql, [], []
+        self.cmysql, self.sent = cmysql, []
 
     def query(self, statement: bytes, *args: Any, **kwargs: Any) -> Any:
         self.sent.append(bytes(statement).split(b" ", 2)[:2])
-        self.statements.append(bytes(statement))
         return self.cmysql.query(statement, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -84,39 +83,6 @@ def test_a_write_opens_its_transaction_with_its_first_statement(mariadb_url: str
         database.run(lambda tx: None, write=True)  # nothing sent, nothing to end
         database.run(lambda tx: _ONE.all(tx, {"username": "nobody"}), write=False)
         assert recorder.sent == [[b"SELECT", b"login_failures.failures"]]
-    finally:
-        driver._cmysql = recorder.cmysql
-        database.close()
-
-
-def test_a_statement_marked_last_carries_the_commit(mariadb_url: str) -> None:
-    database = Database(mariadb_url, pool_size=1)
-    database.create_schema()
-    driver = database.run(lambda tx: tx.connection.driver_connection, write=False)
-    recorder = driver._cmysql = _QueriesSent(driver._cmysql)
-    row = {"role": "buyer", "username": "last", "n": 3}
-
-    def read_then_write_last(tx: Any) -> None:
-        _ONE.all(tx, {"username": "last"})
-        _LOGIN_FAILURE.execute(tx, row, last=True)
-
-    def write_last_then_more(tx: Any) -> None:
-        _LOGIN_FAILURE.execute(tx, {**row, "username": "early"}, last=True)
-        _ONE.all(tx, {"username": "early"})  # would run outside the transaction: refused
-
-    try:
-        database.run(read_then_write_last, write=True)
-        # no COMMIT of its own: it went with the INSERT
-        assert recorder.sent == [[b"START", b"TRANSACTION;SELECT"], [b"INSERT", b"INTO"]]
-        assert recorder.statements[-1].endswith(b";COMMIT")
-        assert database.run(lambda tx: _ONE.all(tx, {"username": "last"}), write=False)[0].failures == 3
-        with pytest.raises(DBAPIError, match="after the one that ended its transaction"):
-            database.run(write_last_then_more, write=True)
-        # a read's statement marked last sends no COMMIT: there is no transaction to end
-        recorder.sent.clear()
-        database.run(lambda tx: _ONE.all(tx, {"username": "last"}, last=True), write=False)
-        assert recorder.sent == [[b"SELECT", b"login_failures.failures"]]
-        assert b"COMMIT" not in recorder.statements[-1]
     finally:
         driver._cmysql = recorder.cmysql
         database.close()
