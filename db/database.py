@@ -33,6 +33,7 @@ log = logging.getLogger("market.db")
 MAX_ATTEMPTS = 8
 _RETRY_ERRNOS = {1205, 1213}  # lock wait timeout, deadlock (Galera certification failures too)
 _UNAVAILABLE_ERRNOS = {1040, 1053, 2002, 2003, 2005, 2006, 2013, 2055}
+_ALL_IN_USE = "every database connection is in use; try again"
 _OPENED_KEY = "market_opened"  # connection info: when its Connection was opened (monotonic)
 
 
@@ -76,12 +77,12 @@ class Database:
             except IntegrityError:
                 raise
             except PoolTimeoutError:
-                raise BusyError("every database connection is in use; try again") from None
+                raise BusyError(_ALL_IN_USE) from None
             except DBAPIError as exc:
                 if exc.connection_invalidated:  # the database restarted, most likely: all died
                     self._connections.retire_all()
-                if exc.connection_invalidated and progress[0] == 0 and attempt == 0:
-                    continue  # a pooled connection had died (say, a database restart): nothing ran yet
+                    if progress[0] == 0 and attempt == 0:
+                        continue  # nothing ran yet: run it on a fresh connection
                 if _is_unavailable(exc):
                     log.warning("database unavailable: %s", exc.orig)
                     raise UnavailableError("the database cannot be reached; nothing was changed") from None
@@ -155,7 +156,7 @@ class _Connections:
         try:
             conn = self._slots.get(timeout=self._timeout_s)
         except queue.Empty:
-            raise BusyError("every database connection is in use; try again") from None
+            raise BusyError(_ALL_IN_USE) from None
         if conn is not None:
             opened = conn.info[_OPENED_KEY]
             if opened > self._retired_before and time.monotonic() - opened < self._recycle_s:

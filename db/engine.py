@@ -247,8 +247,8 @@ class _QuietConnection(CMySQLConnection):
 def driver_error(tx: Connection, sql: str, values: Any, exc: Exception, cursor: Any) -> DBAPIError:
     """A driver error as SQLAlchemy would raise it (IntegrityError, OperationalError, ...).
 
-    For statements sent to the driver directly (db.prepared, START TRANSACTION), so that
-    Database.run sees the same errors as for statements SQLAlchemy executed.
+    For statements sent to the driver directly (db.prepared), so that Database.run sees
+    the same errors as for statements SQLAlchemy executed.
     """
     dialect = tx.dialect
     disconnect = dialect.is_disconnect(exc, tx.connection.dbapi_connection, cursor)  # type: ignore[arg-type]

@@ -99,19 +99,17 @@ def _take_stock(tx: Connection, line: Any) -> None:
 def _write_lines(tx: Connection, buyer_id: int, order_id: int,
                  cart: Sequence[Any]) -> list[dict[str, Any]]:
     """The order's lines, each seller's units sold, and the search index of what sold out."""
-    lines = [{"item_id": ln.item_id, "name": ln.name, "quantity": ln.quantity, "cents": ln.price_cents,
-              "seller_id": ln.seller_id} for ln in cart]
     _NEW_LINES.execute(tx, [
-        {"order_id": order_id, "item_id": ln["item_id"], "buyer_id": buyer_id,
-         "seller_id": ln["seller_id"], "name": ln["name"], "quantity": ln["quantity"],
-         "price_cents": ln["cents"]} for ln in lines])
+        {"order_id": order_id, "item_id": ln.item_id, "buyer_id": buyer_id, "seller_id": ln.seller_id,
+         "name": ln.name, "quantity": ln.quantity, "price_cents": ln.price_cents} for ln in cart])
     sold: Counter[int] = Counter()
-    for ln in lines:
-        sold[ln["seller_id"]] += ln["quantity"]
+    for ln in cart:
+        sold[ln.seller_id] += ln.quantity
     for seller_id in sorted(sold):
         _ADD_SOLD.execute(tx, {"seller_id": seller_id, "n": sold[seller_id]})
     unlist(tx, [ln.item_id for ln in cart if ln.available == ln.quantity])  # the last units went
-    return lines
+    return [{"item_id": ln.item_id, "name": ln.name, "quantity": ln.quantity, "cents": ln.price_cents}
+            for ln in cart]
 
 
 def _receipt(order_id: int, total: int, lines: list[dict[str, Any]]) -> dict[str, Any]:
