@@ -20,7 +20,7 @@ from typing import Any
 
 from db.audit import AckedOrder
 from wire import Connection
-from wire.errors import ConflictError, ProtocolError
+from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
 
 KEYWORDS = ("lamp", "desk", "chair", "book", "phone", "shirt", "shoe", "bike",
             "guitar", "watch", "camera", "table", "bag", "coat", "mug", "toy")
@@ -63,7 +63,11 @@ class Actor:
         """The calls made before the barrier: an account, a login, and any seeding."""
         return [Call("create_account", {"username": self.username, "password": PASSWORD,
                                         "name": self.username}),
-                Call("login", {"username": self.username, "password": PASSWORD})]
+                self.login_call()]
+
+    def login_call(self) -> Call:
+        """This user's login."""
+        return Call("login", {"username": self.username, "password": PASSWORD})
 
     def next_call(self, op: str) -> Call:
         """The call to make when the mix draws `op` (a queued follow-up comes first)."""
@@ -83,12 +87,16 @@ class Actor:
             result = conn.call(call.op, call.args)
         except ProtocolError as exc:
             latency = time.perf_counter() - start
+            if isinstance(exc, UnauthenticatedError) and call.op != "login":
+                self._log_in_again(conn)  # counted as an error, but not one per call after it
             self.refused(call, exc)
             expected = isinstance(exc, ConflictError) and call.op in EXPECTED_CONFLICTS
             return Outcome("conflict" if expected else exc.code, latency, error=exc)
         except OSError as exc:
-            if call.op == "login":  # as a shopper would: log in again, or every call after fails
-                self.pending.appendleft(call)
+            if call.op in ("login", "logout"):
+                # The answer was lost, and with it whether the session lives: as a shopper
+                # would, log in again, or every call after it may fail.
+                self._log_in_again(conn)
             return Outcome("CONNECTION", time.perf_counter() - start, error=exc)
         latency = time.perf_counter() - start
         if call.op == "login":
@@ -103,13 +111,20 @@ class Actor:
     def refused(self, call: Call, error: ProtocolError) -> None:
         """Learn from an error answer (override per role)."""
 
+    def _log_in_again(self, conn: Connection) -> None:
+        """Drop the token and make a login the next call."""
+        conn.token = None
+        login = self.login_call()
+        if not self.pending or self.pending[0] != login:
+            self.pending.appendleft(login)
+
     def _plan_create_account(self) -> Call:
         self._signups += 1
         name = f"{self.username}.{self._signups}"
         return Call("create_account", {"username": name, "password": PASSWORD, "name": name})
 
     def _saw_logout(self, call: Call, result: dict[str, Any]) -> None:
-        self.pending.append(self.setup_calls()[1])
+        self.pending.append(self.login_call())
 
 
 class Seller(Actor):

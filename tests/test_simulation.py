@@ -4,12 +4,15 @@ and a short headless locust run. No timing assertions.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +22,10 @@ from sqlalchemy import text
 import simulation.__main__ as sim
 from db import Database
 from db.audit import AckedOrder, audit
-from simulation.behaviour import make_actor
+from simulation.behaviour import Buyer, make_actor
 from simulation.mixes import DEFAULT
 from wire import Connection
+from wire.errors import UnauthenticatedError
 
 SMALL = ["--users", "2", "--calls", "20", "--repeats", "1", "--no-progress"]
 SQLITE_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -128,10 +132,82 @@ def test_a_login_lost_to_a_dropped_connection_is_tried_again() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     seller = make_actor("seller", "lost", random.Random(1))
-    login = seller.setup_calls()[1]
+    login = seller.login_call()
     outcome = seller.perform(Connection("127.0.0.1", port, timeout=2), login)
     assert outcome.kind == "CONNECTION"
     assert seller.next_call("ping") == login
+
+
+class AnswerDropper:
+    """A TCP relay to a server that, once armed, hangs up instead of passing on the next
+    answer: the server did the work, the client never hears of it."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream, self.armed = upstream, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = self.listener.getsockname()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if answers and self.armed.is_set():
+                    self.armed.clear()
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass  # the other direction hung up first
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@contextlib.contextmanager
+def logged_in_buyer(market: Market, name: str) -> Iterator[tuple[Buyer, Connection, AnswerDropper]]:
+    """A simulated buyer, set up through a relay that can drop an answer."""
+    buyer = Buyer(name, random.Random(2))
+    relay = AnswerDropper(market.buyer_server.address)
+    with Connection(*relay.address, timeout=10) as conn:
+        for call in buyer.setup_calls():
+            assert buyer.perform(conn, call).kind == "ok"
+        yield buyer, conn, relay
+    relay.close()
+
+
+def test_a_logout_done_but_its_answer_lost_is_followed_by_a_login(market: Market) -> None:
+    """The server ended the session, the answer never came: the next call is a login, not
+    a run of UNAUTHENTICATED calls on a dead token (seen when a server instance was killed)."""
+    with logged_in_buyer(market, "lostlogout") as (buyer, conn, relay):
+        dead = conn.token
+        relay.armed.set()
+        assert buyer.perform(conn, buyer.plan("logout")).kind == "CONNECTION"
+        assert not relay.armed.is_set(), "the relay dropped the logout's answer"
+        with pytest.raises(UnauthenticatedError):
+            market.connect("buyer").call("display_cart", token=dead)  # the logout did happen
+        kinds = [buyer.perform(conn, buyer.next_call("display_cart")).kind for _ in range(3)]
+        assert kinds == ["ok", "ok", "ok"]
+        assert conn.token not in (None, dead)
+
+
+def test_an_unauthenticated_answer_is_counted_once_then_a_login_follows(market: Market) -> None:
+    with logged_in_buyer(market, "expired") as (buyer, conn, _relay):
+        market.connect("buyer").call("logout", token=conn.token)  # say, the session expired
+        kinds = [buyer.perform(conn, buyer.next_call("display_cart")).kind for _ in range(4)]
+        assert kinds == ["UNAUTHENTICATED", "ok", "ok", "ok"]
 
 
 def test_buyers_add_only_items_with_units_left_and_pick_them_evenly() -> None:
