@@ -32,7 +32,10 @@ T = TypeVar("T")
 log = logging.getLogger("market.db")
 MAX_ATTEMPTS = 8
 _RETRY_ERRNOS = {1205, 1213}  # lock wait timeout, deadlock (Galera certification failures too)
-_UNAVAILABLE_ERRNOS = {1040, 1053, 2002, 2003, 2005, 2006, 2013, 2055}
+# Cannot connect or lost the connection; and two from a Galera node outside its cluster's
+# primary component: 1047 (not ready for clients) and 1180 (a commit it could not replicate,
+# rolled back).
+_UNAVAILABLE_ERRNOS = {1040, 1047, 1053, 1180, 2002, 2003, 2005, 2006, 2013, 2055}
 _ALL_IN_USE = "every database connection is in use; try again"
 _OPENED_KEY = "market_opened"  # connection info: when its Connection was opened (monotonic)
 
@@ -105,6 +108,10 @@ class Database:
                         conn.rollback()
             with conn.begin():
                 return work(conn)
+        except DBAPIError as exc:
+            if _is_unavailable(exc) and not conn.invalidated:
+                conn.invalidate()  # say, a node out of its cluster: the next call connects anew
+            raise
         finally:
             self._connections.give(conn)
 

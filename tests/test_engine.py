@@ -15,7 +15,7 @@ from db import Database
 from db.engine import _QuietConnection, _template
 from db.prepared import Prepared, PreparedRows
 from db.schema import login_failures
-from wire.errors import BusyError
+from wire.errors import BusyError, UnavailableError
 
 
 def test_mysql_runs_on_the_c_extension(database: Database) -> None:
@@ -158,6 +158,34 @@ def test_a_dead_connection_retires_every_open_one(db_url: str) -> None:
         database._connections.retire_all()  # what Database.run does when one is found dead
         after = {database.run(opened) for _ in range(4)}
         assert len(before) == len(after) == 2 and min(after) > max(before)
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("errno, message", [
+    (1047, "WSREP has not yet prepared node for application use"),
+    (1180, "Error while appending streaming replication fragment"),
+])
+def test_a_node_out_of_its_cluster_is_unavailable_and_its_connection_replaced(
+        mariadb_url: str, errno: int, message: str) -> None:
+    """The errors a Galera node gives outside its primary component, raised by the real server."""
+    database = Database(mariadb_url, pool_size=1)
+
+    def server_connection_id(tx: Any) -> int:
+        return int(tx.exec_driver_sql("SELECT CONNECTION_ID()").scalar())
+
+    def refused(tx: Any) -> None:
+        tx.exec_driver_sql(f"SIGNAL SQLSTATE '08S01' SET MYSQL_ERRNO = {errno}, MESSAGE_TEXT = '{message}'")
+
+    try:
+        before = database.run(server_connection_id)
+        assert database.run(server_connection_id) == before  # kept open while it works
+        for write in (True, False):
+            with pytest.raises(UnavailableError):
+                database.run(refused, write=write)
+            after = database.run(server_connection_id)
+            assert after != before  # the next call connects anew (through a balancer: another node)
+            before = after
     finally:
         database.close()
 
