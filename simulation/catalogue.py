@@ -57,6 +57,8 @@ def measure(addresses: dict[str, tuple[str, int]], seller_id: int, last_item: in
     buyer.token = buyer.call("login", {"username": name, "password": SEED_PASSWORD})["token"]
     seller.token = seller.call("login", {"username": f"seed{seller_id}", "password": SEED_PASSWORD})["token"]
     ops: dict[str, Callable[[], Any]] = {
+        "search_items (1 keyword)": lambda: buyer.call(
+            "search_items", {"keywords": [rng.choice(VOCABULARY)], "limit": 20}),
         "search_items (2 keywords)": lambda: buyer.call(
             "search_items", {"keywords": rng.sample(VOCABULARY, 2), "limit": 20}),
         "search_items (keyword + category)": lambda: buyer.call(

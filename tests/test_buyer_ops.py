@@ -1,6 +1,8 @@
 """Every buyer op over TCP, with its errors, on SQLite and MariaDB."""
 from __future__ import annotations
 
+import random
+
 import pytest
 from conftest import CARD, PASSWORD, Market, running_market
 from sqlalchemy import select
@@ -16,6 +18,7 @@ from wire.errors import (
     PaymentDeclinedError,
     UnknownOpError,
 )
+from wire.values import decode_cursor, encode_cursor
 
 
 def test_search_by_category_and_keywords_ranks_by_matches_then_id(market: Market) -> None:
@@ -73,6 +76,63 @@ def test_search_pages_through_the_ranked_order(market: Market) -> None:
         if (cursor := page["next_cursor"]) is None:
             break
     assert seen == expected and len(seen) == 6
+
+
+def test_one_keyword_search_pages_in_item_order_with_the_ranked_cursor(market: Market) -> None:
+    """One keyword ranks every match 1, so its pages are item_id order (read without grouping)."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    made = [(market.item(seller, keywords=["a", "b"][: 1 + i % 2], category=i % 3), i % 3) for i in range(9)]
+    seller.call("remove_item", {"item_id": made[4][0], "quantity": 5})  # sold out: leaves the index
+    on_sale = [(item_id, category) for item_id, category in made if item_id != made[4][0]]
+
+    def pages(**args: object) -> tuple[list[int], set[int]]:
+        seen, ranks, cursor = [], set(), None
+        while True:
+            page = buyer.call("search_items", {**args, "keywords": ["A"], "limit": 2, "cursor": cursor})
+            seen += [i["item_id"] for i in page["items"]]
+            if (cursor := page["next_cursor"]) is None:
+                return seen, ranks
+            ranks.add(decode_cursor(cursor, 2)[0])
+
+    assert pages() == ([item_id for item_id, _ in on_sale], {1})
+    assert pages(category=1)[0] == [item_id for item_id, category in on_sale if category == 1]
+    everything = [i["item_id"] for i in buyer.call("search_items", {"keywords": ["a"]})["items"]]
+    assert everything == pages()[0]
+
+    def after(cursor: str) -> list[int]:
+        page = buyer.call("search_items", {"keywords": ["a"], "cursor": cursor})
+        return [i["item_id"] for i in page["items"]]
+
+    assert after(encode_cursor(2, 10**9)) == everything  # rank 1 comes after any rank-2 place
+    assert after(encode_cursor(1, on_sale[2][0])) == everything[3:]
+    assert after(encode_cursor(0, 0)) == []  # below rank 1: nothing follows
+
+
+def test_one_keyword_pages_equal_the_grouped_search_of_that_keyword(market: Market) -> None:
+    """The one-keyword statement against the grouped one (the keyword and a word no item has):
+    every page, with and without a category, over random items, some sold out."""
+    rng = random.Random(11)
+    seller, buyer = market.user("seller"), market.user("buyer")
+    for n in range(150):
+        item_id = market.item(seller, keywords=rng.sample("abcdef", rng.randint(1, 3)),
+                              category=rng.randrange(3), quantity=2)
+        if n % 7 == 0:
+            seller.call("remove_item", {"item_id": item_id, "quantity": 2})
+
+    def pages(keywords: list[str], limit: int, **args: object) -> list[list[int]]:
+        result, cursor = [], None
+        while True:
+            page = buyer.call("search_items", {**args, "keywords": keywords, "limit": limit, "cursor": cursor})
+            result.append([item["item_id"] for item in page["items"]])
+            if (cursor := page["next_cursor"]) is None:
+                return result
+
+    for word in "abf":
+        for args in ({}, {"category": 1}):
+            limit = rng.randint(3, 40)
+            one = pages([word], limit, **args)
+            assert one == pages([word, "nothing"], limit, **args)
+            assert sum(map(len, one)) > 5
 
 
 def test_get_item_shows_sold_out_items_and_unknown_is_not_found(market: Market) -> None:

@@ -21,6 +21,7 @@ from db.catalog import (
     _OWN_ITEM,
     _RATING_FOR_SESSION,
     _SELLER_ITEMS,
+    _one_keyword_search,
     _plain_search,
     _ranked_search,
 )
@@ -40,6 +41,8 @@ STATEMENTS = {
     "get_seller_rating": _RATING_FOR_SESSION,
     "own seller rating": (_RATING_FOR_SESSION, {**SELLER, "seller_id": None}),
     "search by category": _plain_search(True), "search all": _plain_search(False),
+    "search one keyword": _one_keyword_search(False),
+    "search one keyword+category": _one_keyword_search(True),
     "search keywords": _ranked_search(False, False, 2),
     "search keywords+category": _ranked_search(True, False, 2),
     "search keywords, next page": _ranked_search(True, True, 2), "display_cart": _CART,
@@ -101,3 +104,20 @@ def test_listings_in_item_order_read_the_index_in_order(seeded: Database, name: 
     """No sort of every on-sale row: the index gives item_id order and the LIMIT stops the read."""
     plan, sql = plan_of(seeded, STATEMENTS[name])
     assert not [row for row in plan if "filesort" in str(row["Extra"])], f"{name} sorts\n{sql}"
+
+
+def keyword_index_work(db: Database, statement: Any) -> list[str]:
+    """The Extra notes of the plan's read of item_keywords that mean a sort or temporary table."""
+    plan, _sql = plan_of(db, statement)
+    return [note for row in plan if row["table"] == "item_keywords"
+            for note in ("filesort", "temporary") if note in str(row["Extra"])]
+
+
+@pytest.mark.parametrize("by_category", [False, True])
+def test_one_keyword_search_reads_the_keyword_index_in_order(seeded: Database, by_category: bool) -> None:
+    """No grouping or sort of every match: the LIMIT stops the read of the index range."""
+    assert keyword_index_work(seeded, _one_keyword_search(by_category)) == []
+
+
+def test_the_order_check_does_see_the_grouped_search_sort(seeded: Database) -> None:
+    assert keyword_index_work(seeded, _ranked_search(False, False, 2)) != []
