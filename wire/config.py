@@ -30,7 +30,7 @@ class Settings:
     max_connections: int = 1000
     idle_timeout_s: float = 300.0
     frame_deadline_s: float = 10.0
-    threads: int = 16
+    threads: int = 4
     workers: int = 1
     session_idle_s: int = 300
     session_max_s: int = 86400
@@ -64,7 +64,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
                         help="0 picks a free port")
     parser.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL),
                         help="SQLAlchemy URL (default: an SQLite file market.db here)")
-    parser.add_argument("--threads", type=int, default=int(env("MARKET_THREADS", 16)),
+    parser.add_argument("--threads", type=int, default=int(env("MARKET_THREADS", 4)),
                         help="worker threads (and database connections) per process")
     parser.add_argument("--workers", type=int, default=int(env("MARKET_WORKERS", 1)),
                         help="server processes sharing the port (SO_REUSEPORT)")

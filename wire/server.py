@@ -47,7 +47,7 @@ class ServerLimits:
     idle_timeout_s: float = 300.0
     frame_deadline_s: float = 10.0
     send_timeout_s: float = 10.0
-    threads: int = 16
+    threads: int = 4
 
 
 def respond(app: App, message: dict[str, Any] | ProtocolError) -> bytes:
