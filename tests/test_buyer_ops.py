@@ -122,7 +122,8 @@ def test_one_keyword_pages_equal_the_grouped_search_of_that_keyword(market: Mark
     def pages(keywords: list[str], limit: int, **args: object) -> list[list[int]]:
         result, cursor = [], None
         while True:
-            page = buyer.call("search_items", {**args, "keywords": keywords, "limit": limit, "cursor": cursor})
+            page = buyer.call("search_items",
+                              {**args, "keywords": keywords, "limit": limit, "cursor": cursor})
             result.append([item["item_id"] for item in page["items"]])
             if (cursor := page["next_cursor"]) is None:
                 return result
