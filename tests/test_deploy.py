@@ -228,6 +228,13 @@ def test_compose_runs_mysql_8_with_a_volume_and_a_tcp_health_check() -> None:
     assert "mysqladmin ping" in check and "-h 127.0.0.1" in check
 
 
+def test_compose_mysql_buffer_pool_is_set_from_env_example() -> None:
+    command = compose()["services"]["db"]["command"]
+    default = env_example_values()["MYSQL_BUFFER_POOL_SIZE"]
+    assert command == [f"--innodb-buffer-pool-size=${{MYSQL_BUFFER_POOL_SIZE:-{default}}}"]
+    assert re.fullmatch(r"\d+[MG]", default)
+
+
 @pytest.mark.parametrize("role", SERVERS)
 def test_compose_servers_wait_for_the_database_and_publish_their_port(role: str) -> None:
     service = compose()["services"][role]
