@@ -35,11 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     database.create_schema()
     if not args.no_seed:
         print(f"seeded: {timed_seed(database, args.sellers, args.items)}", flush=True)
-    first_seller, last_item = _bounds(database)
+    first_seller, last_item, item_count = _bounds(database)
     database.close()
     with tempfile.TemporaryDirectory() as logs, running_servers(args.db_url, Path(logs)) as addresses:
         rows = measure(addresses, first_seller, last_item, args.calls, random.Random(args.seed))
-    print(f"| op | calls | p50 ms | p95 ms |  ({args.items} items requested, db {args.db_url})")
+    print(f"| op | calls | p50 ms | p95 ms |  ({item_count} items in {args.db_url})")
     print("|---|---:|---:|---:|")
     for op, latencies in rows.items():
         ordered = sorted(latencies)
@@ -78,15 +78,16 @@ def _timed(call: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def _bounds(database: Database) -> tuple[int, int]:
-    """A seeded seller's id and the largest item id."""
+def _bounds(database: Database) -> tuple[int, int, int]:
+    """A seeded seller's id, the largest item id and the number of items."""
     from sqlalchemy import func, select
 
     from db.schema import items, users
 
-    def work(tx: Any) -> tuple[int, int]:
+    def work(tx: Any) -> tuple[int, int, int]:
         seller = tx.execute(select(func.min(users.c.user_id)).where(users.c.username.like("seed%"))).scalar()
-        return int(seller or 0), int(tx.execute(select(func.max(items.c.item_id))).scalar() or 0)
+        last, count = tx.execute(select(func.max(items.c.item_id), func.count())).one()
+        return int(seller or 0), int(last or 0), int(count)
 
     return database.run(work, write=False)
 

@@ -14,10 +14,18 @@ def test_catalogue_seeds_and_reports_every_read_op(tmp_path: Path, capsys: Any) 
     url = f"sqlite:///{tmp_path / 'catalogue.db'}"
     assert catalogue.main(["--db-url", url, "--items", "60", "--sellers", "4", "--calls", "3"]) == 0
     out = capsys.readouterr().out
-    assert "'items': 60" in out
+    assert "'items': 60" in out and "(60 items in sqlite:" in out
     for op in ("search_items (1 keyword)", "search_items (2 keywords)", "search_items (category only)",
                "get_item", "display_items (first page)"):
         assert f"| {op} | 3 |" in out
+
+
+def test_catalogue_without_seeding_reports_the_items_the_database_holds(tmp_path: Path, capsys: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'catalogue.db'}"
+    assert catalogue.main(["--db-url", url, "--items", "40", "--sellers", "4", "--calls", "1"]) == 0
+    capsys.readouterr()
+    assert catalogue.main(["--db-url", url, "--calls", "1", "--no-seed"]) == 0
+    assert "(40 items in sqlite:" in capsys.readouterr().out
 
 
 def test_idle_connections_are_really_held(market: Market) -> None:
