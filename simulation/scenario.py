@@ -14,7 +14,7 @@ import ssl
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from db.audit import AckedOrder
@@ -132,13 +132,24 @@ def run_once(mix: Mix, users: int, calls: int, buyer: Address, seller: Address, 
                for actor in actors]
     for thread in threads:
         thread.start()
-    while any(thread.is_alive() for thread in threads):
-        threads[0].join(0.2)
-        on_progress(sum(thread.done for thread in threads))
+    wait_for(threads, lambda: on_progress(sum(thread.done for thread in threads)))
     failures = [thread.failure for thread in threads if thread.failure]
     if failures:
         raise SimulationError(f"{len(failures)} simulated users failed; first: {failures[0]!r}")
     return _collect(mix, users, run, start[0], threads)
+
+
+def wait_for(threads: Sequence[threading.Thread], report: Callable[[], None], every_s: float = 0.2) -> None:
+    """Wait until every thread has ended, calling `report` about every `every_s` seconds.
+
+    Each join waits on a thread still running: joining one that has ended returns at once,
+    and a loop on it would spin, holding the GIL the simulated users need.
+    """
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(every_s)
+            report()
+    report()
 
 
 def _collect(mix: Mix, users: int, run: int, start: float, threads: list[SimulatedUser]) -> RunResult:

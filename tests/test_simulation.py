@@ -24,6 +24,7 @@ from db import Database
 from db.audit import AckedOrder, audit
 from simulation.behaviour import Buyer, make_actor
 from simulation.mixes import DEFAULT
+from simulation.scenario import wait_for
 from wire import Connection
 from wire.errors import UnauthenticatedError
 
@@ -208,6 +209,21 @@ def test_an_unauthenticated_answer_is_counted_once_then_a_login_follows(market: 
         market.connect("buyer").call("logout", token=conn.token)  # say, the session expired
         kinds = [buyer.perform(conn, buyer.next_call("display_cart")).kind for _ in range(4)]
         assert kinds == ["UNAUTHENTICATED", "ok", "ok", "ok"]
+
+
+def test_waiting_for_the_users_does_not_spin_once_the_first_has_finished() -> None:
+    """The first thread ends at once, the second after 0.6 s: about three reports, not thousands
+    (a wait that joined the finished thread again and again spun, holding the GIL)."""
+    release = threading.Event()
+    threads = [threading.Thread(target=lambda: None), threading.Thread(target=release.wait)]
+    for thread in threads:
+        thread.start()
+    threads[0].join()
+    threading.Timer(0.6, release.set).start()
+    reports: list[bool] = []
+    wait_for(threads, lambda: reports.append(threads[1].is_alive()), every_s=0.2)
+    assert not any(thread.is_alive() for thread in threads)
+    assert 2 <= len(reports) <= 10 and reports[-1] is False
 
 
 def test_buyers_add_only_items_with_units_left_and_pick_them_evenly() -> None:
