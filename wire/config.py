@@ -14,8 +14,11 @@ from typing import Any
 
 from dotenv import find_dotenv, load_dotenv
 
+from .server import ServerLimits
+
 DEFAULT_DB_URL = "sqlite:///market.db"
 DEFAULT_PORTS = {"buyer": 7001, "seller": 7002}
+_LIMITS = ServerLimits()  # the server loop's own defaults, not written twice
 
 
 @dataclass(frozen=True)
@@ -26,11 +29,11 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 7001
     db_url: str = DEFAULT_DB_URL
-    max_frame: int = 1 << 20
-    max_connections: int = 1000
-    idle_timeout_s: float = 300.0
-    frame_deadline_s: float = 10.0
-    threads: int = 4
+    max_frame: int = _LIMITS.max_frame
+    max_connections: int = _LIMITS.max_connections
+    idle_timeout_s: float = _LIMITS.idle_timeout_s
+    frame_deadline_s: float = _LIMITS.frame_deadline_s
+    threads: int = _LIMITS.threads
     workers: int = 1
     session_idle_s: int = 300
     session_max_s: int = 86400
@@ -55,37 +58,41 @@ def env(name: str, default: Any = None) -> Any:
 
 
 def server_settings(role: str, argv: list[str] | None = None) -> Settings:
-    """Settings for the buyer or seller server from flags, environment and `.env`."""
+    """Settings for the buyer or seller server from flags, environment and `.env`.
+
+    What neither sets keeps the default written once, in `Settings`.
+    """
+    default = Settings(role=role)
     parser = argparse.ArgumentParser(prog=f"python -m {role}_server",
                                      description=f"Run the marketplace {role} server.")
-    parser.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
+    parser.add_argument("--host", default=env("MARKET_HOST", default.host))
     parser.add_argument("--port", type=int,
                         default=int(env(f"MARKET_{role.upper()}_PORT", DEFAULT_PORTS[role])),
                         help="0 picks a free port")
-    parser.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL),
+    parser.add_argument("--db-url", default=env("MARKET_DB_URL", default.db_url),
                         help="SQLAlchemy URL (default: an SQLite file market.db here)")
-    parser.add_argument("--threads", type=int, default=int(env("MARKET_THREADS", 4)),
+    parser.add_argument("--threads", type=int, default=int(env("MARKET_THREADS", default.threads)),
                         help="worker threads (and database connections) per process")
-    parser.add_argument("--workers", type=int, default=int(env("MARKET_WORKERS", 1)),
+    parser.add_argument("--workers", type=int, default=int(env("MARKET_WORKERS", default.workers)),
                         help="server processes sharing the port (SO_REUSEPORT)")
     parser.add_argument("--tls-cert", default=env("MARKET_TLS_CERT"),
                         help="serve TLS with this certificate chain (PEM); needs --tls-key")
     parser.add_argument("--tls-key", default=env("MARKET_TLS_KEY"), help="the certificate's key (PEM)")
-    parser.add_argument("--log-level", default=env("MARKET_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", default=env("MARKET_LOG_LEVEL", default.log_level))
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     return Settings(
         role=role, host=args.host, port=args.port, db_url=args.db_url, threads=args.threads,
         workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        max_frame=int(env("MARKET_MAX_FRAME", 1 << 20)),
-        max_connections=int(env("MARKET_MAX_CONNECTIONS", 1000)),
-        idle_timeout_s=float(env("MARKET_IDLE_TIMEOUT_S", 300)),
-        frame_deadline_s=float(env("MARKET_FRAME_DEADLINE_S", 10)),
-        session_idle_s=int(env("MARKET_SESSION_IDLE_S", 300)),
-        session_max_s=int(env("MARKET_SESSION_MAX_S", 86400)),
-        payment_decline_rate=float(env("MARKET_PAYMENT_DECLINE_RATE", 0)),
-        login_free_failures=int(env("MARKET_LOGIN_FREE_FAILURES", 5)),
-        login_max_delay_s=float(env("MARKET_LOGIN_MAX_DELAY_S", 900)),
+        max_frame=int(env("MARKET_MAX_FRAME", default.max_frame)),
+        max_connections=int(env("MARKET_MAX_CONNECTIONS", default.max_connections)),
+        idle_timeout_s=float(env("MARKET_IDLE_TIMEOUT_S", default.idle_timeout_s)),
+        frame_deadline_s=float(env("MARKET_FRAME_DEADLINE_S", default.frame_deadline_s)),
+        session_idle_s=int(env("MARKET_SESSION_IDLE_S", default.session_idle_s)),
+        session_max_s=int(env("MARKET_SESSION_MAX_S", default.session_max_s)),
+        payment_decline_rate=float(env("MARKET_PAYMENT_DECLINE_RATE", default.payment_decline_rate)),
+        login_free_failures=int(env("MARKET_LOGIN_FREE_FAILURES", default.login_free_failures)),
+        login_max_delay_s=float(env("MARKET_LOGIN_MAX_DELAY_S", default.login_max_delay_s)),
         log_level=args.log_level,
     )
