@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from conftest import CARD, PASSWORD, Market, running_market
@@ -9,6 +10,7 @@ from sqlalchemy import select
 
 from db.audit import audit
 from db.schema import item_keywords
+from wire import Connection
 from wire.config import Settings
 from wire.errors import (
     BadRequestError,
@@ -63,18 +65,27 @@ def test_a_sold_out_item_leaves_the_search_index_by_purchase_or_removal(market: 
     assert audit(market.db) == []
 
 
+def search_pages(buyer: Connection, **args: Any) -> list[dict[str, Any]]:
+    """Every page of one search, following next_cursor to the last."""
+    pages, cursor = [], None
+    while True:
+        page = buyer.call("search_items", {**args, "cursor": cursor})
+        pages.append(page)
+        if (cursor := page["next_cursor"]) is None:
+            return pages
+
+
+def ids_of(pages: list[dict[str, Any]]) -> list[int]:
+    return [item["item_id"] for page in pages for item in page["items"]]
+
+
 def test_search_pages_through_the_ranked_order(market: Market) -> None:
     seller, buyer = market.user("seller"), market.user("buyer")
     for i in range(6):
         market.item(seller, keywords=["a", "b"] if i % 2 else ["a"], category=1)
     everything = buyer.call("search_items", {"keywords": ["a", "b"], "limit": 500})["items"]
     expected = [i["item_id"] for i in everything]
-    seen, cursor = [], None
-    while True:
-        page = buyer.call("search_items", {"keywords": ["a", "b"], "limit": 2, "cursor": cursor})
-        seen += [i["item_id"] for i in page["items"]]
-        if (cursor := page["next_cursor"]) is None:
-            break
+    seen = ids_of(search_pages(buyer, keywords=["a", "b"], limit=2))
     assert seen == expected and len(seen) == 6
 
 
@@ -86,13 +97,8 @@ def test_one_keyword_search_pages_in_item_order_with_the_ranked_cursor(market: M
     on_sale = [(item_id, category) for item_id, category in made if item_id != made[4][0]]
 
     def pages(**args: object) -> tuple[list[int], set[int]]:
-        seen, ranks, cursor = [], set(), None
-        while True:
-            page = buyer.call("search_items", {**args, "keywords": ["A"], "limit": 2, "cursor": cursor})
-            seen += [i["item_id"] for i in page["items"]]
-            if (cursor := page["next_cursor"]) is None:
-                return seen, ranks
-            ranks.add(decode_cursor(cursor, 2)[0])
+        found = search_pages(buyer, **args, keywords=["A"], limit=2)
+        return ids_of(found), {decode_cursor(page["next_cursor"], 2)[0] for page in found[:-1]}
 
     assert pages() == ([item_id for item_id, _ in on_sale], {1})
     assert pages(category=1)[0] == [item_id for item_id, category in on_sale if category == 1]
@@ -120,13 +126,7 @@ def test_one_keyword_pages_equal_the_grouped_search_of_that_keyword(market: Mark
             seller.call("remove_item", {"item_id": item_id, "quantity": 2})
 
     def pages(keywords: list[str], limit: int, **args: object) -> list[list[int]]:
-        result, cursor = [], None
-        while True:
-            page = buyer.call("search_items",
-                              {**args, "keywords": keywords, "limit": limit, "cursor": cursor})
-            result.append([item["item_id"] for item in page["items"]])
-            if (cursor := page["next_cursor"]) is None:
-                return result
+        return [ids_of([page]) for page in search_pages(buyer, **args, keywords=keywords, limit=limit)]
 
     for word in "abf":
         for args in ({}, {"category": 1}):
