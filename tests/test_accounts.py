@@ -1,13 +1,14 @@
 """Accounts and sessions over TCP, on SQLite and MariaDB."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 from conftest import CARD, PASSWORD, Market, running_market, unique_name
 from sqlalchemy import select
 
-from db import Database
+from db import Database, passwords
 from db.accounts import token_hash
 from db.schema import cart_lines, feedback, item_keywords, items, orders, saved_cart_lines, sessions, users
 from wire.config import Settings
@@ -232,3 +233,14 @@ def _snapshot(market: Market) -> list[object]:
     tables = (items, item_keywords, cart_lines, saved_cart_lines, orders, feedback, sessions)
     return market.db.run(lambda tx: [sorted(map(tuple, tx.execute(select(t)).all())) for t in tables],
                          write=False)
+
+
+def test_hashing_leaves_a_core_to_the_other_requests() -> None:
+    assert [passwords.hashing_slots(cores) for cores in (1, 2, 4, 16)] == [1, 1, 3, 15]
+    allowed = passwords.hashing_slots(os.cpu_count() or 1)
+    taken = [passwords._slots.acquire(blocking=False) for _ in range(allowed + 1)]
+    try:
+        assert taken == [True] * allowed + [False]
+    finally:
+        for _ in range(allowed):
+            passwords._slots.release()
