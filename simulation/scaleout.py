@@ -52,6 +52,7 @@ from rich.console import Console
 from sqlalchemy import URL, create_engine, make_url, text
 
 from db import Database
+from wire import config as wire_config
 
 from .__main__ import _mix_list, run_all
 from .__main__ import parse_args as market_sim_args
@@ -514,13 +515,19 @@ def write_results(measured: Sequence[Measured], servers: Sequence[DatabaseServer
     return paths
 
 
+def server_threads() -> int:
+    """The worker threads a server started without --threads runs (environment, .env, default)."""
+    return wire_config.server_settings("buyer", []).threads
+
+
 def preamble(args: argparse.Namespace, argv: Sequence[str]) -> str:
     """The heading: command, machine and parameters."""
     return (f"# Scale-out\n\n`python -m simulation.scaleout {shlex.join(argv)}`\n\n"
             f"- {time.strftime('%Y-%m-%d %H:%M:%S')}, {platform.platform()}, {os.cpu_count()} CPUs, "
             f"Python {platform.python_version()}\n"
-            f"- servers.sh behind HAProxy (1 worker, 16 threads each); N = {args.users} sellers + "
-            f"{args.users} buyers, K = {args.calls} calls per user, R = {args.repeats} runs; "
+            f"- servers.sh behind HAProxy (1 worker, {server_threads()} threads each); "
+            f"N = {args.users} sellers + {args.users} buyers, K = {args.calls} calls per user, "
+            f"R = {args.repeats} runs; "
             f"mixes {', '.join(args.mix)}\n"
             "- latency: median across runs of each run's figure; ops/s: mean ± sd and median across runs")
 

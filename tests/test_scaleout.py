@@ -98,7 +98,7 @@ def start_servers(run_dir: Path, db_url: str, *extra: str) -> Balanced:
     if not shutil.which("haproxy"):
         unavailable("haproxy is not installed (apt-get install haproxy)")
     buyer, seller = free_port(), free_port()
-    started = script("servers.sh", "start", "--dir", str(run_dir), "--db-url", db_url, "--threads", "4",
+    started = script("servers.sh", "start", "--dir", str(run_dir), "--db-url", db_url,
                      "--buyer-port", str(buyer), "--seller-port", str(seller), *extra)
     if started.returncode != 0:
         script("servers.sh", "stop", "--dir", str(run_dir))

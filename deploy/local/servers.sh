@@ -9,7 +9,9 @@ set -euo pipefail
 #
 # Options: --dir DIR (run folder: config, logs, pid files; default /tmp/market-local)
 #          --db-url URL (default $MARKET_DB_URL, else a SQLite file in DIR)
-#          --buyers N --sellers N (instances per role, default 2)   --workers N --threads N
+#          --buyers N --sellers N (instances per role, default 2)
+#          --workers N (processes per instance, default 1)
+#          --threads N (workers per process; default $MARKET_THREADS, else the servers' own default)
 #          --buyer-port P --seller-port P (the balancer's ports, default 7001 and 7002)
 #          --stats-port P (HAProxy's statistics page on 127.0.0.1:P; default none)
 # HAProxy's admin socket is DIR/haproxy.sock ("show servers state", "disable server ...").
@@ -19,7 +21,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 source "$HERE/lib.sh"
 
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
-DIR=/tmp/market-local BUYERS=2 SELLERS=2 WORKERS=1 THREADS=16
+DIR=/tmp/market-local BUYERS=2 SELLERS=2 WORKERS=1 THREADS=${MARKET_THREADS:-}
 BUYER_PORT=7001 SELLER_PORT=7002 STATS_PORT="" DB_URL=${MARKET_DB_URL:-}
 # The ping request as a frame: 4-byte big-endian length (13), then {"op":"ping"}.
 PING_FRAME=0000000d7b226f70223a2270696e67227d
@@ -46,7 +48,7 @@ parse_options() {
 start_instance() {
   local name="$1-$2" port
   "$PYTHON" -m "$1_server" --host 127.0.0.1 --port 0 --db-url "$DB_URL" \
-    --workers "$WORKERS" --threads "$THREADS" >"$DIR/$name.out" 2>"$DIR/$name.log" &
+    --workers "$WORKERS" ${THREADS:+--threads "$THREADS"} >"$DIR/$name.out" 2>"$DIR/$name.log" &
   echo $! >"$DIR/$name.pid"
   wait_for 60 grep -q '^listening on ' "$DIR/$name.out" \
     || die "$name did not start; see $DIR/$name.log"
