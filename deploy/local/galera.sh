@@ -61,7 +61,10 @@ wsrep_cluster_address=gcomm://127.0.0.1:$((BASE + 11)),127.0.0.1:$((BASE + 12)),
 wsrep_node_name=node$n
 wsrep_node_address=127.0.0.1:$((BASE + 10 + n))
 wsrep_node_incoming_address=127.0.0.1:$((BASE + n))
-wsrep_provider_options="gmcast.listen_addr=tcp://127.0.0.1:$((BASE + 10 + n));ist.recv_addr=127.0.0.1:$((BASE + 20 + n));gcache.size=64M;evs.suspect_timeout=PT3S;evs.inactive_timeout=PT6S;evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S"
+# A dead node is dropped after 3 s of silence (suspect_timeout). The install timeout, by
+# default half of inactive_timeout, is set on its own: at 3 s a loaded machine could miss it
+# while a restarted node rejoined, and the two others then split into non-primary halves.
+wsrep_provider_options="gmcast.listen_addr=tcp://127.0.0.1:$((BASE + 10 + n));ist.recv_addr=127.0.0.1:$((BASE + 20 + n));gcache.size=64M;evs.suspect_timeout=PT3S;evs.inactive_timeout=PT15S;evs.install_timeout=PT10S;evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S"
 wsrep_sst_method=rsync
 wsrep_sst_receive_address=127.0.0.1:$((BASE + 30 + n))
 wsrep_slave_threads=2
