@@ -199,6 +199,21 @@ def test_an_idle_connection_is_closed_after_the_idle_limit(serve: Any) -> None:
     assert closed_by_server(sock, within=5)
 
 
+def test_after_an_idle_close_a_call_unsafe_to_repeat_goes_out_on_a_new_connection(serve: Any) -> None:
+    """The client notices the hang-up before sending, so even a call it may not repeat
+    ("slow" is no read-only op and has no idempotency key) is not lost to a dead socket."""
+    server = serve(idle_timeout_s=0.3)
+    conn = Connection(*server.address, timeout=5)
+    assert conn.call("slow") == {"slept": True}
+    later = raw(server)  # idle for less time than conn: once it is closed, so is conn
+    later.sendall(encode_frame({"op": "ping"}))
+    assert read_messages(later, 1)[0]["ok"]
+    assert closed_by_server(later, within=10)
+    assert conn.call("slow") == {"slept": True}
+    assert conn.reconnects == 1
+    conn.close()
+
+
 def test_a_frame_not_finished_in_time_gets_the_connection_closed(serve: Any) -> None:
     sock = raw(serve(frame_deadline_s=0.5))
     sock.sendall(encode_frame({"op": "ping"})[:7])

@@ -79,6 +79,9 @@ class Connection:
     def send(self, message: dict[str, Any]) -> None:
         """Send one raw message (for pipelining and tests)."""
         self.connect()
+        self._send_frame(message)
+
+    def _send_frame(self, message: dict[str, Any]) -> None:
         assert self._sock is not None
         self._sock.sendall(encode_frame(message))
 
@@ -97,7 +100,7 @@ class Connection:
         while True:
             try:
                 self.connect()  # a failure here sent nothing (and leaves no socket)
-                self.send(message)
+                self._send_frame(message)
                 return self.receive()
             except OSError as exc:
                 sent = self._sock is not None
