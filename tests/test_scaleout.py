@@ -299,11 +299,11 @@ def test_a_database_node_killed_under_load_rejoins_with_equal_tables(cluster: Cl
             time.sleep(4)
             rejoined = script("galera.sh", "start-node", "1", "--dir", str(cluster.dir), timeout=200)
             assert rejoined.returncode == 0, rejoined.stderr
-            settled = max(killed + 10, time.monotonic() + 1)  # and node 1 Synced again
-            wait_until(lambda: time.monotonic() > settled + 4, 30, "the load to run on")
+            settled_at = max(killed + 10, time.monotonic() + 1)  # start-node returns once Synced
+            wait_until(lambda: time.monotonic() > settled_at + 4, 30, "the load to run on")
         check_books(database, [r.shopper for r in recorders])
     calls = sorted((c for r in recorders for c in r.calls), key=lambda c: c.started)
-    report_node_kill(calls, killed, settled)
+    report_node_kill(calls, killed, settled_at)
     assert {cluster.status(n, "wsrep_cluster_size") for n in (1, 2, 3)} == {3}
     wait_until(lambda: len(set(table_checksums(cluster).values())) == 1, 20, "equal checksums")
 
@@ -338,13 +338,13 @@ def report_node_kill(calls: list[Call], killed: float, settled_at: float) -> Non
     of the primary component; docs/deploy.md). Prints what was seen."""
     codes_seen = Counter(c.code for c in calls)
     assert set(codes_seen) <= {"OK", "UNAVAILABLE"}, codes_seen
-    settled = [c for c in calls if c.started >= settled_at]
-    ok = sum(c.code == "OK" for c in settled) / len(settled)
+    after = [c for c in calls if c.started >= settled_at]
+    ok = sum(c.code == "OK" for c in after) / len(after)
     assert ok >= 0.99, f"only {ok:.1%} of the calls succeeded from {settled_at - killed:+.1f} s"
     last_failure = max((c.started - killed for c in calls if c.code != "OK"), default=0.0)
     slowest = max(c.seconds for c in calls)
     print(f"node kill: {codes_seen}; slowest call {slowest:.2f} s; last failure at {last_failure:+.2f} s;"
-          f" {ok:.1%} of {len(settled)} calls succeeded from {settled_at - killed:+.1f} s")
+          f" {ok:.1%} of {len(after)} calls succeeded from {settled_at - killed:+.1f} s")
 
 
 def table_checksums(cluster: Cluster) -> dict[int, tuple[object, ...]]:
