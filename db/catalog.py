@@ -1,10 +1,10 @@
 """Items and ratings: listing, pricing, removing, displaying, searching.
 
-Keywords live twice: as the item's JSON list (returned in order, no extra query)
-and as rows of item_keywords, the search index, which holds items on sale only: an
-item's rows go when it sells out (its quantity never rises again), so ranking runs on
-that index alone. Search ranks by matching keywords, then item_id, and pages with a
-cursor over exactly that order.
+Keywords live three times: as the item's JSON list (returned in order, no extra query),
+as rows of item_keywords, the search index, and as rows of item_keyword_pairs, every pair
+of an item's keywords. Both indexes hold items on sale only: an item's rows go when it
+sells out (its quantity never rises again), so ranking runs on them alone. Search ranks
+by matching keywords, then item_id, and pages with a cursor over exactly that order.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from sqlalchemy import (
     BindParameter,
+    CompoundSelect,
     Connection,
     Integer,
     Select,
@@ -26,6 +27,7 @@ from sqlalchemy import (
     insert,
     literal_column,
     select,
+    union_all,
     update,
 )
 
@@ -35,7 +37,7 @@ from wire.values import decode_cursor, encode_cursor, format_money
 from .accounts import Session, with_session
 from .database import now_ms
 from .prepared import Prepared, PreparedRows
-from .schema import item_keywords, items, sessions, users
+from .schema import item_keyword_pairs, item_keywords, items, keyword_pairs, sessions, users
 
 ItemRow = Any  # a Row with ITEM_COLUMNS (SQLAlchemy types rows by column count)
 ITEM_COLUMNS = (items.c.item_id, items.c.seller_id, items.c.name, items.c.category, items.c.keywords,
@@ -64,6 +66,7 @@ _NEW_ITEM = Prepared(insert(items).values(
     keywords=bindparam("keywords"), item_condition=bindparam("condition"), price_cents=bindparam("price"),
     quantity=bindparam("quantity"), listed=bindparam("quantity"), created_ms=bindparam("now")))
 _INDEX_KEYWORDS = PreparedRows(item_keywords, ("keyword", "item_id", "category"))
+_INDEX_PAIRS = PreparedRows(item_keyword_pairs, ("first_keyword", "second_keyword", "item_id", "category"))
 
 
 def put_item(tx: Connection, session: Session, name: str, category: int, keywords: list[str],
@@ -75,6 +78,9 @@ def put_item(tx: Connection, session: Session, name: str, category: int, keyword
     if keywords:
         _INDEX_KEYWORDS.execute(tx, [{"keyword": word, "item_id": item_id, "category": category}
                                      for word in keywords])
+    if len(keywords) > 1:
+        _INDEX_PAIRS.execute(tx, [{"first_keyword": first, "second_keyword": second, "item_id": item_id,
+                                   "category": category} for first, second in keyword_pairs(keywords)])
     return {"item_id": item_id}
 
 
@@ -128,13 +134,15 @@ def remove_item(tx: Connection, session: Session, item_id: int, quantity: int) -
     return {**item_to_wire(row), "quantity": row.quantity - quantity}
 
 
-_UNLIST = Prepared(delete(item_keywords).where(item_keywords.c.item_id == bindparam("item_id")))
+_UNLIST = (Prepared(delete(item_keywords).where(item_keywords.c.item_id == bindparam("item_id"))),
+           Prepared(delete(item_keyword_pairs).where(item_keyword_pairs.c.item_id == bindparam("item_id"))))
 
 
 def unlist(tx: Connection, sold_out: Sequence[int]) -> None:
-    """Take sold-out items out of the search index (see the module docstring)."""
+    """Take sold-out items out of the search indexes (see the module docstring)."""
     for item_id in sold_out:
-        _UNLIST.execute(tx, {"item_id": item_id})
+        for statement in _UNLIST:
+            statement.execute(tx, {"item_id": item_id})
 
 
 _SELLER_ITEMS = Prepared(
@@ -170,8 +178,13 @@ def search_items(tx: Connection, session: Session, category: int | None, keyword
     """Items on sale, by category and/or keywords, best match first."""
     params: dict[str, Any] = {**session.check_params, "category": category, "limit": limit + 1}
     if len(keywords) == 1:
-        params.update(keyword0=keywords[0], after=_one_keyword_after(cursor))
+        params.update(keyword0=keywords[0], after=_after_at_rank(cursor, 1))
         statement, cursor_of = _one_keyword_search(category is not None), _rank_cursor
+    elif len(keywords) == 2:
+        params.update(keyword0=keywords[0], keyword1=keywords[1], after_both=_after_at_rank(cursor, 2),
+                      after=_after_at_rank(cursor, 1))
+        (params["first_keyword"], params["second_keyword"]), = keyword_pairs(keywords)
+        statement, cursor_of = _two_keyword_search(category is not None), _rank_cursor
     elif keywords:
         last = decode_cursor(cursor, 2) if cursor else None
         params.update({f"keyword{n}": word for n, word in enumerate(keywords)},
@@ -206,14 +219,15 @@ def _plain_search(by_category: bool) -> Prepared:
 _AFTER_EVERYTHING = 2**63 - 1  # past the largest BIGINT: a cursor below rank 1 has nothing after it
 
 
-def _one_keyword_after(cursor: str | None) -> int:
-    """The item_id a one-keyword page starts after: every match ranks 1, so the order is item_id."""
+def _after_at_rank(cursor: str | None, rank: int) -> int:
+    """The item_id after which the items of one rank (matching `rank` keywords) continue:
+    within a rank the order is item_id, and every rank follows the ranks above it."""
     if not cursor:
         return 0
     last_matches, after = decode_cursor(cursor, 2)
-    if last_matches > 1:  # a cursor from a page above rank 1: the whole rank-1 list follows it
+    if last_matches > rank:  # a cursor from a page above this rank: the whole rank follows it
         return 0
-    return after if last_matches == 1 else _AFTER_EVERYTHING
+    return after if last_matches == rank else _AFTER_EVERYTHING
 
 
 @functools.cache
@@ -227,6 +241,49 @@ def _one_keyword_search(by_category: bool) -> Prepared:
     else:  # MariaDB reads (keyword, category, item_id) by keyword and sorts every match unless told
         ranked = ranked.with_hint(item_keywords, "FORCE INDEX (PRIMARY)", "mysql")  # mariadb:// too
     return _page_with_items(ranked.where(on).order_by(item_keywords.c.item_id))
+
+
+@functools.cache
+def _two_keyword_search(by_category: bool) -> Prepared:
+    """Items on sale with either of two keywords, those with both first, then by item_id.
+
+    Three index ranges read in item order, each stopped by the LIMIT: the pair's (rank 2),
+    and each keyword's without the items that have the other (rank 1), where counting
+    matches would group and sort every item with either keyword.
+    """
+    both = item_keyword_pairs
+    on = ((both.c.first_keyword == bindparam("first_keyword", type_=both.c.first_keyword.type))
+          & (both.c.second_keyword == bindparam("second_keyword", type_=both.c.second_keyword.type))
+          & (both.c.item_id > bindparam("after_both")))
+    ranked = select(both.c.item_id, literal_column("2", Integer).label("matches"))
+    if by_category:  # (first, second, category, item_id): in item_id order
+        on &= both.c.category == bindparam("category")
+    else:  # as with one keyword: MariaDB would read the category index and sort every match
+        ranked = ranked.with_hint(both, "FORCE INDEX (PRIMARY)", "mysql")
+    pages = [_limited(ranked.where(on).order_by(both.c.item_id)),
+             _only_keyword(0, 1, by_category), _only_keyword(1, 0, by_category)]
+    return _page_with_items(union_all(*pages).order_by(desc("matches"), "item_id"))
+
+
+def _only_keyword(n: int, other: int, by_category: bool) -> Select[Any]:
+    """One page of the items on sale with keyword n and not keyword `other`, by item_id."""
+    mine, theirs = item_keywords.alias(f"keyword{n}"), item_keywords.alias(f"keyword{other}")
+    without = mine.outerjoin(theirs, (theirs.c.keyword == _keyword(other))
+                             & (theirs.c.item_id == mine.c.item_id))
+    on = (mine.c.keyword == _keyword(n)) & (mine.c.item_id > bindparam("after")) & theirs.c.item_id.is_(None)
+    ranked = (select(mine.c.item_id, literal_column("1", Integer).label("matches")).select_from(without)
+              .with_hint(theirs, "FORCE INDEX (PRIMARY)", "mysql"))  # one row's look-up, not the range
+    if by_category:
+        on &= mine.c.category == bindparam("category")
+    else:
+        ranked = ranked.with_hint(mine, "FORCE INDEX (PRIMARY)", "mysql")
+    return _limited(ranked.where(on).order_by(mine.c.item_id))
+
+
+def _limited(ranked: Select[Any]) -> Select[Any]:
+    """A ranked query cut to one page, wrapped so that it can stand in a UNION (SQLite too)."""
+    page = ranked.limit(bindparam("limit", type_=Integer)).subquery()
+    return select(page.c.item_id, page.c.matches)
 
 
 @functools.cache
@@ -254,7 +311,7 @@ def _keyword(n: int) -> BindParameter[str]:
     return bindparam(f"keyword{n}", type_=item_keywords.c.keyword.type)
 
 
-def _page_with_items(ranked: Select[Any]) -> Prepared:
+def _page_with_items(ranked: Select[Any] | CompoundSelect) -> Prepared:
     """A ranked (item_id, matches) query cut to one page, then joined to its items on sale."""
     page = ranked.limit(bindparam("limit", type_=Integer)).subquery()
     found = page.join(items, items.c.item_id == page.c.item_id)

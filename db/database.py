@@ -12,6 +12,7 @@ more than the rest of a write's transaction handling.
 """
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import random
@@ -19,14 +20,22 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, CursorResult, delete, insert, select, update
+from sqlalchemy import Connection, CursorResult, delete, insert, inspect, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from wire.errors import BusyError, UnavailableError
 
 from .engine import PROGRESS_KEY, WRITE_KEY, is_sqlite, make_engine
-from .schema import SCHEMA_VERSION, item_keywords, items, metadata, schema_info
+from .schema import (
+    SCHEMA_VERSION,
+    item_keyword_pairs,
+    item_keywords,
+    items,
+    keyword_pairs,
+    metadata,
+    schema_info,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("market.db")
@@ -134,7 +143,8 @@ class Database:
 
 def _create_or_upgrade(conn: Connection) -> None:
     metadata.create_all(conn, checkfirst=True)
-    version = conn.execute(select(schema_info.c.version)).scalar()
+    # Locked, so that of two servers starting at once the second waits for the first's upgrade.
+    version = conn.execute(select(schema_info.c.version).with_for_update()).scalar()
     if version is None:
         conn.execute(insert(schema_info).values(version=SCHEMA_VERSION))
     elif version != SCHEMA_VERSION:
@@ -212,8 +222,38 @@ def _upgrade(conn: Connection, version: int) -> None:
     if version < 2:  # version 2: the search index holds items on sale only
         conn.execute(delete(item_keywords).where(
             item_keywords.c.item_id.in_(select(items.c.item_id).where(items.c.quantity == 0))))
+    if version < 3:  # version 3: item_keyword_pairs, for the items already on sale
+        _fill_keyword_pairs(conn)
+        _index_keywords_by_item(conn)
     conn.execute(update(schema_info).values(version=SCHEMA_VERSION))
     log.info("schema upgraded from version %d to %d", version, SCHEMA_VERSION)
+
+
+def _fill_keyword_pairs(conn: Connection, chunk: int = 10_000) -> None:
+    """Index the keyword pairs of every item on sale, a chunk of items at a time; pairs are
+    made in Python (keyword_pairs), exactly as put_item makes them."""
+    after, filled = 0, 0
+    while True:
+        page = conn.execute(select(items.c.item_id, items.c.category, items.c.keywords)
+                            .where(items.c.item_id > after, items.c.quantity > 0)
+                            .order_by(items.c.item_id).limit(chunk)).all()
+        if not page:
+            break
+        rows = [{"first_keyword": first, "second_keyword": second, "item_id": item.item_id,
+                 "category": item.category}
+                for item in page for first, second in keyword_pairs(json.loads(item.keywords))]
+        if rows:
+            conn.execute(insert(item_keyword_pairs), rows)
+        after, filled = page[-1].item_id, filled + len(rows)
+    log.info("indexed %d keyword pairs of the items on sale", filled)
+
+
+def _index_keywords_by_item(conn: Connection) -> None:
+    """An index for unlisting an item's keywords, unless one leads with item_id already (MySQL
+    made one for the foreign key; SQLite had none and read the whole table per sold-out item)."""
+    existing = inspect(conn).get_indexes(item_keywords.name)
+    if not any(index["column_names"][:1] == ["item_id"] for index in existing):
+        next(ix for ix in item_keywords.indexes if ix.name == "ix_item_keywords_item").create(conn)
 
 
 def _errno(exc: DBAPIError) -> int | None:

@@ -7,6 +7,8 @@ are constraints here, never read-then-write checks in Python.
 """
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import (
@@ -24,7 +26,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-SCHEMA_VERSION = 2  # 2: item_keywords holds items on sale only (Database._upgrade)
+# 2: item_keywords holds items on sale only; 3: item_keyword_pairs, and item_keywords by item_id
+SCHEMA_VERSION = 3  # (Database._upgrade)
 metadata = MetaData()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.
@@ -94,8 +97,29 @@ item_keywords = Table(
     Column("category", SmallInteger, nullable=False),  # an item's category never changes
     PrimaryKeyConstraint("keyword", "item_id"),
     Index("ix_item_keywords_category", "keyword", "category", "item_id"),
+    Index("ix_item_keywords_item", "item_id"),  # unlisting; MySQL had one for the foreign key
     **_MYSQL,
 )
+
+# Every pair of an item on sale's keywords (keyword_pairs): the items with both keywords of a
+# two-keyword search, in item order, without reading either keyword's whole range.
+item_keyword_pairs = Table(
+    "item_keyword_pairs", metadata,
+    Column("first_keyword", String(8), nullable=False),
+    Column("second_keyword", String(8), nullable=False),
+    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
+    Column("category", SmallInteger, nullable=False),
+    PrimaryKeyConstraint("first_keyword", "second_keyword", "item_id"),
+    Index("ix_item_keyword_pairs_category", "first_keyword", "second_keyword", "category", "item_id"),
+    Index("ix_item_keyword_pairs_item", "item_id"),
+    **_MYSQL,
+)
+
+
+def keyword_pairs(keywords: Iterable[str]) -> list[tuple[str, str]]:
+    """The rows item_keyword_pairs holds for an item's keywords: each pair once, in order."""
+    return list(itertools.combinations(sorted(keywords), 2))
+
 
 cart_lines = Table(
     "cart_lines", metadata,

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Table, func, insert, select
 
 from .database import Database, now_ms
 from .passwords import hash_password
-from .schema import item_keywords, items, users
+from .schema import item_keyword_pairs, item_keywords, items, keyword_pairs, users
 
 SEED_PASSWORD = "seeded-password"
 WORDS = ["lamp", "desk", "chair", "light", "table", "sofa", "bed", "rug", "shelf", "clock",
@@ -40,19 +40,25 @@ def seed(db: Database, sellers: int, items_count: int, *, rng: random.Random | N
     first_item = _next_id(db, items.c.item_id)
     done = 0
     for batch in _batches(_item_rows(rng, first_item, items_count, first_seller, sellers), BATCH):
-        keywords = [{"keyword": k, "item_id": row["item_id"], "category": row["category"]}
-                    for row in batch for k in json.loads(row["keywords"])]
-        db.run(functools.partial(_insert_pair, item_rows=batch, keyword_rows=keywords))
+        db.run(functools.partial(_insert_items, item_rows=batch))
         done += len(batch)
         progress(done)
     return {"sellers": sellers, "items": items_count, "first_seller_id": first_seller,
             "first_item_id": first_item}
 
 
-def _insert_pair(tx: Connection, item_rows: list[dict[str, Any]], keyword_rows: list[dict[str, Any]]) -> None:
+def _insert_items(tx: Connection, item_rows: list[dict[str, Any]]) -> None:
+    """A batch of items with their rows in both search indexes."""
+    keywords = {row["item_id"]: json.loads(row["keywords"]) for row in item_rows}
+    keyword_rows = [{"keyword": word, "item_id": row["item_id"], "category": row["category"]}
+                    for row in item_rows for word in keywords[row["item_id"]]]
+    pair_rows = [{"first_keyword": first, "second_keyword": second, "item_id": row["item_id"],
+                  "category": row["category"]}
+                 for row in item_rows for first, second in keyword_pairs(keywords[row["item_id"]])]
     tx.execute(insert(items), item_rows)
-    if keyword_rows:
-        tx.execute(insert(item_keywords), keyword_rows)
+    for table, rows in ((item_keywords, keyword_rows), (item_keyword_pairs, pair_rows)):
+        if rows:
+            tx.execute(insert(table), rows)
 
 
 def _next_id(db: Database, column: Any) -> int:

@@ -10,7 +10,17 @@ from sqlalchemy import select
 
 from db import Database, passwords
 from db.accounts import token_hash
-from db.schema import cart_lines, feedback, item_keywords, items, orders, saved_cart_lines, sessions, users
+from db.schema import (
+    cart_lines,
+    feedback,
+    item_keyword_pairs,
+    item_keywords,
+    items,
+    orders,
+    saved_cart_lines,
+    sessions,
+    users,
+)
 from wire.config import Settings
 from wire.errors import BadRequestError, ConflictError, NotFoundError, UnauthenticatedError
 
@@ -230,7 +240,8 @@ def test_a_write_with_a_dead_token_is_unauthenticated_and_changes_nothing(
 
 
 def _snapshot(market: Market) -> list[object]:
-    tables = (items, item_keywords, cart_lines, saved_cart_lines, orders, feedback, sessions)
+    tables = (items, item_keywords, item_keyword_pairs, cart_lines, saved_cart_lines, orders, feedback,
+              sessions)
     return market.db.run(lambda tx: [sorted(map(tuple, tx.execute(select(t)).all())) for t in tables],
                          write=False)
 

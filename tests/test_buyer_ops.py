@@ -114,26 +114,73 @@ def test_one_keyword_search_pages_in_item_order_with_the_ranked_cursor(market: M
     assert after(encode_cursor(0, 0)) == []  # below rank 1: nothing follows
 
 
-def test_one_keyword_pages_equal_the_grouped_search_of_that_keyword(market: Market) -> None:
-    """The one-keyword statement against the grouped one (the keyword and a word no item has):
-    every page, with and without a category, over random items, some sold out."""
-    rng = random.Random(11)
-    seller, buyer = market.user("seller"), market.user("buyer")
+def random_catalogue(market: Market, rng: random.Random) -> Connection:
+    """150 items with 1-3 of the keywords a-f in three categories, every seventh sold out;
+    returns a buyer."""
+    seller = market.user("seller")
     for n in range(150):
         item_id = market.item(seller, keywords=rng.sample("abcdef", rng.randint(1, 3)),
                               category=rng.randrange(3), quantity=2)
         if n % 7 == 0:
             seller.call("remove_item", {"item_id": item_id, "quantity": 2})
+    return market.user("buyer")
 
-    def pages(keywords: list[str], limit: int, **args: object) -> list[list[int]]:
-        return [ids_of([page]) for page in search_pages(buyer, **args, keywords=keywords, limit=limit)]
 
+def page_ids(buyer: Connection, keywords: list[str], limit: int, **args: object) -> list[list[int]]:
+    """The item ids of every page of one search, page by page."""
+    return [ids_of([page]) for page in search_pages(buyer, **args, keywords=keywords, limit=limit)]
+
+
+# Words no item has: added to a search, they leave its ranking as it is but make it a
+# search of three or more keywords, which counts every match (the grouped statement).
+NO_MATCH = ["nothing", "zilch"]
+
+
+def test_one_keyword_pages_equal_the_grouped_search_of_that_keyword(market: Market) -> None:
+    """The one-keyword statement against the grouped one: every page, with and without a
+    category, over random items, some sold out."""
+    rng = random.Random(11)
+    buyer = random_catalogue(market, rng)
     for word in "abf":
         for args in ({}, {"category": 1}):
             limit = rng.randint(3, 40)
-            one = pages([word], limit, **args)
-            assert one == pages([word, "nothing"], limit, **args)
+            one = page_ids(buyer, [word], limit, **args)
+            assert one == page_ids(buyer, [word, *NO_MATCH], limit, **args)
             assert sum(map(len, one)) > 5
+
+
+def test_two_keyword_pages_equal_the_grouped_search_of_those_keywords(market: Market) -> None:
+    """The two-keyword statement (the pair index, then each keyword without the other) against
+    the grouped one: every page, with and without a category, over random items, some sold out."""
+    rng = random.Random(12)
+    buyer = random_catalogue(market, rng)
+    for first, second in (("a", "b"), ("f", "c"), ("e", "d"), ("a", "none")):
+        for args in ({}, {"category": 2}):
+            limit = rng.randint(2, 30)
+            two = page_ids(buyer, [first, second], limit, **args)
+            assert two == page_ids(buyer, [first, second, *NO_MATCH], limit, **args), (first, second, args)
+            assert sum(map(len, two)) > 5
+    both = buyer.call("search_items", {"keywords": ["b", "a"], "limit": 500})["items"]
+    ranks = [sum(word in item["keywords"] for word in "ab") for item in both]
+    assert ranks == sorted(ranks, reverse=True) and ranks.count(2) > 3 and ranks.count(1) > 3
+
+
+def test_a_two_keyword_cursor_continues_at_its_rank(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    made = [market.item(seller, keywords=["x", "y"] if n % 3 == 0 else ["y"]) for n in range(7)]
+    both, one = made[::3], [item_id for n, item_id in enumerate(made) if n % 3]
+    everything = ids_of([buyer.call("search_items", {"keywords": ["y", "x"]})])
+    assert everything == both + one
+
+    def after(matches: int, item_id: int) -> list[int]:
+        return ids_of([buyer.call("search_items", {"keywords": ["x", "y"],
+                                                   "cursor": encode_cursor(matches, item_id)})])
+
+    assert after(3, 10**9) == everything  # above rank 2: everything follows
+    assert after(2, both[0]) == both[1:] + one
+    assert after(2, 10**9) == one  # past the last rank-2 item: rank 1 from its start
+    assert after(1, one[1]) == one[2:]
+    assert after(0, 0) == []
 
 
 def test_get_item_shows_sold_out_items_and_unknown_is_not_found(market: Market) -> None:

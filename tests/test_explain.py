@@ -24,6 +24,7 @@ from db.catalog import (
     _one_keyword_search,
     _plain_search,
     _ranked_search,
+    _two_keyword_search,
 )
 from db.login_throttle import _FAILURES
 from db.orders import _CART_LINES, _HISTORY
@@ -32,7 +33,9 @@ from db.seed import seed
 
 PARAMS: dict[str, Any] = {
     "item_id": 1500, "seller_id": 3, "after": 0, "limit": 51, "category": 4,
-    "keyword0": "lamp", "keyword1": "desk", "last_matches": 2, "token_hash": "ab" * 32, "role": "buyer",
+    "keyword0": "lamp", "keyword1": "desk", "keyword2": "chair", "last_matches": 2,
+    "first_keyword": "desk", "second_keyword": "lamp", "after_both": 0,
+    "token_hash": "ab" * 32, "role": "buyer",
     "session_id": 1, "buyer_id": 2, "last_order": 2**62, "last_item": 0, "username": "someone",
 }
 SELLER = {"token_hash": "cd" * 32, "role": "seller"}  # the seeded seller 3's session
@@ -43,9 +46,11 @@ STATEMENTS = {
     "search by category": _plain_search(True), "search all": _plain_search(False),
     "search one keyword": _one_keyword_search(False),
     "search one keyword+category": _one_keyword_search(True),
-    "search keywords": _ranked_search(False, False, 2),
-    "search keywords+category": _ranked_search(True, False, 2),
-    "search keywords, next page": _ranked_search(True, True, 2), "display_cart": _CART,
+    "search two keywords": _two_keyword_search(False),
+    "search two keywords+category": _two_keyword_search(True),
+    "search keywords": _ranked_search(False, False, 3),
+    "search keywords+category": _ranked_search(True, False, 3),
+    "search keywords, next page": _ranked_search(True, True, 3), "display_cart": _CART,
     "token check": _SESSION_BY_TOKEN, "own item (change_price, remove_item)": (_OWN_ITEM, SELLER),
     "add_to_cart": _STOCK_AND_HELD, "make_purchase's cart": _CART_LINES, "purchase history": _HISTORY,
     "login backoff": _FAILURES,
@@ -82,10 +87,11 @@ def plan_of(db: Database, statement: Any) -> tuple[list[dict[str, Any]], str]:
 
 
 def full_scans(db: Database, statement: Any) -> tuple[list[str], str]:
-    """Base tables the plan reads in full (type ALL), and the SQL explained."""
+    """Base tables the plan reads in full (type ALL), and the SQL explained (derived tables and
+    a UNION's result are the statement's own few rows, not tables)."""
     plan, sql = plan_of(db, statement)
     return [row["table"] for row in plan
-            if row["type"] == "ALL" and not str(row["table"]).startswith("<derived")], sql
+            if row["type"] == "ALL" and not str(row["table"]).startswith(("<derived", "<union"))], sql
 
 
 @pytest.mark.parametrize("name", sorted(STATEMENTS))
@@ -106,10 +112,13 @@ def test_listings_in_item_order_read_the_index_in_order(seeded: Database, name: 
     assert not [row for row in plan if "filesort" in str(row["Extra"])], f"{name} sorts\n{sql}"
 
 
+KEYWORD_INDEXES = ("item_keywords", "keyword0", "keyword1", "item_keyword_pairs")  # tables and aliases
+
+
 def keyword_index_work(db: Database, statement: Any) -> list[str]:
-    """The Extra notes of the plan's read of item_keywords that mean a sort or temporary table."""
+    """The Extra notes of the plan's reads of the keyword indexes that mean a sort or temporary table."""
     plan, _sql = plan_of(db, statement)
-    return [note for row in plan if row["table"] == "item_keywords"
+    return [note for row in plan if row["table"] in KEYWORD_INDEXES
             for note in ("filesort", "temporary") if note in str(row["Extra"])]
 
 
@@ -119,5 +128,23 @@ def test_one_keyword_search_reads_the_keyword_index_in_order(seeded: Database, b
     assert keyword_index_work(seeded, _one_keyword_search(by_category)) == []
 
 
+@pytest.mark.parametrize("by_category", [False, True])
+def test_two_keyword_search_reads_the_keyword_indexes_in_order(seeded: Database, by_category: bool) -> None:
+    """The pair's range and each keyword's range are read in item order, each stopped by its
+    LIMIT; only the page's few rows are sorted."""
+    assert keyword_index_work(seeded, _two_keyword_search(by_category)) == []
+
+
+@pytest.mark.parametrize("by_category", [False, True])
+def test_two_keyword_search_checks_the_other_keyword_one_row_at_a_time(seeded: Database,
+                                                                       by_category: bool) -> None:
+    """The look-up for "has the other keyword too" is one primary-key row (eq_ref), not a
+    read of the other keyword's whole range per item."""
+    plan, sql = plan_of(seeded, _two_keyword_search(by_category))
+    reads = sorted((row["table"], row["type"]) for row in plan if row["table"] in KEYWORD_INDEXES)
+    assert reads == [("item_keyword_pairs", "range"), ("keyword0", "eq_ref"), ("keyword0", "range"),
+                     ("keyword1", "eq_ref"), ("keyword1", "range")], sql
+
+
 def test_the_order_check_does_see_the_grouped_search_sort(seeded: Database) -> None:
-    assert keyword_index_work(seeded, _ranked_search(False, False, 2)) != []
+    assert keyword_index_work(seeded, _ranked_search(False, False, 3)) != []

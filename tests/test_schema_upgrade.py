@@ -1,18 +1,24 @@
 """Databases made by an earlier version of the schema are brought up to date at start."""
 from __future__ import annotations
 
+import json
+
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import Connection, insert, inspect, select, text, update
 
 from db import Database
-from db.schema import SCHEMA_VERSION, item_keywords, items, schema_info, users
+from db.audit import audit
+from db.schema import SCHEMA_VERSION, item_keyword_pairs, item_keywords, items, schema_info, users
 
 
-def _item(tx: object, item_id: int, quantity: int) -> None:
+def _item(tx: object, item_id: int, quantity: int, keywords: tuple[str, ...] = ("old",)) -> None:
+    """An item as an older version wrote it: its keywords indexed one by one, no pairs."""
     tx.execute(insert(items).values(  # type: ignore[attr-defined]
-        item_id=item_id, seller_id=1, name="Lamp", category=1, keywords='["old"]', item_condition="new",
-        price_cents=100, quantity=quantity, listed=1, sold=1 - quantity, created_ms=0))
-    tx.execute(insert(item_keywords).values(keyword="old", item_id=item_id, category=1))  # type: ignore[attr-defined]
+        item_id=item_id, seller_id=1, name="Lamp", category=1, keywords=json.dumps(keywords),
+        item_condition="new", price_cents=100, quantity=quantity, listed=1, sold=1 - quantity, created_ms=0))
+    for word in keywords:
+        tx.execute(insert(item_keywords).values(  # type: ignore[attr-defined]
+            keyword=word, item_id=item_id, category=1))
 
 
 def test_version_1_loses_the_index_rows_of_sold_out_items(database: Database) -> None:
@@ -25,6 +31,36 @@ def test_version_1_loses_the_index_rows_of_sold_out_items(database: Database) ->
     indexed = database.run(lambda tx: tx.execute(select(item_keywords.c.item_id)).scalars().all())
     assert indexed == [2]
     assert database.run(lambda tx: tx.execute(select(schema_info.c.version)).scalar()) == SCHEMA_VERSION
+
+
+def test_version_2_gets_the_keyword_pairs_of_the_items_on_sale(database: Database) -> None:
+    database.run(lambda tx: tx.execute(insert(users).values(
+        user_id=1, role="seller", username="s1", name="S", password_hash="x", created_ms=0)))
+    database.run(lambda tx: _item(tx, 1, 1, ("old", "lamp", "desk")))
+    database.run(lambda tx: _item(tx, 2, 1, ("one",)))
+    database.run(lambda tx: tx.execute(update(schema_info).values(version=2)))
+    assert audit(database) != []  # item 1 is missing its pairs
+    database.create_schema()
+    pairs = database.run(lambda tx: tx.execute(
+        select(item_keyword_pairs.c.first_keyword, item_keyword_pairs.c.second_keyword,
+               item_keyword_pairs.c.item_id).order_by(item_keyword_pairs.c.first_keyword,
+                                                      item_keyword_pairs.c.second_keyword)).all())
+    assert [tuple(row) for row in pairs] == [("desk", "lamp", 1), ("desk", "old", 1), ("lamp", "old", 1)]
+    assert audit(database) == []
+    assert database.run(lambda tx: tx.execute(select(schema_info.c.version)).scalar()) == SCHEMA_VERSION
+
+
+def test_version_2_gets_one_index_for_unlisting_an_items_keywords(database: Database) -> None:
+    if database.is_sqlite:  # SQLite had none (MySQL had the foreign key's, which stays alone)
+        database.run(lambda tx: tx.execute(text("DROP INDEX ix_item_keywords_item")))
+    database.run(lambda tx: tx.execute(update(schema_info).values(version=2)))
+    database.create_schema()
+
+    def by_item(tx: Connection) -> list[str]:
+        return [ix["name"] for ix in inspect(tx).get_indexes("item_keywords")
+                if ix["column_names"][:1] == ["item_id"]]
+
+    assert len(database.run(by_item)) == 1
 
 
 def test_a_newer_schema_is_refused_with_a_clear_error(database: Database) -> None:

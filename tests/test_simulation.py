@@ -111,6 +111,21 @@ def test_the_audit_misses_no_acknowledged_order(database: Database) -> None:
         "acknowledged order 99: missing from the orders table"]
 
 
+@pytest.mark.parametrize("corruption", [
+    "DELETE FROM item_keyword_pairs WHERE first_keyword = 'b'",  # a pair lost
+    "UPDATE item_keyword_pairs SET category = 9 WHERE first_keyword = 'a' AND second_keyword = 'c'",
+    "INSERT INTO item_keyword_pairs (first_keyword, second_keyword, item_id, category)"
+    " VALUES ('a', 'z', ITEM, 2)",
+])
+def test_the_audit_catches_a_keyword_pair_index_that_differs_from_the_keywords(
+        market: Market, corruption: str) -> None:
+    item_id = market.item(market.user("seller"), keywords=["c", "b", "a"])
+    assert audit(market.db) == []
+    with market.db.engine.begin() as conn:
+        conn.execute(text(corruption.replace("ITEM", str(item_id))))
+    assert audit(market.db) == [f"item {item_id}: search index rows differ from its keywords (on sale: 5)"]
+
+
 @SQLITE_ONLY
 def test_locust_headless_run_reports_every_op_without_failures(market: Market, tmp_path: Path) -> None:
     env = {**os.environ,
