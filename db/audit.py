@@ -73,17 +73,16 @@ def _item_rules(tx: Connection) -> Iterator[str]:
 
 def _search_index_rules(tx: Connection) -> Iterator[str]:
     """item_keywords holds exactly the keywords (and category) of every item on sale, and
-    item_keyword_pairs exactly every pair of them."""
+    item_keyword_pairs exactly every pair of those keywords."""
     indexed: dict[int, set[tuple[Any, ...]]] = {}
     for row in tx.execute(select(item_keywords.c.item_id, item_keywords.c.keyword, item_keywords.c.category)):
         indexed.setdefault(row.item_id, set()).add((row.keyword, row.category))
     for pair in tx.execute(select(item_keyword_pairs.c.item_id, item_keyword_pairs.c.first_keyword,
-                                  item_keyword_pairs.c.second_keyword, item_keyword_pairs.c.category)):
-        indexed.setdefault(pair.item_id, set()).add((pair.first_keyword, pair.second_keyword, pair.category))
+                                  item_keyword_pairs.c.second_keyword)):
+        indexed.setdefault(pair.item_id, set()).add((pair.first_keyword, pair.second_keyword))
     for item in tx.execute(select(items.c.item_id, items.c.quantity, items.c.keywords, items.c.category)):
         words = json.loads(item.keywords) if item.quantity > 0 else []
-        expected = {(word, item.category) for word in words} | {
-            (*pair, item.category) for pair in keyword_pairs(words)}
+        expected = {(word, item.category) for word in words} | set(keyword_pairs(words))
         if indexed.pop(item.item_id, set()) != expected:
             yield (f"item {item.item_id}: search index rows differ from its keywords"
                    f" (on sale: {item.quantity})")

@@ -37,7 +37,15 @@ from wire.values import decode_cursor, encode_cursor, format_money
 from .accounts import Session, with_session
 from .database import now_ms
 from .prepared import Prepared, PreparedRows
-from .schema import item_keyword_pairs, item_keywords, items, keyword_pairs, sessions, users
+from .schema import (
+    item_keyword_pairs,
+    item_keywords,
+    items,
+    keyword_pair_rows,
+    keyword_pairs,
+    sessions,
+    users,
+)
 
 ItemRow = Any  # a Row with ITEM_COLUMNS (SQLAlchemy types rows by column count)
 ITEM_COLUMNS = (items.c.item_id, items.c.seller_id, items.c.name, items.c.category, items.c.keywords,
@@ -66,7 +74,7 @@ _NEW_ITEM = Prepared(insert(items).values(
     keywords=bindparam("keywords"), item_condition=bindparam("condition"), price_cents=bindparam("price"),
     quantity=bindparam("quantity"), listed=bindparam("quantity"), created_ms=bindparam("now")))
 _INDEX_KEYWORDS = PreparedRows(item_keywords, ("keyword", "item_id", "category"))
-_INDEX_PAIRS = PreparedRows(item_keyword_pairs, ("first_keyword", "second_keyword", "item_id", "category"))
+_INDEX_PAIRS = PreparedRows(item_keyword_pairs, ("first_keyword", "second_keyword", "item_id"))
 
 
 def put_item(tx: Connection, session: Session, name: str, category: int, keywords: list[str],
@@ -79,8 +87,7 @@ def put_item(tx: Connection, session: Session, name: str, category: int, keyword
         _INDEX_KEYWORDS.execute(tx, [{"keyword": word, "item_id": item_id, "category": category}
                                      for word in keywords])
     if len(keywords) > 1:
-        _INDEX_PAIRS.execute(tx, [{"first_keyword": first, "second_keyword": second, "item_id": item_id,
-                                   "category": category} for first, second in keyword_pairs(keywords)])
+        _INDEX_PAIRS.execute(tx, keyword_pair_rows(item_id, keywords))
     return {"item_id": item_id}
 
 
@@ -180,11 +187,11 @@ def search_items(tx: Connection, session: Session, category: int | None, keyword
     if len(keywords) == 1:
         params.update(keyword0=keywords[0], after=_after_at_rank(cursor, 1))
         statement, cursor_of = _one_keyword_search(category is not None), _rank_cursor
-    elif len(keywords) == 2:
+    elif len(keywords) == 2 and category is None:
         params.update(keyword0=keywords[0], keyword1=keywords[1], after_both=_after_at_rank(cursor, 2),
                       after=_after_at_rank(cursor, 1))
         (params["first_keyword"], params["second_keyword"]), = keyword_pairs(keywords)
-        statement, cursor_of = _two_keyword_search(category is not None), _rank_cursor
+        statement, cursor_of = _two_keyword_search(), _rank_cursor
     elif keywords:
         last = decode_cursor(cursor, 2) if cursor else None
         params.update({f"keyword{n}": word for n, word in enumerate(keywords)},
@@ -244,39 +251,35 @@ def _one_keyword_search(by_category: bool) -> Prepared:
 
 
 @functools.cache
-def _two_keyword_search(by_category: bool) -> Prepared:
+def _two_keyword_search() -> Prepared:
     """Items on sale with either of two keywords, those with both first, then by item_id.
 
     Three index ranges read in item order, each stopped by the LIMIT: the pair's (rank 2),
     and each keyword's without the items that have the other (rank 1), where counting
-    matches would group and sort every item with either keyword.
+    matches would group and sort every item with either keyword. With a category the
+    grouped statement reads a tenth of that and was faster at 1,000 and 1,000,000 items
+    (docs/benchmarks.md, Catalogue growth), so this one is for searches without.
     """
     both = item_keyword_pairs
     on = ((both.c.first_keyword == bindparam("first_keyword", type_=both.c.first_keyword.type))
           & (both.c.second_keyword == bindparam("second_keyword", type_=both.c.second_keyword.type))
           & (both.c.item_id > bindparam("after_both")))
-    ranked = select(both.c.item_id, literal_column("2", Integer).label("matches"))
-    if by_category:  # (first, second, category, item_id): in item_id order
-        on &= both.c.category == bindparam("category")
-    else:  # as with one keyword: MariaDB would read the category index and sort every match
-        ranked = ranked.with_hint(both, "FORCE INDEX (PRIMARY)", "mysql")
-    pages = [_limited(ranked.where(on).order_by(both.c.item_id)),
-             _only_keyword(0, 1, by_category), _only_keyword(1, 0, by_category)]
+    # FORCE INDEX: as with one keyword, MariaDB would read the category index and sort every match
+    ranked = (select(both.c.item_id, literal_column("2", Integer).label("matches"))
+              .with_hint(both, "FORCE INDEX (PRIMARY)", "mysql"))
+    pages = [_limited(ranked.where(on).order_by(both.c.item_id)), _only_keyword(0, 1), _only_keyword(1, 0)]
     return _page_with_items(union_all(*pages).order_by(desc("matches"), "item_id"))
 
 
-def _only_keyword(n: int, other: int, by_category: bool) -> Select[Any]:
+def _only_keyword(n: int, other: int) -> Select[Any]:
     """One page of the items on sale with keyword n and not keyword `other`, by item_id."""
     mine, theirs = item_keywords.alias(f"keyword{n}"), item_keywords.alias(f"keyword{other}")
     without = mine.outerjoin(theirs, (theirs.c.keyword == _keyword(other))
                              & (theirs.c.item_id == mine.c.item_id))
     on = (mine.c.keyword == _keyword(n)) & (mine.c.item_id > bindparam("after")) & theirs.c.item_id.is_(None)
     ranked = (select(mine.c.item_id, literal_column("1", Integer).label("matches")).select_from(without)
+              .with_hint(mine, "FORCE INDEX (PRIMARY)", "mysql")
               .with_hint(theirs, "FORCE INDEX (PRIMARY)", "mysql"))  # one row's look-up, not the range
-    if by_category:
-        on &= mine.c.category == bindparam("category")
-    else:
-        ranked = ranked.with_hint(mine, "FORCE INDEX (PRIMARY)", "mysql")
     return _limited(ranked.where(on).order_by(mine.c.item_id))
 
 

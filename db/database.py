@@ -32,7 +32,7 @@ from .schema import (
     item_keyword_pairs,
     item_keywords,
     items,
-    keyword_pairs,
+    keyword_pair_rows,
     metadata,
     schema_info,
 )
@@ -231,17 +231,15 @@ def _upgrade(conn: Connection, version: int) -> None:
 
 def _fill_keyword_pairs(conn: Connection, chunk: int = 10_000) -> None:
     """Index the keyword pairs of every item on sale, a chunk of items at a time; pairs are
-    made in Python (keyword_pairs), exactly as put_item makes them."""
+    made in Python (keyword_pair_rows), exactly as put_item makes them."""
     after, filled = 0, 0
     while True:
-        page = conn.execute(select(items.c.item_id, items.c.category, items.c.keywords)
+        page = conn.execute(select(items.c.item_id, items.c.keywords)
                             .where(items.c.item_id > after, items.c.quantity > 0)
                             .order_by(items.c.item_id).limit(chunk)).all()
         if not page:
             break
-        rows = [{"first_keyword": first, "second_keyword": second, "item_id": item.item_id,
-                 "category": item.category}
-                for item in page for first, second in keyword_pairs(json.loads(item.keywords))]
+        rows = [pair for item in page for pair in keyword_pair_rows(item.item_id, json.loads(item.keywords))]
         if rows:
             conn.execute(insert(item_keyword_pairs), rows)
         after, filled = page[-1].item_id, filled + len(rows)

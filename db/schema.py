@@ -102,23 +102,28 @@ item_keywords = Table(
 )
 
 # Every pair of an item on sale's keywords (keyword_pairs): the items with both keywords of a
-# two-keyword search, in item order, without reading either keyword's whole range.
+# two-keyword search, in item order, without reading either keyword's whole range. No
+# category: a search with one uses the grouped statement (db.catalog._two_keyword_search).
 item_keyword_pairs = Table(
     "item_keyword_pairs", metadata,
     Column("first_keyword", String(8), nullable=False),
     Column("second_keyword", String(8), nullable=False),
     Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
-    Column("category", SmallInteger, nullable=False),
     PrimaryKeyConstraint("first_keyword", "second_keyword", "item_id"),
-    Index("ix_item_keyword_pairs_category", "first_keyword", "second_keyword", "category", "item_id"),
     Index("ix_item_keyword_pairs_item", "item_id"),
     **_MYSQL,
 )
 
 
 def keyword_pairs(keywords: Iterable[str]) -> list[tuple[str, str]]:
-    """The rows item_keyword_pairs holds for an item's keywords: each pair once, in order."""
+    """Each pair of the keywords once, in order: as item_keyword_pairs holds them."""
     return list(itertools.combinations(sorted(keywords), 2))
+
+
+def keyword_pair_rows(item_id: int, keywords: Iterable[str]) -> list[dict[str, Any]]:
+    """The item_keyword_pairs rows of one item on sale."""
+    return [{"first_keyword": first, "second_keyword": second, "item_id": item_id}
+            for first, second in keyword_pairs(keywords)]
 
 
 cart_lines = Table(

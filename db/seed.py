@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Table, func, insert, select
 
 from .database import Database, now_ms
 from .passwords import hash_password
-from .schema import item_keyword_pairs, item_keywords, items, keyword_pairs, users
+from .schema import item_keyword_pairs, item_keywords, items, keyword_pair_rows, users
 
 SEED_PASSWORD = "seeded-password"
 WORDS = ["lamp", "desk", "chair", "light", "table", "sofa", "bed", "rug", "shelf", "clock",
@@ -52,9 +52,7 @@ def _insert_items(tx: Connection, item_rows: list[dict[str, Any]]) -> None:
     keywords = {row["item_id"]: json.loads(row["keywords"]) for row in item_rows}
     keyword_rows = [{"keyword": word, "item_id": row["item_id"], "category": row["category"]}
                     for row in item_rows for word in keywords[row["item_id"]]]
-    pair_rows = [{"first_keyword": first, "second_keyword": second, "item_id": row["item_id"],
-                  "category": row["category"]}
-                 for row in item_rows for first, second in keyword_pairs(keywords[row["item_id"]])]
+    pair_rows = [pair for item_id, words in keywords.items() for pair in keyword_pair_rows(item_id, words)]
     tx.execute(insert(items), item_rows)
     for table, rows in ((item_keywords, keyword_rows), (item_keyword_pairs, pair_rows)):
         if rows:

@@ -151,7 +151,8 @@ def test_one_keyword_pages_equal_the_grouped_search_of_that_keyword(market: Mark
 
 def test_two_keyword_pages_equal_the_grouped_search_of_those_keywords(market: Market) -> None:
     """The two-keyword statement (the pair index, then each keyword without the other) against
-    the grouped one: every page, with and without a category, over random items, some sold out."""
+    the grouped one: every page, over random items, some sold out (with a category, both
+    searches take the grouped statement: the routing is checked)."""
     rng = random.Random(12)
     buyer = random_catalogue(market, rng)
     for first, second in (("a", "b"), ("f", "c"), ("e", "d"), ("a", "none")):
