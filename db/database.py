@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, CursorResult, delete, insert, inspect, select, update
+from sqlalchemy import Connection, CursorResult, delete, insert, inspect, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -34,6 +34,7 @@ from .schema import (
     items,
     keyword_pair_rows,
     metadata,
+    orders,
     schema_info,
 )
 
@@ -225,6 +226,7 @@ def _upgrade(conn: Connection, version: int) -> None:
     if version < 3:  # version 3: item_keyword_pairs, for the items already on sale
         _fill_keyword_pairs(conn)
         _index_keywords_by_item(conn)
+        _compare_exactly(conn)
     conn.execute(update(schema_info).values(version=SCHEMA_VERSION))
     log.info("schema upgraded from version %d to %d", version, SCHEMA_VERSION)
 
@@ -252,6 +254,16 @@ def _index_keywords_by_item(conn: Connection) -> None:
     existing = inspect(conn).get_indexes(item_keywords.name)
     if not any(index["column_names"][:1] == ["item_id"] for index in existing):
         next(ix for ix in item_keywords.indexes if ix.name == "ix_item_keywords_item").create(conn)
+
+
+def _compare_exactly(conn: Connection) -> None:
+    """Keywords and idempotency keys to schema.ExactText's type (SQLite's compare exactly already)."""
+    if is_sqlite(conn.engine):
+        return
+    for column in (item_keywords.c.keyword, orders.c.idempotency_key):
+        null = "NULL" if column.nullable else "NOT NULL"
+        conn.execute(text(f"ALTER TABLE {column.table.name} MODIFY {column.name} "
+                          f"{column.type.compile(dialect=conn.dialect)} {null}"))
 
 
 def _errno(exc: DBAPIError) -> int | None:

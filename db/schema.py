@@ -23,10 +23,15 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.dialects.mysql import VARBINARY
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeEngine
 
-# 2: item_keywords holds items on sale only; 3: item_keyword_pairs, and item_keywords by item_id
+# 2: item_keywords holds items on sale only; 3: item_keyword_pairs, item_keywords by item_id,
+# keywords and idempotency keys compared exactly on MySQL (ExactText)
 SCHEMA_VERSION = 3  # (Database._upgrade)
 metadata = MetaData()
 
@@ -36,6 +41,33 @@ Id = BigInteger().with_variant(Integer(), "sqlite")
 Username = String(32).with_variant(String(32, collation="utf8mb4_bin"), "mysql", "mariadb")
 _MYSQL: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4",
                           "mysql_collate": "utf8mb4_bin"}
+
+
+class ExactText(TypeDecorator[str]):
+    """Text compared character for character on every database. MySQL's `_bin` collations
+    ignore trailing spaces ("a" = "a "), which would make two keywords one (a duplicate key)
+    and replay one idempotency key's purchase for another: there it is VARBINARY, UTF-8
+    bytes compared as they are. SQLite compares text exactly already."""
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.length = length
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name in ("mysql", "mariadb"):  # up to four bytes a character in UTF-8
+            return dialect.type_descriptor(VARBINARY(4 * self.length))
+        return dialect.type_descriptor(String(self.length))
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        # SQLAlchemy's statements want bytes for VARBINARY; db.prepared hands the driver the
+        # str, which MySQL turns into the same UTF-8 bytes.
+        return value.encode() if isinstance(value, str) and dialect.name in ("mysql", "mariadb") else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        return value.decode() if isinstance(value, bytes | bytearray) else value
 
 
 def _counter(name: str) -> Column[int]:
@@ -92,7 +124,7 @@ items = Table(
 
 item_keywords = Table(
     "item_keywords", metadata,
-    Column("keyword", String(8), nullable=False),
+    Column("keyword", ExactText(8), nullable=False),
     Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
     Column("category", SmallInteger, nullable=False),  # an item's category never changes
     PrimaryKeyConstraint("keyword", "item_id"),
@@ -106,8 +138,8 @@ item_keywords = Table(
 # category: a search with one uses the grouped statement (db.catalog._two_keyword_search).
 item_keyword_pairs = Table(
     "item_keyword_pairs", metadata,
-    Column("first_keyword", String(8), nullable=False),
-    Column("second_keyword", String(8), nullable=False),
+    Column("first_keyword", ExactText(8), nullable=False),
+    Column("second_keyword", ExactText(8), nullable=False),
     Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
     PrimaryKeyConstraint("first_keyword", "second_keyword", "item_id"),
     Index("ix_item_keyword_pairs_item", "item_id"),
@@ -149,7 +181,7 @@ orders = Table(
     Column("order_id", Id, primary_key=True, autoincrement=True),
     Column("buyer_id", BigInteger, ForeignKey("users.user_id"), nullable=False),
     Column("total_cents", BigInteger, nullable=False),
-    Column("idempotency_key", String(128), nullable=True),
+    Column("idempotency_key", ExactText(128), nullable=True),
     Column("created_ms", BigInteger, nullable=False),
     UniqueConstraint("buyer_id", "idempotency_key", name="uq_orders_idempotency"),
     Index("ix_orders_buyer", "buyer_id", "order_id"),

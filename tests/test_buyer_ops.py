@@ -322,6 +322,36 @@ def test_an_idempotency_key_replays_the_same_answer(market: Market) -> None:
     assert second["order_id"] != first["order_id"]
 
 
+def test_idempotency_keys_that_differ_only_in_trailing_spaces_are_two_purchases(market: Market) -> None:
+    """MySQL's _bin collations compare "k" and "k " equal: the key column must not."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=5)
+    receipts = []
+    for key in ("k", "k ", "k  "):
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+        receipts.append(buyer.call("make_purchase", {**CARD, "idempotency_key": key}))
+    assert len({receipt["order_id"] for receipt in receipts}) == 3
+    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 2
+    assert buyer.call("make_purchase", {**CARD, "idempotency_key": "k "}) == receipts[1]
+
+
+def test_keywords_that_differ_only_in_trailing_spaces_are_two_keywords(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    both = market.item(seller, keywords=["a", "a "])
+    spaced = market.item(seller, keywords=["a ", "b"])
+    plain = market.item(seller, keywords=["a"])
+
+    def ids(*words: str) -> list[int]:
+        return ids_of([buyer.call("search_items", {"keywords": list(words)})])
+
+    assert buyer.call("get_item", {"item_id": both})["keywords"] == ["a", "a "]
+    assert ids("a") == [both, plain]
+    assert ids("a ") == [both, spaced]
+    assert ids("a", "a ") == [both, spaced, plain]
+    assert ids("a ", "b") == [spaced, both]
+    assert audit(market.db) == []
+
+
 def test_the_same_key_from_another_buyer_is_another_purchase(market: Market) -> None:
     seller, one, two = market.user("seller"), market.user("buyer"), market.user("buyer")
     item_id = market.item(seller, quantity=5)

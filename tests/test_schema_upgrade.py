@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
+from conftest import fresh_mysql_database
 from sqlalchemy import Connection, insert, inspect, select, text, update
 
 from db import Database
@@ -61,6 +63,39 @@ def test_version_2_gets_one_index_for_unlisting_an_items_keywords(database: Data
                 if ix["column_names"][:1] == ["item_id"]]
 
     assert len(database.run(by_item)) == 1
+
+
+@pytest.fixture
+def mysql_database(mysql_server: str) -> Iterator[Database]:
+    for url in fresh_mysql_database(mysql_server):
+        database = Database(url, pool_size=2)
+        database.create_schema()
+        yield database
+        database.close()
+
+
+def test_version_2_on_mysql_compares_keywords_and_idempotency_keys_exactly(mysql_database: Database) -> None:
+    """Version 2 kept them in VARCHAR with a PAD SPACE collation ("a" = "a "); version 3
+    makes them VARBINARY, keeping what they hold."""
+    database = mysql_database
+    old_columns = "MODIFY keyword VARCHAR(8) COLLATE utf8mb4_bin NOT NULL", \
+        "MODIFY idempotency_key VARCHAR(128) COLLATE utf8mb4_bin NULL"
+    database.run(lambda tx: [tx.execute(text(f"ALTER TABLE {table} {change}"))
+                             for table, change in zip(("item_keywords", "orders"), old_columns, strict=True)])
+    database.run(lambda tx: tx.execute(insert(users).values(
+        user_id=1, role="seller", username="s1", name="S", password_hash="x", created_ms=0)))
+    database.run(lambda tx: _item(tx, 1, 1, ("old",)))
+    database.run(lambda tx: tx.execute(update(schema_info).values(version=2)))
+    database.create_schema()
+
+    def types(tx: Connection) -> list[str]:
+        wanted = (("item_keywords", "keyword"), ("orders", "idempotency_key"))
+        return [str(column["type"]) for table, name in wanted
+                for column in inspect(tx).get_columns(table) if column["name"] == name]
+
+    assert database.run(types) == ["VARBINARY(32)", "VARBINARY(512)"]
+    assert database.run(lambda tx: tx.execute(select(item_keywords.c.keyword)).scalars().all()) == ["old"]
+    assert audit(database) == []
 
 
 def test_a_newer_schema_is_refused_with_a_clear_error(database: Database) -> None:
