@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, CursorResult, delete, insert, inspect, select, text, update
+from sqlalchemy import VARBINARY, Connection, CursorResult, delete, insert, inspect, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -144,12 +144,18 @@ class Database:
 
 def _create_or_upgrade(conn: Connection) -> None:
     metadata.create_all(conn, checkfirst=True)
-    # Locked, so that of two servers starting at once the second waits for the first's upgrade.
-    version = conn.execute(select(schema_info.c.version).with_for_update()).scalar()
+    version = _locked_version(conn)
     if version is None:
         conn.execute(insert(schema_info).values(version=SCHEMA_VERSION))
     elif version != SCHEMA_VERSION:
         _upgrade(conn, version)
+
+
+def _locked_version(conn: Connection) -> int | None:
+    """The schema's version, locked until the transaction ends, so that of two servers
+    starting at once the second waits for the first's upgrade and then finds it done."""
+    version = conn.execute(select(schema_info.c.version).with_for_update()).scalar()
+    return None if version is None else int(version)
 
 
 class _Connections:
@@ -216,17 +222,24 @@ class _Connections:
 
 
 def _upgrade(conn: Connection, version: int) -> None:
-    """Bring a database made by an earlier version of the schema up to this one."""
+    """Bring a database made by an earlier version of the schema up to this one.
+
+    Changes of tables come first and may run twice: on MySQL each ends the transaction,
+    and with it the lock on schema_info, which is then taken again for the changes of rows.
+    """
     if version > SCHEMA_VERSION:
         raise RuntimeError(f"the database has schema version {version}, newer than this code's "
                            f"{SCHEMA_VERSION}: run a newer version of the marketplace")
+    _index_keywords_by_item(conn)  # version 3
+    _compare_exactly(conn)  # version 3
+    locked = _locked_version(conn)
+    if locked == SCHEMA_VERSION:
+        return  # another server finished the upgrade meanwhile
     if version < 2:  # version 2: the search index holds items on sale only
         conn.execute(delete(item_keywords).where(
             item_keywords.c.item_id.in_(select(items.c.item_id).where(items.c.quantity == 0))))
     if version < 3:  # version 3: item_keyword_pairs, for the items already on sale
         _fill_keyword_pairs(conn)
-        _index_keywords_by_item(conn)
-        _compare_exactly(conn)
     conn.execute(update(schema_info).values(version=SCHEMA_VERSION))
     log.info("schema upgraded from version %d to %d", version, SCHEMA_VERSION)
 
@@ -261,6 +274,9 @@ def _compare_exactly(conn: Connection) -> None:
     if is_sqlite(conn.engine):
         return
     for column in (item_keywords.c.keyword, orders.c.idempotency_key):
+        current = {c["name"]: c["type"] for c in inspect(conn).get_columns(column.table.name)}[column.name]
+        if isinstance(current, VARBINARY):
+            continue  # done already (by this version's create_all, or by another server)
         null = "NULL" if column.nullable else "NOT NULL"
         conn.execute(text(f"ALTER TABLE {column.table.name} MODIFY {column.name} "
                           f"{column.type.compile(dialect=conn.dialect)} {null}"))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -96,6 +97,39 @@ def test_version_2_on_mysql_compares_keywords_and_idempotency_keys_exactly(mysql
     assert database.run(types) == ["VARBINARY(32)", "VARBINARY(512)"]
     assert database.run(lambda tx: tx.execute(select(item_keywords.c.keyword)).scalars().all()) == ["old"]
     assert audit(database) == []
+
+
+def test_two_servers_upgrading_one_database_at_once_both_start(db_url: str) -> None:
+    """As two server processes would: each its own Database, create_schema at the same moment."""
+    setup = Database(db_url, pool_size=1)
+    setup.create_schema()
+    setup.run(lambda tx: tx.execute(insert(users).values(
+        user_id=1, role="seller", username="s1", name="S", password_hash="x", created_ms=0)))
+    for item_id in range(1, 41):
+        setup.run(lambda tx: _item(tx, item_id, 1, ("a", "b", f"w{item_id % 7}")))  # noqa: B023
+    setup.run(lambda tx: tx.execute(update(schema_info).values(version=2)))
+    servers = [Database(db_url, pool_size=1) for _ in range(2)]
+    start, failures = threading.Barrier(len(servers)), []
+
+    def start_server(database: Database) -> None:
+        start.wait()
+        try:
+            database.create_schema()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=start_server, args=(database,)) for database in servers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == []
+    assert setup.run(lambda tx: tx.execute(select(schema_info.c.version)).scalar()) == SCHEMA_VERSION
+    pairs = setup.run(lambda tx: tx.execute(select(item_keyword_pairs.c.item_id)).scalars().all())
+    assert sorted(pairs) == sorted(list(range(1, 41)) * 3)  # three pairs an item, once each
+    assert audit(setup) == []
+    for database in (setup, *servers):
+        database.close()
 
 
 def test_a_newer_schema_is_refused_with_a_clear_error(database: Database) -> None:
