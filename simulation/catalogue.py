@@ -71,6 +71,8 @@ def measure(addresses: dict[str, tuple[str, int]], seller_id: int, last_item: in
         # last, so that the draws of the ops above stay those of earlier versions of this tool
         "search_items (3 keywords)": lambda: buyer.call(
             "search_items", {"keywords": rng.sample(VOCABULARY, 3), "limit": 20}),
+        "search_items (5 keywords)": lambda: buyer.call(
+            "search_items", {"keywords": rng.sample(VOCABULARY, 5), "limit": 20}),
     }
     return {op: [_timed(call) for _ in range(calls)] for op, call in ops.items()}
 

@@ -19,6 +19,7 @@ from wire.errors import (
     ForbiddenError,
     NotFoundError,
     PaymentDeclinedError,
+    UnauthenticatedError,
     UnknownOpError,
 )
 from wire.values import decode_cursor, encode_cursor
@@ -161,6 +162,17 @@ def test_keyword_search_pages_follow_the_ranking_worked_out_in_python(market: Ma
     ranks = [sum(word in item["keywords"] for word in "cdefg")
              for item in buyer.call("search_items", {"keywords": list("gfedc"), "limit": 500})["items"]]
     assert {5, 4, 3, 2, 1} <= set(ranks)  # the catalogue has every rank a search can give
+
+
+def test_a_search_that_finds_nothing_still_checks_the_token(market: Market) -> None:
+    market.item(market.user("seller"), keywords=["x", "y", "z"])
+    buyer = market.user("buyer")
+    for words in (["p", "q", "r"], ["x", "y", "z"]):
+        assert len(buyer.call("search_items", {"keywords": words})["items"]) == (words[0] == "x")
+    buyer.call("logout")
+    for words in (["p", "q", "r"], ["x", "y", "z"], ["p", "q"], ["x"]):
+        with pytest.raises(UnauthenticatedError):
+            buyer.call("search_items", {"keywords": words})
 
 
 def test_a_two_keyword_cursor_continues_at_its_rank(market: Market) -> None:

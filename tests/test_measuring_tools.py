@@ -16,7 +16,7 @@ def test_catalogue_seeds_and_reports_every_read_op(tmp_path: Path, capsys: Any) 
     out = capsys.readouterr().out
     assert "'items': 60" in out and "(60 items in sqlite:" in out
     for op in ("search_items (1 keyword)", "search_items (2 keywords)", "search_items (3 keywords)",
-               "search_items (category only)",
+               "search_items (5 keywords)", "search_items (category only)",
                "get_item", "display_items (first page)"):
         assert f"| {op} | 3 |" in out
 
