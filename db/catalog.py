@@ -43,6 +43,7 @@ from .schema import (
     items,
     keyword_pair_rows,
     keyword_pairs,
+    keyword_rows,
     sessions,
     users,
 )
@@ -84,8 +85,7 @@ def put_item(tx: Connection, session: Session, name: str, category: int, keyword
         "seller_id": session.user_id, "name": name, "category": category, "keywords": json.dumps(keywords),
         "condition": condition, "price": price, "quantity": quantity, "now": now_ms()}).lastrowid)
     if keywords:
-        _INDEX_KEYWORDS.execute(tx, [{"keyword": word, "item_id": item_id, "category": category}
-                                     for word in keywords])
+        _INDEX_KEYWORDS.execute(tx, keyword_rows(item_id, category, keywords))
     if len(keywords) > 1:
         _INDEX_PAIRS.execute(tx, keyword_pair_rows(item_id, keywords))
     return {"item_id": item_id}
@@ -184,16 +184,16 @@ def search_items(tx: Connection, session: Session, category: int | None, keyword
                  limit: int, cursor: str | None) -> dict[str, Any]:
     """Items on sale, by category and/or keywords, best match first."""
     params: dict[str, Any] = {**session.check_params, "category": category, "limit": limit + 1}
+    last = decode_cursor(cursor, 2) if cursor and keywords else None  # (matches, item_id)
     if len(keywords) == 1:
-        params.update(keyword0=keywords[0], after=_after_at_rank(cursor, 1))
+        params.update(keyword0=keywords[0], after=_after_at_rank(last, 1))
         statement, cursor_of = _one_keyword_search(category is not None), _rank_cursor
     elif len(keywords) == 2 and category is None:
-        params.update(keyword0=keywords[0], keyword1=keywords[1], after_both=_after_at_rank(cursor, 2),
-                      after=_after_at_rank(cursor, 1))
+        params.update(keyword0=keywords[0], keyword1=keywords[1], after_both=_after_at_rank(last, 2),
+                      after=_after_at_rank(last, 1))
         (params["first_keyword"], params["second_keyword"]), = keyword_pairs(keywords)
         statement, cursor_of = _two_keyword_search(), _rank_cursor
     elif keywords:
-        last = decode_cursor(cursor, 2) if cursor else None
         params.update({f"keyword{n}": word for n, word in enumerate(keywords)},
                       last_matches=last and last[0], after=last and last[1])
         statement = _ranked_search(category is not None, last is not None, len(keywords))
@@ -226,12 +226,13 @@ def _plain_search(by_category: bool) -> Prepared:
 _AFTER_EVERYTHING = 2**63 - 1  # past the largest BIGINT: a cursor below rank 1 has nothing after it
 
 
-def _after_at_rank(cursor: str | None, rank: int) -> int:
-    """The item_id after which the items of one rank (matching `rank` keywords) continue:
-    within a rank the order is item_id, and every rank follows the ranks above it."""
-    if not cursor:
+def _after_at_rank(last: tuple[int, ...] | None, rank: int) -> int:
+    """The item_id after which the items of one rank (matching `rank` keywords) continue,
+    given the decoded cursor: within a rank the order is item_id, and every rank follows
+    the ranks above it."""
+    if last is None:
         return 0
-    last_matches, after = decode_cursor(cursor, 2)
+    last_matches, after = last
     if last_matches > rank:  # a cursor from a page above this rank: the whole rank follows it
         return 0
     return after if last_matches == rank else _AFTER_EVERYTHING

@@ -147,6 +147,11 @@ item_keyword_pairs = Table(
 )
 
 
+def keyword_rows(item_id: int, category: int, keywords: Iterable[str]) -> list[dict[str, Any]]:
+    """The item_keywords rows of one item on sale."""
+    return [{"keyword": word, "item_id": item_id, "category": category} for word in keywords]
+
+
 def keyword_pairs(keywords: Iterable[str]) -> list[tuple[str, str]]:
     """Each pair of the keywords once, in order: as item_keyword_pairs holds them."""
     return list(itertools.combinations(sorted(keywords), 2))
