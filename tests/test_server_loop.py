@@ -209,6 +209,10 @@ def test_after_an_idle_close_a_call_unsafe_to_repeat_goes_out_on_a_new_connectio
     later.sendall(encode_frame({"op": "ping"}))
     assert read_messages(later, 1)[0]["ok"]
     assert closed_by_server(later, within=10)
+    # Both may expire in one sweep, later first: wait for the server to have closed conn too.
+    deadline = time.monotonic() + 10
+    while server.connection_count and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert conn.call("slow") == {"slept": True}
     assert conn.reconnects == 1
     conn.close()
