@@ -237,8 +237,57 @@ def test_many_connections_do_not_add_threads(serve: Any) -> None:
         conn.close()
 
 
-def test_shutdown_finishes_requests_in_flight(serve: Any) -> None:
-    server = serve()
+def test_while_a_thread_answers_a_slow_request_another_keeps_reading(serve: Any) -> None:
+    # the thread that read the slow request answers it, and passes the watch on first
+    server = serve(threads=2)
+    slow, quick = raw(server), raw(server)
+    slow.sendall(encode_frame({"id": 1, "op": "slow"}))
+    time.sleep(0.1)
+    quick.sendall(encode_frame({"id": 2, "op": "ping"}))
+    assert read_messages(quick, 1) == [{"id": 2, "ok": True, "result": {"pong": True}}]
+    slow.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        slow.recv(1)  # the slow answer is still on its way
+    slow.setblocking(True)
+    assert read_messages(slow, 1) == [{"id": 1, "ok": True, "result": {"slept": True}}]
+
+
+def test_one_thread_serves_every_connection_in_turn(serve: Any) -> None:
+    server = serve(threads=1)
+    socks = [raw(server) for _ in range(5)]
+    for n, sock in enumerate(socks):
+        sock.sendall(b"".join(encode_frame({"id": n * 10 + i, "op": "ping"}) for i in range(3)))
+    for n, sock in enumerate(socks):
+        assert [r["id"] for r in read_messages(sock, 3)] == [n * 10, n * 10 + 1, n * 10 + 2]
+
+
+def test_a_failure_of_the_loop_itself_stops_the_server_and_is_raised() -> None:
+    server = Server(tiny_app(), limits=ServerLimits(threads=2))
+    address = server.address
+    failures: list[BaseException] = []
+
+    def sweep_fails() -> None:
+        raise RuntimeError("the sweep broke")
+
+    def serve() -> None:
+        try:
+            server.serve_forever()
+        except RuntimeError as exc:
+            failures.append(exc)
+
+    server._sweep_timeouts = sweep_fails  # type: ignore[method-assign]
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "serve_forever did not return"
+    assert [str(f) for f in failures] == ["the sweep broke"]
+    with pytest.raises(OSError):
+        socket.create_connection(address, timeout=1)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_shutdown_finishes_requests_in_flight(serve: Any, threads: int) -> None:
+    server = serve(threads=threads)
     sock = raw(server)
     sock.sendall(encode_frame({"id": 1, "op": "slow"}))
     time.sleep(0.1)

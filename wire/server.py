@@ -1,10 +1,13 @@
-"""The server loop both servers share: one I/O thread, a bounded pool of workers.
+"""The server loop both servers share: a bounded pool of threads, leaders and followers.
 
-The I/O thread accepts, reads and decodes frames (framing.FrameDecoder) for every
-connection through a selector; complete requests queue on their connection and one
-worker at a time answers them in order, so pipelining keeps its order and the thread
-count stays fixed however many clients connect. Exceptions become error responses
-in `respond`, the one place where that translation happens.
+One thread of the pool at a time leads: it accepts, reads and decodes frames
+(framing.FrameDecoder) for every connection through a selector. Complete requests
+queue on their connection, and one thread at a time answers them in order, so
+pipelining keeps its order and the thread count stays fixed however many clients
+connect. When a connection has requests to answer, the leader hands the lead to the
+next free thread and answers them itself: the request goes on with no hand-off to
+another thread on its way. Exceptions become error responses in `respond`, the one
+place where that translation happens.
 """
 from __future__ import annotations
 
@@ -105,8 +108,8 @@ class _Connection:
         self.decoder = FrameDecoder(max_frame)
         self.pending: collections.deque[dict[str, Any] | ProtocolError] = collections.deque()
         self.lock = threading.Lock()
-        self.busy = False          # a worker is draining `pending`
-        self.closing = False       # close once the worker is done
+        self.busy = False          # a thread is answering `pending`
+        self.closing = False       # close once that thread is done
         self.closed = False
         self.reading = True
         self.last_activity = time.monotonic()
@@ -129,8 +132,12 @@ class Server:
         self._wake_r.setblocking(False)
         self._calls: collections.deque[Callable[[], None]] = collections.deque()
         self._connections: set[_Connection] = set()
+        self._ready: list[_Connection] = []  # connections the leader found requests for
+        self._next_sweep = 0.0
         self._pool = _WorkerPool(limits.threads)
         self._stopping = threading.Event()
+        self._lead_ended = threading.Event()
+        self._failure: BaseException | None = None
         self._stopped = threading.Event()
 
     @property
@@ -145,19 +152,17 @@ class Server:
         return len(self._connections)
 
     def serve_forever(self) -> None:
-        """Run the I/O loop until shutdown() is called; then finish in-flight work."""
+        """Serve until shutdown() is called; then finish in-flight work."""
         self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
-        next_sweep = time.monotonic() + 0.5
+        self._next_sweep = time.monotonic() + 0.5
+        self._pool.submit(self._lead, None)
         try:
-            while not self._stopping.is_set():
-                for key, _ in self._selector.select(timeout=0.5):
-                    self._dispatch_event(key.data)
-                if time.monotonic() >= next_sweep:
-                    self._sweep_timeouts()
-                    next_sweep = time.monotonic() + 0.5
+            self._lead_ended.wait()
         finally:
             self._finish()
+        if self._failure is not None:
+            raise self._failure
 
     def start(self) -> threading.Thread:
         """serve_forever in a daemon thread (for tests and embedding)."""
@@ -172,7 +177,35 @@ class Server:
         if wait:
             self._stopped.wait()
 
-    # -- I/O thread -------------------------------------------------------------
+    # -- the leader ---------------------------------------------------------------
+
+    def _lead(self, _: Any) -> None:
+        """Watch the sockets until a connection has requests; then pass the lead on and answer them."""
+        ready = self._watch()
+        if not ready:  # stopping
+            self._lead_ended.set()
+            return
+        for conn in ready[1:]:
+            self._pool.submit(self._drain, conn)
+        self._pool.submit(self._lead, None)
+        self._drain(ready[0])
+
+    def _watch(self) -> list[_Connection]:
+        """Run the selector until some connection has requests to answer (none once stopping)."""
+        try:
+            while not self._stopping.is_set():
+                for key, _ in self._selector.select(timeout=0.5):
+                    self._dispatch_event(key.data)
+                if time.monotonic() >= self._next_sweep:
+                    self._sweep_timeouts()
+                    self._next_sweep = time.monotonic() + 0.5
+                if self._ready:
+                    ready, self._ready = self._ready, []
+                    return ready
+        except BaseException as exc:  # serve_forever raises it once everything is closed
+            self._failure = exc
+            self._stopping.set()
+        return []
 
     def _dispatch_event(self, data: Any) -> None:
         if data == "accept":
@@ -260,7 +293,7 @@ class Server:
         if len(conn.pending) > _PAUSE_AFTER:
             self._stop_reading(conn)
         if start:
-            self._pool.submit(self._drain, conn)
+            self._ready.append(conn)
 
     def _stop_reading(self, conn: _Connection) -> None:
         if conn.reading and not conn.closed:
@@ -285,7 +318,7 @@ class Server:
                 self._close(conn)
 
     def _close(self, conn: _Connection) -> None:
-        """Close now, or when its worker finishes; always on the I/O thread."""
+        """Close now, or when the thread answering it finishes; always on the leader."""
         with conn.lock:
             if conn.closed:
                 return
@@ -332,10 +365,10 @@ class Server:
         self._wake_w.close()
         self._stopped.set()
 
-    # -- worker threads ---------------------------------------------------------
+    # -- answering (the leader that found the requests, or another thread) -------
 
     def _drain(self, conn: _Connection) -> None:
-        """Answer a connection's queued requests in order (one worker per connection)."""
+        """Answer a connection's queued requests in order (one thread at a time per connection)."""
         while True:
             with conn.lock:
                 if not conn.pending or conn.closed:
