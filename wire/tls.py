@@ -1,9 +1,10 @@
-"""TLS for the server loop, over memory buffers (ssl.MemoryBIO), so that the I/O
-thread can decrypt without ever blocking and a worker can encrypt its response.
+"""TLS for the server loop, over memory buffers (ssl.MemoryBIO), so that the thread
+watching the sockets can decrypt without ever blocking and the thread answering can
+encrypt its response.
 
 Records must leave in the order TLS made them: every ciphertext goes into one
-outbox, and one flusher at a time (`_sending`) writes it out in order. The I/O
-thread only ever tries to flush without waiting; a worker flushes and waits.
+outbox, and one flusher at a time (`_sending`) writes it out in order. The watching
+thread only ever tries to flush without waiting; the answering thread flushes and waits.
 """
 from __future__ import annotations
 
