@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 
 import pytest
-from conftest import fresh_mysql_database
 from sqlalchemy import Connection, insert, inspect, select, text, update
 
 from db import Database
@@ -66,19 +64,10 @@ def test_version_2_gets_one_index_for_unlisting_an_items_keywords(database: Data
     assert len(database.run(by_item)) == 1
 
 
-@pytest.fixture
-def mysql_database(mysql_server: str) -> Iterator[Database]:
-    for url in fresh_mysql_database(mysql_server):
-        database = Database(url, pool_size=2)
-        database.create_schema()
-        yield database
-        database.close()
-
-
-def test_version_2_on_mysql_compares_keywords_and_idempotency_keys_exactly(mysql_database: Database) -> None:
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_version_2_on_mysql_compares_keywords_and_idempotency_keys_exactly(database: Database) -> None:
     """Version 2 kept them in VARCHAR with a PAD SPACE collation ("a" = "a "); version 3
     makes them VARBINARY, keeping what they hold."""
-    database = mysql_database
     old_columns = "MODIFY keyword VARCHAR(8) COLLATE utf8mb4_bin NOT NULL", \
         "MODIFY idempotency_key VARCHAR(128) COLLATE utf8mb4_bin NULL"
     database.run(lambda tx: [tx.execute(text(f"ALTER TABLE {table} {change}"))
