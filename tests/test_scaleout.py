@@ -184,7 +184,12 @@ def test_an_instance_killed_mid_run_costs_no_acknowledged_purchase(balanced: Bal
     # A repeatable call is tried again after short pauses (wire.client), long enough for
     # HAProxy to stop routing to the dead instance: none of them may fail.
     assert sum(repeated.values()) == 0, f"calls that are safe to repeat failed: {result.error_kinds}"
-    assert set(result.error_kinds) <= {f"{op}: CONNECTION" for op in errors}, result.error_kinds
+    kinds = Counter(result.error_kinds)
+    # A vote lost in flight may have been recorded. Its buyer, not having heard back, may buy
+    # the item again and vote again, which is refused: at most one CONFLICT per lost vote.
+    revotes = kinds.pop("provide_feedback: CONFLICT", 0)
+    assert revotes <= kinds["provide_feedback: CONNECTION"], result.error_kinds
+    assert set(kinds) <= {f"{op}: CONNECTION" for op in errors}, result.error_kinds
     with closing(Database(balanced.db_url, pool_size=2)) as database:
         assert audit(database, result.acknowledged) == []
     print(f"instance kill: {calls} calls, {len(result.acknowledged)} purchases acknowledged;"
