@@ -219,7 +219,7 @@ class Session:
 
 def touch_session(tx: Connection, session: LiveSession) -> None:
     """Record activity on a session."""
-    _TOUCH.execute(tx, {"id": session.session_id, "now": now_ms()})
+    _TOUCH.defer(tx, {"id": session.session_id, "now": now_ms()})
 
 
 class SessionGate:

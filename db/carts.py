@@ -65,7 +65,7 @@ def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -
         raise ConflictError(f"item {item_id}: only {available} left"
                             + (f", {held} already in your cart" if held else ""))
     line = {"session_id": session.session_id, "item_id": item_id, "quantity": held + quantity}
-    (_SET_LINE if held else _ADD_LINE).execute(tx, line)
+    (_SET_LINE if held else _ADD_LINE).defer(tx, line)  # sent with the cart's query
     return cart_to_wire(tx, session)
 
 
@@ -74,9 +74,9 @@ def remove_from_cart(tx: Connection, session: Session, item_id: int, quantity: i
     held = _in_cart(tx, session, item_id)
     line = {"session_id": session.session_id, "item_id": item_id, "quantity": held - quantity}
     if held > quantity:
-        _SET_LINE.execute(tx, line)
+        _SET_LINE.defer(tx, line)
     elif held:
-        _DROP_LINE.execute(tx, line)
+        _DROP_LINE.defer(tx, line)
     return cart_to_wire(tx, session)
 
 
@@ -87,13 +87,13 @@ def display_cart(tx: Connection, session: Session) -> dict[str, Any]:
 
 def clear_cart(tx: Connection, session: Session) -> dict[str, Any]:
     """Empty the session's cart (the saved cart stays)."""
-    _EMPTY.execute(tx, {"session_id": session.session_id})
+    _EMPTY.defer(tx, {"session_id": session.session_id})
     return {"cart": {"items": [], "total": "0.00"}}
 
 
 def save_cart(tx: Connection, session: Session) -> dict[str, Any]:
     """Make the session's cart the buyer's saved cart."""
     who = {"buyer_id": session.user_id, "session_id": session.session_id}
-    _FORGET_SAVED.execute(tx, who)
-    _SAVE.execute(tx, who)
+    _FORGET_SAVED.defer(tx, who)
+    _SAVE.defer(tx, who)
     return cart_to_wire(tx, session)

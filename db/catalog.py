@@ -84,10 +84,10 @@ def put_item(tx: Connection, session: Session, name: str, category: int, keyword
     item_id = int(_NEW_ITEM.execute(tx, {
         "seller_id": session.user_id, "name": name, "category": category, "keywords": json.dumps(keywords),
         "condition": condition, "price": price, "quantity": quantity, "now": now_ms()}).lastrowid)
-    if keywords:
-        _INDEX_KEYWORDS.execute(tx, keyword_rows(item_id, category, keywords))
+    if keywords:  # with the COMMIT: nothing to read from them
+        _INDEX_KEYWORDS.defer(tx, keyword_rows(item_id, category, keywords))
     if len(keywords) > 1:
-        _INDEX_PAIRS.execute(tx, keyword_pair_rows(item_id, keywords))
+        _INDEX_PAIRS.defer(tx, keyword_pair_rows(item_id, keywords))
     return {"item_id": item_id}
 
 
@@ -127,7 +127,7 @@ _REMOVE = Prepared(update(items)
 def change_price(tx: Connection, session: Session, item_id: int, price: int) -> dict[str, Any]:
     """Set a new price on one of the seller's items."""
     row = _own_item(tx, session, item_id)
-    _SET_PRICE.execute(tx, {"item_id": item_id, "price": price})
+    _SET_PRICE.defer(tx, {"item_id": item_id, "price": price})
     return {**item_to_wire(row), "price": format_money(price)}  # the row is locked: nothing else moved
 
 
@@ -149,7 +149,7 @@ def unlist(tx: Connection, sold_out: Sequence[int]) -> None:
     """Take sold-out items out of the search indexes (see the module docstring)."""
     for item_id in sold_out:
         for statement in _UNLIST:
-            statement.execute(tx, {"item_id": item_id})
+            statement.defer(tx, {"item_id": item_id})
 
 
 _SELLER_ITEMS = Prepared(

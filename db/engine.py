@@ -12,6 +12,7 @@ pooled connection dead (Database.run).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
@@ -167,9 +168,15 @@ class _QuietConnection(CMySQLConnection):
       run: nothing here puts a value into SQL text unquoted (run_statement quotes
       with the C extension, SQLAlchemy binds), and tests/test_engine.py sends such
       values and checks that they come back as data.
+    - A write whose result nobody reads waits too (defer_statement) and goes in the
+      query of the next statement, or of COMMIT; several statements whose results
+      are read can share one query (run_statements). MariaDB runs a query's
+      statements in order and stops at the first error, so a failed one leaves the
+      COMMIT after it unrun, and the transaction is rolled back (commit).
     """
 
     _begin_pending = False  # START TRANSACTION waits for the next statement
+    _deferred: list[bytes] | None = None  # statements waiting for the next query (defer_statement)
 
     def is_connected(self) -> bool:
         return bool(self._cmysql and self._cmysql.connected())
@@ -181,46 +188,75 @@ class _QuietConnection(CMySQLConnection):
         the same conversion of results), minus about 30 µs of Python per statement
         spent on the cursor object and the result's column descriptions.
         """
-        texts, names = _TEMPLATES.get(sql) or _TEMPLATES.setdefault(sql, _template(sql))
-        quoted = self._live().convert_to_mysql(*[values[name] for name in names]) if names else ()
-        cmysql = self.run_plain(b"".join(chain.from_iterable(zip(texts, quoted, strict=False))) + texts[-1])
+        cmysql = self.run_plain(self._render(sql, values))
         try:
-            if not cmysql.have_result_set:
-                return StatementResult([], cmysql.affected_rows(), cmysql.insert_id())
-            rows = []
-            while (row := cmysql.fetch_row()) is not None:
-                rows.append(row)
-            cmysql.free_result()
+            return _result_of(cmysql)
         except MySQLInterfaceError as exc:
             raise get_mysql_exception(exc.errno, msg=exc.msg, sqlstate=exc.sqlstate) from exc
-        return StatementResult(rows, len(rows), 0)
+
+    def run_statements(self, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[StatementResult]:
+        """Run statements in one query (one round trip), each one's result in order."""
+        cmysql = self.run_plain(b";".join(self._render(sql, values) for sql, values in statements))
+        results = []
+        try:
+            for n in range(len(statements)):
+                if n:
+                    cmysql.next_result()
+                results.append(_result_of(cmysql))
+        except MySQLInterfaceError as exc:
+            raise get_mysql_exception(exc.errno, msg=exc.msg, sqlstate=exc.sqlstate) from exc
+        return results
+
+    def defer_statement(self, sql: str, values: dict[str, Any]) -> None:
+        """Send a write with the next statement or COMMIT of this transaction; its result is not read."""
+        if self._deferred is None:
+            self._deferred = []
+        self._deferred.append(self._render(sql, values))
+
+    def _render(self, sql: str, values: dict[str, Any]) -> bytes:
+        """The statement's text with its values quoted and escaped by the C extension."""
+        texts, names = _TEMPLATES.get(sql) or _TEMPLATES.setdefault(sql, _template(sql))
+        quoted = self._live().convert_to_mysql(*[values[name] for name in names]) if names else ()
+        return b"".join(chain.from_iterable(zip(texts, quoted, strict=False))) + texts[-1]
 
     def run_plain(self, statement: bytes) -> Any:
         """Send a complete statement (nothing left to quote) without cmd_query's costs.
 
-        Returns the C connection, its result (if any) not yet read."""
+        A pending START TRANSACTION and deferred statements go first, in the same query.
+        Returns the C connection, its (first) result, if any, not yet read."""
+        if self._begin_pending or self._deferred:
+            return self._send([*self._take_pending(), statement])
+        return self._send([statement])
+
+    def _send(self, statements: list[bytes]) -> Any:
+        """One query of the statements; past the OKs of all but the last to its result."""
         cmysql = self._live()
         self.handle_unread_result()
-        begin, self._begin_pending = self._begin_pending, False
         try:
-            if begin:  # the transaction's first statement: START TRANSACTION rides along
-                cmysql.query(b"START TRANSACTION;" + statement)
-                cmysql.next_result()  # past START TRANSACTION's OK to this statement's result
-            else:
-                cmysql.query(statement)
+            cmysql.query(b";".join(statements) if len(statements) > 1 else statements[0])
+            for _ in statements[1:]:
+                cmysql.next_result()
         except MySQLInterfaceError as exc:
             raise get_mysql_exception(exc.errno, msg=exc.msg, sqlstate=exc.sqlstate) from exc
         return cmysql
+
+    def _take_pending(self) -> list[bytes]:
+        """The statements waiting for the next query: START TRANSACTION, then deferred writes."""
+        pending = [b"START TRANSACTION"] if self._begin_pending else []
+        if self._deferred:
+            pending += self._deferred
+        self._begin_pending, self._deferred = False, None
+        return pending
 
     def begin_with_next_statement(self) -> None:
         """Open a transaction with the next statement sent (see the class notes)."""
         self._begin_pending = True
 
     def cmd_query(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        """The driver's query path (SQLAlchemy's cursors): a pending START TRANSACTION goes first."""
-        if self._begin_pending:
-            self._begin_pending = False
-            self.run_plain(b"START TRANSACTION")
+        """The driver's query path (SQLAlchemy's cursors): what is pending goes first, on its own."""
+        pending = self._take_pending()
+        if pending:
+            self._send(pending)
         return super().cmd_query(query, *args, **kwargs)
 
     def _live(self) -> Any:
@@ -230,18 +266,36 @@ class _QuietConnection(CMySQLConnection):
         return self._cmysql
 
     def commit(self) -> None:
-        self._begin_pending = False  # a transaction that sent nothing has nothing to end
+        if not self._deferred:
+            self._begin_pending = False  # a transaction that sent nothing has nothing to end
         if self._cmysql:
             self.handle_unread_result()
-            if self.in_transaction:  # the server's status flag: nothing to end otherwise
+            if self._deferred:  # COMMIT rides with them, after START TRANSACTION if pending
+                try:
+                    self.run_plain(b"COMMIT")
+                except BaseException:
+                    self.rollback()  # one of them failed: COMMIT never ran
+                    raise
+            elif self.in_transaction:  # the server's status flag: nothing to end otherwise
                 self.run_plain(b"COMMIT")
 
     def rollback(self) -> None:
-        self._begin_pending = False
+        self._begin_pending, self._deferred = False, None
         if self._cmysql:
             self._cmysql.consume_result()
             if self.in_transaction:
                 self.run_plain(b"ROLLBACK")
+
+
+def _result_of(cmysql: Any) -> StatementResult:
+    """The current result of the C connection: its rows, or its row count and new id."""
+    if not cmysql.have_result_set:
+        return StatementResult([], cmysql.affected_rows(), cmysql.insert_id())
+    rows = []
+    while (row := cmysql.fetch_row()) is not None:
+        rows.append(row)
+    cmysql.free_result()
+    return StatementResult(rows, len(rows), 0)
 
 
 def driver_error(tx: Connection, sql: str, values: Any, exc: Exception, cursor: Any) -> DBAPIError:

@@ -21,7 +21,7 @@ from wire.values import decode_cursor, encode_cursor, format_money, format_time
 from .accounts import Session
 from .catalog import load_item, split_page, unlist
 from .database import RetryTransaction, now_ms
-from .prepared import Prepared, PreparedRows
+from .prepared import Prepared, PreparedRows, run_together
 from .schema import cart_lines, feedback, items, order_lines, orders, saved_cart_lines, users
 
 # charge(amount_cents, card_name, card_number, card_expiry, idempotency_key); raises on refusal.
@@ -71,14 +71,14 @@ def make_purchase(tx: Connection, session: Session, card_name: str, card_number:
     cart = _CART_LINES.all(tx, {"session_id": session.session_id})
     if not cart:
         raise ConflictError("your cart is empty")
-    for line in cart:
-        _take_stock(tx, line)
+    _take_stock(tx, cart)
+    # What is left is written with the COMMIT: nothing in it is read back.
     lines = _write_lines(tx, session.user_id, order_id, cart)
     total = sum(line["cents"] * line["quantity"] for line in lines)
-    _SET_TOTAL.execute(tx, {"order_id": order_id, "total": total})
+    _SET_TOTAL.defer(tx, {"order_id": order_id, "total": total})
     charge(total, card_name, card_number, card_expiry, idempotency_key)
-    _EMPTY_CART.execute(tx, {"session_id": session.session_id})
-    _EMPTY_SAVED.execute(tx, {"buyer_id": session.user_id})
+    _EMPTY_CART.defer(tx, {"session_id": session.session_id})
+    _EMPTY_SAVED.defer(tx, {"buyer_id": session.user_id})
     return _receipt(order_id, total, lines)
 
 
@@ -89,24 +89,29 @@ def _insert_order(tx: Connection, buyer_id: int, key: str | None) -> int:
         raise RetryTransaction from None  # the same key has just committed: replay it
 
 
-def _take_stock(tx: Connection, line: Any) -> None:
-    """Take a cart line's units; its item row is locked, so `available` is exact."""
-    if line.quantity > line.available or \
-            _TAKE_STOCK.execute(tx, {"item_id": line.item_id, "n": line.quantity}).rowcount != 1:
-        raise ConflictError(f"item {line.item_id}: only {line.available} left")
+def _take_stock(tx: Connection, cart: Sequence[Any]) -> None:
+    """Take the cart's units, every line in one query; the item rows are locked, so `available`
+    is exact, and each conditional update's row count is checked all the same."""
+    for line in cart:
+        if line.quantity > line.available:
+            raise ConflictError(f"item {line.item_id}: only {line.available} left")
+    taken = run_together(tx, [(_TAKE_STOCK, {"item_id": ln.item_id, "n": ln.quantity}) for ln in cart])
+    for line, result in zip(cart, taken, strict=True):
+        if result.rowcount != 1:
+            raise ConflictError(f"item {line.item_id}: only {line.available} left")
 
 
 def _write_lines(tx: Connection, buyer_id: int, order_id: int,
                  cart: Sequence[Any]) -> list[dict[str, Any]]:
     """The order's lines, each seller's units sold, and the search index of what sold out."""
-    _NEW_LINES.execute(tx, [
+    _NEW_LINES.defer(tx, [
         {"order_id": order_id, "item_id": ln.item_id, "buyer_id": buyer_id, "seller_id": ln.seller_id,
          "name": ln.name, "quantity": ln.quantity, "price_cents": ln.price_cents} for ln in cart])
     sold: Counter[int] = Counter()
     for ln in cart:
         sold[ln.seller_id] += ln.quantity
     for seller_id in sorted(sold):
-        _ADD_SOLD.execute(tx, {"seller_id": seller_id, "n": sold[seller_id]})
+        _ADD_SOLD.defer(tx, {"seller_id": seller_id, "n": sold[seller_id]})
     unlist(tx, [ln.item_id for ln in cart if ln.available == ln.quantity])  # the last units went
     return [{"item_id": ln.item_id, "name": ln.name, "quantity": ln.quantity, "cents": ln.price_cents}
             for ln in cart]
@@ -139,7 +144,7 @@ def provide_feedback(tx: Connection, session: Session, item_id: int, vote: str) 
     except IntegrityError:
         raise ConflictError(f"you have already rated item {item_id}") from None
     for statement in _COUNT_VOTE[vote]:
-        statement.execute(tx, who)
+        statement.defer(tx, who)  # with the COMMIT
     return {}
 
 

@@ -7,11 +7,16 @@ definition, compiled correctly for SQLite or MySQL) and skips it on the hot path
 On MySQL a statement does not even need a cursor (engine's run_statement); on
 SQLite it runs on a cursor, which is cheap there. Driver errors are re-raised as
 SQLAlchemy's, so Database.run handles them as usual.
+
+Round trips are what a loaded server pays most for on MySQL, so a write whose result
+nobody reads can be deferred: it travels with the transaction's next statement, or
+with its COMMIT (`Prepared.defer`); and statements whose results are all needed can
+share one query (`run_together`). On SQLite, in the same process, both simply run now.
 """
 from __future__ import annotations
 
 from collections import namedtuple
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Dialect, Table, bindparam, insert
@@ -72,6 +77,19 @@ class Prepared:
         count_statement(tx.info)
         return result
 
+    def defer(self, tx: Connection, params: dict[str, Any] | None = None) -> None:
+        """Run it with the transaction's next statement or its COMMIT (on MySQL; now elsewhere).
+
+        For a write whose result is not needed: an error it raises arrives with that later
+        statement (or from the commit), and the whole transaction rolls back as usual."""
+        defer_statement = getattr(tx.connection.driver_connection, "defer_statement", None)
+        if defer_statement is None or not tx.in_transaction():
+            self.execute(tx, params)
+            return
+        compiled = self._compiled(tx)
+        defer_statement(compiled.sql, compiled.parameters(params or {}))
+        count_statement(tx.info)  # counted as sent: Database.run then never retries it elsewhere
+
     def all(self, tx: Connection, params: dict[str, Any] | None = None) -> Sequence[Any]:
         """Every row, as named tuples."""
         row = self._compiled(tx).row
@@ -91,6 +109,22 @@ class Prepared:
         return values[0] if values is not None else None
 
 
+def run_together(tx: Connection, statements: Sequence[tuple[Prepared, dict[str, Any]]]) -> list[Any]:
+    """Run the statements in order, on MySQL in one query (one round trip); their results."""
+    run_statements = getattr(tx.connection.driver_connection, "run_statements", None)
+    if run_statements is None or len(statements) < 2:
+        return [prepared.execute(tx, params) for prepared, params in statements]
+    compiled = [(prepared._compiled(tx), params) for prepared, params in statements]
+    sent = [(c.sql, c.parameters(params)) for c, params in compiled]
+    try:
+        results = run_statements(sent)
+    except tx.dialect.loaded_dbapi.Error as exc:
+        raise driver_error(tx, "; ".join(sql for sql, _ in sent), sent, exc, None) from exc
+    for _ in sent:
+        count_statement(tx.info)
+    return results  # type: ignore[no-any-return]
+
+
 class PreparedRows:
     """An INSERT of many rows in one statement (one Prepared per row count), not executemany.
 
@@ -105,10 +139,19 @@ class PreparedRows:
 
     def execute(self, tx: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Insert `rows` (each a dict holding every column)."""
+        for statement, params in self._parts(rows):
+            statement.execute(tx, params)
+
+    def defer(self, tx: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert `rows` with the transaction's next statement or its COMMIT (see Prepared.defer)."""
+        for statement, params in self._parts(rows):
+            statement.defer(tx, params)
+
+    def _parts(self, rows: Sequence[dict[str, Any]]) -> Iterator[tuple[Prepared, dict[str, Any]]]:
         for start in range(0, len(rows), self.chunk):
             part = rows[start:start + self.chunk]
-            params = {f"{column}_{n}": row[column] for n, row in enumerate(part) for column in self.columns}
-            self._statement(len(part)).execute(tx, params)
+            yield self._statement(len(part)), {f"{column}_{n}": row[column]
+                                               for n, row in enumerate(part) for column in self.columns}
 
     def _statement(self, count: int) -> Prepared:
         prepared = self._by_count.get(count)

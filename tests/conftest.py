@@ -150,3 +150,20 @@ def market(database: Database) -> Iterator[Market]:
     """Buyer and seller servers on a fresh database (each kind)."""
     with running_market(database) as m:
         yield m
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every query sent to MySQL/MariaDB from now on (one round trip each), as the number
+    of statements it carried; the driver is the real one, only watched."""
+    from db.engine import _QuietConnection
+
+    sent: list[int] = []
+    send = _QuietConnection._send
+
+    def watched(self: Any, statements: list[bytes]) -> Any:
+        sent.append(len(statements))
+        return send(self, statements)
+
+    monkeypatch.setattr(_QuietConnection, "_send", watched)
+    return sent

@@ -406,3 +406,24 @@ def test_seller_rating_of_an_unknown_seller_is_not_found(market: Market) -> None
 def test_seller_ops_are_unknown_on_the_buyer_server(market: Market) -> None:
     with pytest.raises(UnknownOpError):
         market.user("buyer").call("put_item", {})
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_a_purchase_takes_as_many_round_trips_for_any_cart(market: Market, round_trips: list[int]) -> None:
+    sellers = [market.user("seller") for _ in range(3)]
+    buyer = market.user("buyer")
+
+    def queries_of_purchase(item_ids: list[int]) -> int:
+        for item_id in item_ids:
+            buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+        round_trips.clear()
+        receipt = buyer.call("make_purchase", CARD)
+        assert sorted(line["item_id"] for line in receipt["lines"]) == sorted(item_ids)
+        return len(round_trips)
+
+    one = queries_of_purchase([market.item(sellers[0], quantity=1)])  # the last unit: unlisted too
+    many = queries_of_purchase([market.item(seller) for seller in sellers] + [market.item(sellers[0])])
+    # the token check, the order, the cart, its stock, then every other write with the COMMIT
+    assert one == many == 5
+    assert audit(market.db) == []
+    assert len(buyer.call("get_purchase_history", {})["purchases"]) == 5  # every line recorded

@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from db import Database
 from db.engine import _QuietConnection, _template
-from db.prepared import Prepared, PreparedRows
+from db.prepared import Prepared, PreparedRows, run_together
 from db.schema import login_failures
 from wire.errors import BusyError, UnavailableError
 
@@ -52,10 +52,11 @@ class _QueriesSent:
     """The C connection, passed through, with the text of every query sent on it."""
 
     def __init__(self, cmysql: Any) -> None:
-        self.cmysql, self.sent = cmysql, []
+        self.cmysql, self.sent, self.texts = cmysql, [], []
 
     def query(self, statement: bytes, *args: Any, **kwargs: Any) -> Any:
         self.sent.append(bytes(statement).split(b" ", 2)[:2])
+        self.texts.append(bytes(statement))
         return self.cmysql.query(statement, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -224,3 +225,92 @@ def test_prepared_rows_insert_every_row_exactly_in_chunks(database: Database) ->
     expected = [(row["username"], row["failures"], row["last_failure_ms"]) for row in rows]
     assert sorted(map(tuple, stored)) == sorted(expected)
     assert sorted(inserter._by_count) == [5, 20]  # two statement shapes for three statements
+
+
+# -- Deferred writes and statements run together (db.prepared: defer, run_together) -------------
+
+_BUMP = Prepared(update(login_failures).where(login_failures.c.username == bindparam("username"))
+                 .values(failures=login_failures.c.failures + 1))
+
+
+def _failures_of(database: Database, username: str) -> int | None:
+    row = database.run(lambda tx: _FAILURE_OF.first(tx, {"role": "buyer", "username": username}), write=False)
+    return None if row is None else int(row.failures)
+
+
+def test_a_deferred_write_is_seen_by_the_statements_after_it(database: Database) -> None:
+    def work(tx: Any) -> tuple[int, int]:
+        _LOGIN_FAILURE.defer(tx, {"role": "buyer", "username": "later", "n": 1})
+        _BUMP.defer(tx, {"username": "later"})
+        seen = _FAILURE_OF.first(tx, {"role": "buyer", "username": "later"})
+        _BUMP.defer(tx, {"username": "later"})  # with the COMMIT
+        return int(seen.failures), len(_FAILURE_OF.all(tx, {"role": "buyer", "username": "none"}))
+
+    assert database.run(work) == (2, 0)
+    assert _failures_of(database, "later") == 3
+
+
+@pytest.mark.parametrize("failing", ["with a later statement", "with the commit"])
+def test_a_deferred_write_that_fails_rolls_back_its_whole_transaction(db_url: str, failing: str) -> None:
+    database = Database(db_url, pool_size=1)  # one connection: the call after the failure reuses it
+    database.create_schema()
+    database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "taken", "n": 1}))
+
+    def work(tx: Any) -> None:
+        _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "first", "n": 1})  # sent now
+        _BUMP.defer(tx, {"username": "taken"})
+        _LOGIN_FAILURE.defer(tx, {"role": "buyer", "username": "taken", "n": 1})  # a duplicate key
+        _BUMP.defer(tx, {"username": "taken"})
+        if failing == "with a later statement":
+            _FAILURE_OF.all(tx, {"role": "buyer", "username": "first"})
+
+    try:
+        with pytest.raises(IntegrityError):
+            database.run(work)
+        assert _failures_of(database, "first") is None  # the statement sent before it: rolled back
+        assert _failures_of(database, "taken") == 1  # the deferred bump before it too
+        assert database.run(_in_transaction_after_a_statement, write=False) is False  # nothing left open
+        database.run(lambda tx: _BUMP.defer(tx, {"username": "taken"}))  # the connection works on
+        assert _failures_of(database, "taken") == 2
+    finally:
+        database.close()
+
+
+def test_statements_run_together_each_give_their_result(database: Database) -> None:
+    database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "both", "n": 1}))
+    bumped, missed, row = database.run(lambda tx: run_together(tx, [
+        (_BUMP, {"username": "both"}), (_BUMP, {"username": "nobody"}),
+        (_FAILURE_OF, {"role": "buyer", "username": "both"})]))
+    assert (bumped.rowcount, missed.rowcount) == (1, 0)
+    assert tuple(row.fetchall()[0]) == ("both", 2)
+
+
+def test_deferred_writes_and_statements_run_together_share_queries(mariadb_url: str) -> None:
+    database = Database(mariadb_url, pool_size=1)
+    database.create_schema()
+    driver = database.run(lambda tx: tx.connection.driver_connection, write=False)
+    recorder = driver._cmysql = _QueriesSent(driver._cmysql)
+
+    def queries(work: Any) -> list[list[bytes]]:
+        recorder.texts.clear()
+        database.run(work)
+        return [[part.split(b" ")[0] for part in text.split(b";")] for text in recorder.texts]
+
+    try:
+        database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "q", "n": 1}))
+        # deferred only: START TRANSACTION, the writes and COMMIT in one query
+        assert queries(lambda tx: [_BUMP.defer(tx, {"username": "q"}) for _ in range(3)]) == [
+            [b"START", b"UPDATE", b"UPDATE", b"UPDATE", b"COMMIT"]]
+        assert queries(lambda tx: (_BUMP.defer(tx, {"username": "q"}),
+                                   _FAILURE_OF.all(tx, {"role": "buyer", "username": "q"}))) == [
+            [b"START", b"UPDATE", b"SELECT"], [b"COMMIT"]]
+        assert queries(lambda tx: run_together(tx, [(_BUMP, {"username": "q"})] * 2 + [
+            (_FAILURE_OF, {"role": "buyer", "username": "q"})])) == [
+            [b"START", b"UPDATE", b"UPDATE", b"SELECT"], [b"COMMIT"]]
+        assert _failures_of(database, "q") == 7
+        # through SQLAlchemy's own path, what is pending goes first
+        assert queries(lambda tx: (_BUMP.defer(tx, {"username": "q"}), tx.execute(text("SELECT 1")))) == [
+            [b"START", b"UPDATE"], [b"SELECT"], [b"COMMIT"]]
+    finally:
+        driver._cmysql = recorder.cmysql
+        database.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 from conftest import Market
 
+from db.audit import audit
 from wire.errors import BadRequestError, ConflictError, ForbiddenError, NotFoundError, UnknownOpError
 
 
@@ -94,3 +95,24 @@ def test_buyer_ops_are_unknown_on_the_seller_server(market: Market) -> None:
     seller = market.user("seller")
     with pytest.raises(UnknownOpError):
         seller.call("search_items")
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_writes_nobody_reads_back_travel_with_the_commit(market: Market, round_trips: list[int]) -> None:
+    seller = market.user("seller")
+
+    def queries_of(op: str, args: dict[str, object]) -> int:
+        round_trips.clear()
+        seller.call(op, args)
+        return len(round_trips)
+
+    # the token check, the item (its id is needed), then its keywords and keyword pairs with the COMMIT
+    assert queries_of("put_item", {"name": "Bare", "category": 1, "keywords": [], "condition": "new",
+                                   "price": "1.00", "quantity": 2}) == 3
+    five = {"name": "Five", "category": 1, "keywords": ["a", "b", "c", "d", "e"], "condition": "new",
+            "price": "1.00", "quantity": 2}
+    assert queries_of("put_item", five) == 3
+    item_id = max(i["item_id"] for i in seller.call("display_items", {})["items"])
+    assert queries_of("change_price", {"item_id": item_id, "price": "2.00"}) == 2  # the item locked, then all
+    assert seller.call("display_items", {})["items"][-1]["price"] == "2.00"
+    assert audit(market.db) == []  # keywords and their ten pairs indexed as the audit expects
