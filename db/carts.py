@@ -23,7 +23,10 @@ _CART = Prepared(select(cart_lines.c.item_id, items.c.name, items.c.price_cents,
                         items.c.quantity.label("available"))
                  .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
                  .where(_SESSION).order_by(cart_lines.c.item_id))
-_IN_CART = Prepared(select(cart_lines.c.quantity).where(_LINE))
+# How many of the item the cart holds, with the token check (no rows: none, or no session)
+_IN_CART = Prepared(with_session(cart_lines.c.quantity.label("held"), joined=cart_lines,
+                                 on=(cart_lines.c.session_id == sessions.c.session_id)
+                                 & (cart_lines.c.item_id == bindparam("item_id"))))
 _SET_LINE = Prepared(update(cart_lines).where(_LINE).values(quantity=bindparam("quantity")))
 _ADD_LINE = Prepared(insert(cart_lines).values(session_id=bindparam("session_id"),
                                                item_id=bindparam("item_id"), quantity=bindparam("quantity")))
@@ -35,9 +38,11 @@ _SAVE = Prepared(insert(saved_cart_lines).from_select(
     select(bindparam("buyer_id"), cart_lines.c.item_id, cart_lines.c.quantity).where(_SESSION)))
 
 
-def cart_to_wire(tx: Connection, session: Session) -> dict[str, Any]:
-    """The session's cart as the protocol's cart object."""
-    rows = _CART.all(tx, {"session_id": session.session_id})
+def cart_to_wire(tx: Connection, session: Session, last: bool = False) -> dict[str, Any]:
+    """The session's cart as the protocol's cart object; `last`: the write transaction's
+    last statement, its COMMIT in the same query (nothing after it may fail)."""
+    params = {"session_id": session.session_id}
+    rows = _CART.all_then_commit(tx, params) if last else _CART.all(tx, params)
     lines = [{"item_id": r.item_id, "name": r.name, "price": format_money(r.price_cents),
               "quantity": r.quantity, "available": r.available} for r in rows]
     total = sum(r.price_cents * r.quantity for r in rows)
@@ -45,7 +50,8 @@ def cart_to_wire(tx: Connection, session: Session) -> dict[str, Any]:
 
 
 def _in_cart(tx: Connection, session: Session, item_id: int) -> int:
-    return _IN_CART.scalar(tx, {"session_id": session.session_id, "item_id": item_id}) or 0
+    rows = session.accept_rows(_IN_CART.all(tx, {**session.check_params, "item_id": item_id}))
+    return int(rows[0].held) if rows else 0
 
 
 _STOCK_AND_HELD = Prepared(
@@ -66,7 +72,7 @@ def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -
                             + (f", {held} already in your cart" if held else ""))
     line = {"session_id": session.session_id, "item_id": item_id, "quantity": held + quantity}
     (_SET_LINE if held else _ADD_LINE).defer(tx, line)  # sent with the cart's query
-    return cart_to_wire(tx, session)
+    return cart_to_wire(tx, session, last=True)
 
 
 def remove_from_cart(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
@@ -77,7 +83,7 @@ def remove_from_cart(tx: Connection, session: Session, item_id: int, quantity: i
         _SET_LINE.defer(tx, line)
     elif held:
         _DROP_LINE.defer(tx, line)
-    return cart_to_wire(tx, session)
+    return cart_to_wire(tx, session, last=True)
 
 
 def display_cart(tx: Connection, session: Session) -> dict[str, Any]:
@@ -96,4 +102,4 @@ def save_cart(tx: Connection, session: Session) -> dict[str, Any]:
     who = {"buyer_id": session.user_id, "session_id": session.session_id}
     _FORGET_SAVED.defer(tx, who)
     _SAVE.defer(tx, who)
-    return cart_to_wire(tx, session)
+    return cart_to_wire(tx, session, last=True)

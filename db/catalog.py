@@ -91,17 +91,6 @@ def put_item(tx: Connection, session: Session, name: str, category: int, keyword
     return {"item_id": item_id}
 
 
-_ITEM_BY_ID = Prepared(select(*ITEM_COLUMNS).where(items.c.item_id == bindparam("item_id")))
-
-
-def load_item(tx: Connection, item_id: int) -> ItemRow:
-    """One item row, or NOT_FOUND."""
-    row = _ITEM_BY_ID.first(tx, {"item_id": item_id})
-    if row is None:
-        raise NotFoundError(f"no item {item_id}")
-    return row
-
-
 _OWN_ITEM = Prepared(with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
                      .with_for_update())
 
@@ -174,10 +163,15 @@ _ITEM_FOR_SESSION = Prepared(with_session(*ITEM_COLUMNS, joined=items,
 
 def get_item(tx: Connection, session: Session, item_id: int) -> dict[str, Any]:
     """One item, also when sold out."""
+    return item_to_wire(item_for_session(tx, session, item_id))
+
+
+def item_for_session(tx: Connection, session: Session, item_id: int) -> ItemRow:
+    """One item row, or NOT_FOUND, with the token check in the same query."""
     rows = session.accept_rows(_ITEM_FOR_SESSION.all(tx, {**session.check_params, "item_id": item_id}))
     if not rows:
         raise NotFoundError(f"no item {item_id}")
-    return item_to_wire(rows[0])
+    return rows[0]
 
 
 def search_items(tx: Connection, session: Session, category: int | None, keywords: list[str],

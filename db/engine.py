@@ -170,13 +170,15 @@ class _QuietConnection(CMySQLConnection):
       values and checks that they come back as data.
     - A write whose result nobody reads waits too (defer_statement) and goes in the
       query of the next statement, or of COMMIT; several statements whose results
-      are read can share one query (run_statements). MariaDB runs a query's
-      statements in order and stops at the first error, so a failed one leaves the
-      COMMIT after it unrun, and the transaction is rolled back (commit).
+      are read can share one query (run_statements), COMMIT too when they are the
+      transaction's last. MariaDB runs a query's statements in order and stops at the
+      first error, so a failed one leaves the COMMIT after it unrun, and the
+      transaction is rolled back (commit).
     """
 
     _begin_pending = False  # START TRANSACTION waits for the next statement
     _deferred: list[bytes] | None = None  # statements waiting for the next query (defer_statement)
+    _committed = False  # COMMIT went with the transaction's last statements (run_statements)
 
     def is_connected(self) -> bool:
         return bool(self._cmysql and self._cmysql.connected())
@@ -194,15 +196,21 @@ class _QuietConnection(CMySQLConnection):
         except MySQLInterfaceError as exc:
             raise get_mysql_exception(exc.errno, msg=exc.msg, sqlstate=exc.sqlstate) from exc
 
-    def run_statements(self, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[StatementResult]:
-        """Run statements in one query (one round trip), each one's result in order."""
-        cmysql = self.run_plain(b";".join(self._render(sql, values) for sql, values in statements))
+    def run_statements(self, statements: Sequence[tuple[str, dict[str, Any]]],
+                       commit: bool = False) -> list[StatementResult]:
+        """Run statements in one query (one round trip), each one's result in order; with
+        `commit`, COMMIT goes in the query too, and the transaction is over."""
+        rendered = [self._render(sql, values) for sql, values in statements]
+        cmysql = self.run_plain(b";".join(rendered + [b"COMMIT"] if commit else rendered))
         results = []
         try:
             for n in range(len(statements)):
                 if n:
                     cmysql.next_result()
                 results.append(_result_of(cmysql))
+            if commit:
+                cmysql.next_result()  # COMMIT's own answer: an error if it failed
+                self._committed = True
         except MySQLInterfaceError as exc:
             raise get_mysql_exception(exc.errno, msg=exc.msg, sqlstate=exc.sqlstate) from exc
         return results
@@ -224,6 +232,8 @@ class _QuietConnection(CMySQLConnection):
 
         A pending START TRANSACTION and deferred statements go first, in the same query.
         Returns the C connection, its (first) result, if any, not yet read."""
+        if self._committed:
+            raise RuntimeError("a statement after the transaction's COMMIT (run_statements(commit=True))")
         if self._begin_pending or self._deferred:
             return self._send([*self._take_pending(), statement])
         return self._send([statement])
@@ -266,6 +276,7 @@ class _QuietConnection(CMySQLConnection):
         return self._cmysql
 
     def commit(self) -> None:
+        self._committed = False  # committed already, if it was set: then nothing is open
         if not self._deferred:
             self._begin_pending = False  # a transaction that sent nothing has nothing to end
         if self._cmysql:
@@ -280,7 +291,7 @@ class _QuietConnection(CMySQLConnection):
                 self.run_plain(b"COMMIT")
 
     def rollback(self) -> None:
-        self._begin_pending, self._deferred = False, None
+        self._begin_pending, self._deferred, self._committed = False, None, False
         if self._cmysql:
             self._cmysql.consume_result()
             if self.in_transaction:

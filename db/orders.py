@@ -12,14 +12,25 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Integer, and_, bindparam, delete, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    String,
+    and_,
+    bindparam,
+    delete,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from wire.errors import ConflictError, ForbiddenError
 from wire.values import decode_cursor, encode_cursor, format_money, format_time
 
 from .accounts import Session
-from .catalog import load_item, split_page, unlist
+from .catalog import item_for_session, split_page, unlist
 from .database import RetryTransaction, now_ms
 from .prepared import Prepared, PreparedRows, run_together
 from .schema import cart_lines, feedback, items, order_lines, orders, saved_cart_lines, users
@@ -67,8 +78,7 @@ def make_purchase(tx: Connection, session: Session, card_name: str, card_number:
             return done
     # The order row comes first: with a key, it is the lock that makes a second request
     # with the same key wait for this one, then replay it (read the cart only after it).
-    order_id = _insert_order(tx, session.user_id, idempotency_key)
-    cart = _CART_LINES.all(tx, {"session_id": session.session_id})
+    order_id, cart = _order_and_cart(tx, session, idempotency_key)
     if not cart:
         raise ConflictError("your cart is empty")
     _take_stock(tx, cart)
@@ -82,11 +92,15 @@ def make_purchase(tx: Connection, session: Session, card_name: str, card_number:
     return _receipt(order_id, total, lines)
 
 
-def _insert_order(tx: Connection, buyer_id: int, key: str | None) -> int:
+def _order_and_cart(tx: Connection, session: Session, key: str | None) -> tuple[int, list[Any]]:
+    """A new order's id, and the cart it buys, locked: one query, the order first."""
+    order = {"buyer_id": session.user_id, "key": key, "now": now_ms()}
     try:
-        return int(_NEW_ORDER.execute(tx, {"buyer_id": buyer_id, "key": key, "now": now_ms()}).lastrowid)
+        created, cart = run_together(tx, [(_NEW_ORDER, order),
+                                          (_CART_LINES, {"session_id": session.session_id})])
     except IntegrityError:
         raise RetryTransaction from None  # the same key has just committed: replay it
+    return int(created.lastrowid), _CART_LINES.rows_of(tx, cart)
 
 
 def _take_stock(tx: Connection, cart: Sequence[Any]) -> None:
@@ -133,16 +147,15 @@ def _order_by_key(tx: Connection, buyer_id: int, key: str) -> dict[str, Any] | N
 
 def provide_feedback(tx: Connection, session: Session, item_id: int, vote: str) -> dict[str, Any]:
     """One vote per item bought, counted for the item and its seller."""
-    item = load_item(tx, item_id)
+    item = item_for_session(tx, session, item_id)
     who = {"buyer_id": session.user_id, "item_id": item_id, "vote": vote, "now": now_ms(),
            "seller_id": item.seller_id}
-    bought = _BOUGHT.first(tx, who)
-    if bought is None:
-        raise ForbiddenError(f"you have not bought item {item_id}")
     try:
-        _VOTE.execute(tx, who)
+        voted = _VOTE_IF_BOUGHT.execute(tx, who).rowcount
     except IntegrityError:
         raise ConflictError(f"you have already rated item {item_id}") from None
+    if voted != 1:
+        raise ForbiddenError(f"you have not bought item {item_id}")
     for statement in _COUNT_VOTE[vote]:
         statement.defer(tx, who)  # with the COMMIT
     return {}
@@ -156,11 +169,15 @@ def _count_vote(column: str) -> tuple[Prepared, Prepared]:
                      .values({column: users.c[column] + 1})))
 
 
-_BOUGHT = Prepared(select(order_lines.c.order_id)
-                   .where(order_lines.c.buyer_id == bindparam("buyer_id"),
-                          order_lines.c.item_id == bindparam("item_id")).limit(1))
-_VOTE = Prepared(insert(feedback).values(buyer_id=bindparam("buyer_id"), item_id=bindparam("item_id"),
-                                         vote=bindparam("vote"), created_ms=bindparam("now")))
+# The vote, if the buyer bought the item (no row inserted otherwise): the check and the
+# INSERT in one statement.
+_VOTE_OF_BUYER = (select(order_lines.c.buyer_id, order_lines.c.item_id, bindparam("vote", type_=String),
+                         bindparam("now", type_=BigInteger))
+                  .where(order_lines.c.buyer_id == bindparam("buyer_id"),
+                         order_lines.c.item_id == bindparam("item_id"))
+                  .limit(1))
+_VOTE_IF_BOUGHT = Prepared(insert(feedback).from_select(["buyer_id", "item_id", "vote", "created_ms"],
+                                                        _VOTE_OF_BUYER))
 _COUNT_VOTE = {"up": _count_vote("thumbs_up"), "down": _count_vote("thumbs_down")}
 
 

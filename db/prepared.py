@@ -10,8 +10,10 @@ SQLAlchemy's, so Database.run handles them as usual.
 
 Round trips are what a loaded server pays most for on MySQL, so a write whose result
 nobody reads can be deferred: it travels with the transaction's next statement, or
-with its COMMIT (`Prepared.defer`); and statements whose results are all needed can
-share one query (`run_together`). On SQLite, in the same process, both simply run now.
+with its COMMIT (`Prepared.defer`); statements whose results are all needed can
+share one query (`run_together`); and a transaction's last statement can carry its
+COMMIT (`Prepared.all_then_commit`). On SQLite, in the same process, all of them
+simply run now (and the COMMIT comes when the transaction ends, as usual).
 """
 from __future__ import annotations
 
@@ -92,9 +94,23 @@ class Prepared:
 
     def all(self, tx: Connection, params: dict[str, Any] | None = None) -> Sequence[Any]:
         """Every row, as named tuples."""
+        return self.rows_of(tx, self.execute(tx, params))
+
+    def all_then_commit(self, tx: Connection, params: dict[str, Any] | None = None) -> Sequence[Any]:
+        """Every row, and on MySQL the transaction's COMMIT in the same query.
+
+        For a write transaction's last statement: once it has run the transaction is
+        committed, so nothing after it may fail or send another statement."""
+        if not tx.in_transaction():
+            return self.all(tx, params)
+        (result,) = run_together(tx, [(self, params or {})], commit=True)
+        return self.rows_of(tx, result)
+
+    def rows_of(self, tx: Connection, result: Any) -> list[Any]:
+        """A result of this statement (from run_together, say) as named tuples."""
         row = self._compiled(tx).row
         assert row is not None, "not a SELECT"
-        return [row(*values) for values in self.execute(tx, params).fetchall()]
+        return [row(*values) for values in result.fetchall()]
 
     def first(self, tx: Connection, params: dict[str, Any] | None = None) -> Any | None:
         """The first row, or None."""
@@ -109,15 +125,19 @@ class Prepared:
         return values[0] if values is not None else None
 
 
-def run_together(tx: Connection, statements: Sequence[tuple[Prepared, dict[str, Any]]]) -> list[Any]:
-    """Run the statements in order, on MySQL in one query (one round trip); their results."""
+def run_together(tx: Connection, statements: Sequence[tuple[Prepared, dict[str, Any]]],
+                 commit: bool = False) -> list[Any]:
+    """Run the statements in order, on MySQL in one query (one round trip); their results.
+
+    With `commit` (in a write transaction) the query ends with COMMIT: see
+    Prepared.all_then_commit."""
     run_statements = getattr(tx.connection.driver_connection, "run_statements", None)
-    if run_statements is None or len(statements) < 2:
+    if run_statements is None or (len(statements) < 2 and not commit):
         return [prepared.execute(tx, params) for prepared, params in statements]
     compiled = [(prepared._compiled(tx), params) for prepared, params in statements]
     sent = [(c.sql, c.parameters(params)) for c, params in compiled]
     try:
-        results = run_statements(sent)
+        results = run_statements(sent, commit=commit)
     except tx.dialect.loaded_dbapi.Error as exc:
         raise driver_error(tx, "; ".join(sql for sql, _ in sent), sent, exc, None) from exc
     for _ in sent:

@@ -314,3 +314,27 @@ def test_deferred_writes_and_statements_run_together_share_queries(mariadb_url: 
     finally:
         driver._cmysql = recorder.cmysql
         database.close()
+
+
+def test_the_last_statement_can_carry_the_commit(db_url: str) -> None:
+    database = Database(db_url, pool_size=1)
+    database.create_schema()
+
+    def last(tx: Any) -> Any:
+        _LOGIN_FAILURE.defer(tx, {"role": "buyer", "username": "end", "n": 4})
+        return _FAILURE_OF.all_then_commit(tx, {"role": "buyer", "username": "end"})
+
+    try:
+        assert [tuple(row) for row in database.run(last)] == [("end", 4)]
+        assert _failures_of(database, "end") == 4
+        assert database.run(_in_transaction_after_a_statement, write=False) is False
+        if not database.is_sqlite:  # committed already: another statement would run outside it
+            with pytest.raises(RuntimeError, match="after the transaction's COMMIT"):
+                database.run(lambda tx: (_FAILURE_OF.all_then_commit(tx, {"role": "buyer", "username": "x"}),
+                                         _BUMP.execute(tx, {"username": "end"})))
+            assert _failures_of(database, "end") == 4
+        with pytest.raises(IntegrityError):  # a failing statement: the COMMIT behind it never runs
+            database.run(lambda tx: (_BUMP.execute(tx, {"username": "end"}), last(tx)))  # "end" again
+        assert _failures_of(database, "end") == 4
+    finally:
+        database.close()

@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 from conftest import fresh_mysql_database
-from sqlalchemy import select, text
+from sqlalchemy import literal, select, text
 
 from db import Database
 from db.accounts import _SESSION_BY_TOKEN
-from db.carts import _CART, _STOCK_AND_HELD
+from db.carts import _CART, _IN_CART, _STOCK_AND_HELD
 from db.catalog import (
-    _ITEM_BY_ID,
     _ITEM_FOR_SESSION,
     _OWN_ITEM,
     _RATING_FOR_SESSION,
@@ -27,8 +26,8 @@ from db.catalog import (
     _two_keyword_search,
 )
 from db.login_throttle import _FAILURES
-from db.orders import _CART_LINES, _HISTORY
-from db.schema import items, login_failures, metadata, sessions
+from db.orders import _CART_LINES, _HISTORY, _VOTE_OF_BUYER
+from db.schema import cart_lines, items, login_failures, metadata, sessions
 from db.seed import seed
 
 PARAMS: dict[str, Any] = {
@@ -40,7 +39,7 @@ PARAMS: dict[str, Any] = {
 }
 SELLER = {"token_hash": "cd" * 32, "role": "seller"}  # the seeded seller 3's session
 STATEMENTS = {
-    "get_item": _ITEM_FOR_SESSION, "item by id": _ITEM_BY_ID, "display_items": (_SELLER_ITEMS, SELLER),
+    "get_item": _ITEM_FOR_SESSION, "display_items": (_SELLER_ITEMS, SELLER),
     "get_seller_rating": _RATING_FOR_SESSION,
     "own seller rating": (_RATING_FOR_SESSION, {**SELLER, "seller_id": None}),
     "search by category": _plain_search(True), "search all": _plain_search(False),
@@ -51,8 +50,9 @@ STATEMENTS = {
     "search keywords+category": _ranked_search(True, False, 2),
     "search keywords, next page": _ranked_search(True, True, 2), "display_cart": _CART,
     "token check": _SESSION_BY_TOKEN, "own item (change_price, remove_item)": (_OWN_ITEM, SELLER),
-    "add_to_cart": _STOCK_AND_HELD, "make_purchase's cart": _CART_LINES, "purchase history": _HISTORY,
-    "login backoff": _FAILURES,
+    "add_to_cart": _STOCK_AND_HELD, "remove_from_cart": _IN_CART, "make_purchase's cart": _CART_LINES,
+    "purchase history": _HISTORY,
+    "login backoff": _FAILURES, "provide_feedback's vote": (_VOTE_OF_BUYER, {"vote": "up", "now": 0}),
 }
 
 
@@ -67,6 +67,10 @@ def seeded(mysql_server: str) -> Iterator[Database]:
             {"token_hash": "cd" * 32, "user_id": 3, "role": "seller", "created_ms": 0, "last_seen_ms": 0}]))
         db.run(lambda tx: tx.execute(login_failures.insert().values(
             role="buyer", username="someone", failures=1, last_failure_ms=0)))
+        db.run(lambda tx: tx.execute(cart_lines.insert().from_select(  # the buyer's cart holds an item
+            ["session_id", "item_id", "quantity"],
+            select(sessions.c.session_id, literal(PARAMS["item_id"]), literal(1))
+            .where(sessions.c.role == "buyer"))))
         db.run(lambda tx: [tx.execute(text(f"ANALYZE TABLE {t}")).all() for t in metadata.tables])
         yield db
         db.close()
