@@ -41,12 +41,14 @@ class AckedOrder:
 def audit(database: Database, acknowledged: Iterable[AckedOrder] = ()) -> list[str]:
     """Every violation of the marketplace's invariants; empty when consistent."""
     acked = list(acknowledged)
+    return database.run(lambda tx: violations(tx, acked), write=False)
 
-    def work(tx: Connection) -> list[str]:
-        return [*_item_rules(tx), *_search_index_rules(tx), *_seller_rules(tx), *_order_rules(tx),
-                *_feedback_rules(tx), *_acknowledged_rules(tx, acked)]
 
-    return database.run(work, write=False)
+def violations(tx: Connection, acknowledged: Iterable[AckedOrder] = ()) -> list[str]:
+    """Every violation the rules find through `tx` (in a snapshot, even under load)."""
+    acked = list(acknowledged)
+    return [*_item_rules(tx), *_search_index_rules(tx), *_seller_rules(tx), *_order_rules(tx),
+            *_feedback_rules(tx), *_acknowledged_rules(tx, acked)]
 
 
 def _item_rules(tx: Connection) -> Iterator[str]:

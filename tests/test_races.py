@@ -9,8 +9,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
 from conftest import CARD, Market
 
+from db import Database
+from db.audit import violations
+from db.engine import WRITE_KEY
 from wire import Connection, ProtocolError
 
 
@@ -96,3 +100,53 @@ def test_one_vote_per_purchased_item_under_a_race(market: Market) -> None:
     assert rating["thumbs_up"] + rating["thumbs_down"] == 1
     item = buyer.call("get_item", {"item_id": item_id})
     assert item["thumbs_up"] + item["thumbs_down"] == 1
+
+
+def snapshot_violations(database: Database) -> list[str]:
+    """The audit's rules read in one consistent snapshot (MariaDB, REPEATABLE READ)."""
+    with database.engine.connect() as conn:
+        conn.info[WRITE_KEY] = False  # no START TRANSACTION of our own: the snapshot's instead
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        try:
+            return violations(conn)
+        finally:
+            conn.exec_driver_sql("COMMIT")
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_a_reader_during_a_race_sees_every_purchase_and_vote_whole(market: Market) -> None:
+    """Stock, order lines, totals, sellers' counts and votes go in with one COMMIT (some of
+    them deferred to it): a snapshot taken at any moment of the race balances."""
+    seller = market.user("seller")
+    items = [market.item(seller, quantity=500, keywords=["race", f"k{n}"]) for n in range(4)]
+    buyers = [market.user("buyer") for _ in range(6)]
+    done = threading.Event()
+    snapshots: list[list[str]] = []
+
+    def shop(buyer: Connection, n: int) -> None:
+        voted: set[int] = set()
+        for round_ in range(12):
+            cart = {items[n % 4], items[(n + round_) % 4]}
+            for item_id in cart:
+                buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1 + round_ % 2})
+            buyer.call("make_purchase", CARD)
+            for item_id in cart - voted:
+                buyer.call("provide_feedback", {"item_id": item_id, "vote": "up" if n % 2 else "down"})
+                voted.add(item_id)
+
+    def read() -> None:
+        while not done.is_set():
+            snapshots.append(snapshot_violations(market.db))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        results = race([lambda b=b, n=n: shop(b, n) for n, b in enumerate(buyers)])
+    finally:
+        done.set()
+        reader.join()
+    assert results == [None] * len(buyers)  # every call answered without an error
+    assert len(snapshots) >= 3 and [v for v in snapshots if v] == []
+    assert snapshot_violations(market.db) == []
+    assert len(buyers[0].call("get_purchase_history")["purchases"]) >= 12
