@@ -1,6 +1,7 @@
 """The engine factory: the MySQL driver is the C extension, and the dialect settings hold."""
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,7 @@ from conftest import fresh_mysql_database
 from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
+import db.engine as engine_module
 from db import Database
 from db.engine import _QuietConnection, _template
 from db.prepared import Prepared, PreparedRows, run_together
@@ -337,4 +339,31 @@ def test_the_last_statement_can_carry_the_commit(db_url: str) -> None:
             database.run(lambda tx: (_BUMP.execute(tx, {"username": "end"}), last(tx)))  # "end" again
         assert _failures_of(database, "end") == 4
     finally:
+        database.close()
+
+
+@pytest.mark.parametrize("poll_s", [5.0, 0.05])  # the lock freed while polling, or after: SQLite's wait
+def test_a_sqlite_writer_waits_for_the_write_lock_then_writes(tmp_path: Any, monkeypatch: Any,
+                                                              poll_s: float) -> None:
+    monkeypatch.setattr(engine_module, "_POLL_LOCK_S", poll_s)
+    path = tmp_path / "locked.db"
+    database = Database(f"sqlite:///{path}", pool_size=2)
+    database.create_schema()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's writer, holding the lock
+    wrote: list[Any] = []
+    writer = threading.Thread(target=lambda: wrote.append(database.run(
+        lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "waited", "n": 1}).rowcount)))
+    try:
+        writer.start()
+        writer.join(0.3)
+        assert writer.is_alive() and wrote == []  # waiting for the lock, not failed
+        holder.execute("COMMIT")
+        writer.join(10)
+        assert wrote == [1] and _failures_of(database, "waited") == 1
+        # the busy timeout is back for everything else
+        assert database.run(lambda tx: tx.exec_driver_sql("PRAGMA busy_timeout").scalar()) == \
+            engine_module.SQLITE_BUSY_TIMEOUT_MS
+    finally:
+        holder.close()
         database.close()
