@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import Connection, Dialect, Table, bindparam, insert
 from sqlalchemy.sql import ClauseElement
 
-from .engine import count_statement, driver_error
+from .engine import WRITE_KEY, count_statement, driver_error
 
 
 class _Compiled:
@@ -85,7 +85,7 @@ class Prepared:
         For a write whose result is not needed: an error it raises arrives with that later
         statement (or from the commit), and the whole transaction rolls back as usual."""
         defer_statement = getattr(tx.connection.driver_connection, "defer_statement", None)
-        if defer_statement is None or not tx.in_transaction():
+        if defer_statement is None or not _in_write_transaction(tx):
             self.execute(tx, params)
             return
         compiled = self._compiled(tx)
@@ -101,7 +101,7 @@ class Prepared:
 
         For a write transaction's last statement: once it has run the transaction is
         committed, so nothing after it may fail or send another statement."""
-        if not tx.in_transaction():
+        if not _in_write_transaction(tx):
             return self.all(tx, params)
         (result,) = run_together(tx, [(self, params or {})], commit=True)
         return self.rows_of(tx, result)
@@ -123,6 +123,11 @@ class Prepared:
         """The first column of the first row, or None."""
         values = self.execute(tx, params).fetchone()
         return values[0] if values is not None else None
+
+
+def _in_write_transaction(tx: Connection) -> bool:
+    """Inside Database.run's transaction of a write (a read runs statement by statement)."""
+    return bool(tx.info.get(WRITE_KEY, True)) and tx.in_transaction()
 
 
 def run_together(tx: Connection, statements: Sequence[tuple[Prepared, dict[str, Any]]],

@@ -367,3 +367,17 @@ def test_a_sqlite_writer_waits_for_the_write_lock_then_writes(tmp_path: Any, mon
     finally:
         holder.close()
         database.close()
+
+
+def test_outside_a_write_transaction_deferring_runs_at_once(database: Database) -> None:
+    def read(tx: Any) -> int:  # a read: statement by statement, nothing held back for a COMMIT
+        tx.execute(text("SELECT 1"))  # SQLAlchemy's own path, which opens its transaction
+        _LOGIN_FAILURE.defer(tx, {"role": "buyer", "username": "at once", "n": 5})
+        seen = len(_FAILURE_OF.all_then_commit(tx, {"role": "buyer", "username": "at once"}))
+        _BUMP.defer(tx, {"username": "at once"})  # the call's last statement
+        return seen
+
+    assert database.run(read, write=False) == 1  # sent before the SELECT that sees it
+    # MySQL runs a read's statements in autocommit, so both stayed (none waited for a COMMIT
+    # that a read never sends); SQLite's read transaction is rolled back, with any write in it
+    assert _failures_of(database, "at once") == (None if database.is_sqlite else 6)
