@@ -40,7 +40,7 @@ class AckedOrder:
 
 def audit(database: Database, acknowledged: Iterable[AckedOrder] = ()) -> list[str]:
     """Every violation of the marketplace's invariants; empty when consistent."""
-    acked = list(acknowledged)
+    acked = list(acknowledged)  # read again if the call is retried
     return database.run(lambda tx: violations(tx, acked), write=False)
 
 

@@ -61,21 +61,25 @@ class Prepared:
             compiled = self._by_dialect[name] = _Compiled(self.statement, tx.dialect)
         return compiled
 
+    def _bound(self, tx: Connection, params: dict[str, Any] | None) -> tuple[str, Any]:
+        """Its SQL for this connection's dialect, and the values in the order the SQL takes them."""
+        compiled = self._compiled(tx)
+        return compiled.sql, compiled.parameters(params or {})
+
     def execute(self, tx: Connection, params: dict[str, Any] | None = None) -> Any:
         """Run it; a result with fetchall(), fetchone(), rowcount and lastrowid."""
-        compiled = self._compiled(tx)
-        values = compiled.parameters(params or {})
+        sql, values = self._bound(tx, params)
         driver = tx.connection.driver_connection
         run_statement = getattr(driver, "run_statement", None)  # MySQL: no cursor needed
         cursor = None if run_statement else driver.cursor()  # type: ignore[union-attr]
         try:
             if run_statement:
-                result = run_statement(compiled.sql, values)
+                result = run_statement(sql, values)
             else:
-                cursor.execute(compiled.sql, values)  # type: ignore[union-attr]
+                cursor.execute(sql, values)  # type: ignore[union-attr]
                 result = cursor
         except tx.dialect.loaded_dbapi.Error as exc:
-            raise driver_error(tx, compiled.sql, values, exc, cursor) from exc
+            raise driver_error(tx, sql, values, exc, cursor) from exc
         count_statement(tx.info)
         return result
 
@@ -88,8 +92,7 @@ class Prepared:
         if defer_statement is None or not _in_write_transaction(tx):
             self.execute(tx, params)
             return
-        compiled = self._compiled(tx)
-        defer_statement(compiled.sql, compiled.parameters(params or {}))
+        defer_statement(*self._bound(tx, params))
         count_statement(tx.info)  # counted as sent: Database.run then never retries it elsewhere
 
     def all(self, tx: Connection, params: dict[str, Any] | None = None) -> Sequence[Any]:
@@ -139,8 +142,7 @@ def run_together(tx: Connection, statements: Sequence[tuple[Prepared, dict[str, 
     run_statements = getattr(tx.connection.driver_connection, "run_statements", None)
     if run_statements is None or (len(statements) < 2 and not commit):
         return [prepared.execute(tx, params) for prepared, params in statements]
-    compiled = [(prepared._compiled(tx), params) for prepared, params in statements]
-    sent = [(c.sql, c.parameters(params)) for c, params in compiled]
+    sent = [prepared._bound(tx, params) for prepared, params in statements]
     try:
         results = run_statements(sent, commit=commit)
     except tx.dialect.loaded_dbapi.Error as exc:
