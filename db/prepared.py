@@ -13,7 +13,8 @@ nobody reads can be deferred: it travels with the transaction's next statement, 
 with its COMMIT (`Prepared.defer`); statements whose results are all needed can
 share one query (`run_together`); and a transaction's last statement can carry its
 COMMIT (`Prepared.all_then_commit`). On SQLite, in the same process, all of them
-simply run now (and the COMMIT comes when the transaction ends, as usual).
+simply run now (and the COMMIT comes when the transaction ends, as usual), and so they
+do on a Galera node (engine's _QuietConnection says why).
 """
 from __future__ import annotations
 
@@ -88,11 +89,11 @@ class Prepared:
 
         For a write whose result is not needed: an error it raises arrives with that later
         statement (or from the commit), and the whole transaction rolls back as usual."""
-        defer_statement = getattr(tx.connection.driver_connection, "defer_statement", None)
-        if defer_statement is None or not _in_write_transaction(tx):
+        driver = _batching_driver(tx)
+        if driver is None or not _in_write_transaction(tx):
             self.execute(tx, params)
             return
-        defer_statement(*self._bound(tx, params))
+        driver.defer_statement(*self._bound(tx, params))
         count_statement(tx.info)  # counted as sent: Database.run then never retries it elsewhere
 
     def all(self, tx: Connection, params: dict[str, Any] | None = None) -> Sequence[Any]:
@@ -128,6 +129,12 @@ class Prepared:
         return values[0] if values is not None else None
 
 
+def _batching_driver(tx: Connection) -> Any | None:
+    """The MySQL driver connection, if it may put several statements in one query."""
+    driver = tx.connection.driver_connection
+    return driver if getattr(driver, "batches", False) else None
+
+
 def _in_write_transaction(tx: Connection) -> bool:
     """Inside Database.run's transaction of a write (a read runs statement by statement)."""
     return bool(tx.info.get(WRITE_KEY, True)) and tx.in_transaction()
@@ -139,12 +146,12 @@ def run_together(tx: Connection, statements: Sequence[tuple[Prepared, dict[str, 
 
     With `commit` (in a write transaction) the query ends with COMMIT: see
     Prepared.all_then_commit."""
-    run_statements = getattr(tx.connection.driver_connection, "run_statements", None)
-    if run_statements is None or (len(statements) < 2 and not commit):
+    driver = _batching_driver(tx)
+    if driver is None or (len(statements) < 2 and not commit):
         return [prepared.execute(tx, params) for prepared, params in statements]
     sent = [prepared._bound(tx, params) for prepared, params in statements]
     try:
-        results = run_statements(sent, commit=commit)
+        results = driver.run_statements(sent, commit=commit)
     except tx.dialect.loaded_dbapi.Error as exc:
         raise driver_error(tx, "; ".join(sql for sql, _ in sent), sent, exc, None) from exc
     for _ in sent:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import CARD, Market, fresh_mysql_database, running_market
 from sqlalchemy import create_engine, text
+from test_engine import _BUMP, _FAILURE_OF, _LOGIN_FAILURE
 from test_faults import Call, Recorder, Shopper, check_books, free_port, list_items, sign_up
 from test_processes import ServerProcess
 from test_races import codes, race
@@ -263,6 +264,21 @@ def conflicts_resolved(cluster: Cluster) -> int:
     """Certification failures and brute-force aborts, summed over the nodes."""
     return sum(cluster.status(n, name) for n in (1, 2, 3)
                for name in ("wsrep_local_cert_failures", "wsrep_local_bf_aborts"))
+
+
+def test_a_galera_node_gets_one_statement_per_query(cluster: Cluster, round_trips: list[int]) -> None:
+    """A replicated write can abort a node's transaction between two statements of one query,
+    and the rest would then run outside it: on Galera nothing is deferred or run together."""
+    name = f"galera-{random.randrange(10**9)}"
+    with closing(Database(cluster.node_url(1), pool_size=1)) as database:
+        assert database.run(lambda tx: tx.connection.driver_connection.batches, write=False) is False
+        round_trips.clear()
+        database.run(lambda tx: [_LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": name, "n": 1}),
+                                 _BUMP.defer(tx, {"username": name}), _BUMP.defer(tx, {"username": name})])
+        # START TRANSACTION with the first statement (nothing to abort yet), then one each
+        assert round_trips == [2, 1, 1, 1]
+        assert database.run(lambda tx: _FAILURE_OF.first(tx, {"role": "buyer", "username": name}),
+                            write=False).failures == 3
 
 
 def test_buyers_on_three_nodes_race_for_few_units_without_loss_or_overselling(cluster: Cluster) -> None:
