@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
 import struct
 import threading
@@ -19,7 +20,7 @@ import pytest
 from wire import Connection, OpSpec
 from wire.app import App
 from wire.framing import FrameDecoder, encode_frame
-from wire.server import Server, ServerLimits
+from wire.server import Server, ServerLimits, serve_until_signal
 
 
 def _boom() -> dict[str, Any]:
@@ -307,3 +308,29 @@ def test_a_client_that_vanishes_mid_request_does_not_hurt_the_server(serve: Any)
         sock.sendall(encode_frame({"op": "slow"}))
         sock.close()
     assert Connection(*server.address).call("ping") == {"pong": True}
+
+
+def test_a_signal_the_kernel_gives_a_worker_thread_still_stops_the_server() -> None:
+    """Python runs signal handlers on the main thread only; the kernel may hand a process's
+    SIGTERM to any of its threads, here a worker's, while the main thread waits."""
+    server = Server(tiny_app(), limits=ServerLimits(threads=2))
+    returned, forced = threading.Event(), threading.Event()
+
+    def signal_a_worker(_server: Server) -> None:
+        def send() -> None:
+            time.sleep(0.3)
+            worker = next(t for t in threading.enumerate() if t.name.startswith("market-worker"))
+            signal.pthread_kill(worker.ident, signal.SIGTERM)  # type: ignore[arg-type]
+            if not returned.wait(3):  # the signal was not handled: unblock the test
+                forced.set()
+                server.shutdown(wait=False)
+        threading.Thread(target=send, daemon=True).start()
+
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        serve_until_signal(server, ready=signal_a_worker)
+        returned.set()
+    finally:
+        signal.signal(signal.SIGTERM, handlers[0])
+        signal.signal(signal.SIGINT, handlers[1])
+    assert not forced.is_set(), "the server went on serving after SIGTERM"

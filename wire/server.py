@@ -32,6 +32,7 @@ from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
 _READ_SIZE = 65536
+_SIGNAL_CHECK_S = 0.2  # how often serve_forever's thread looks for a signal to handle
 _PAUSE_AFTER = 64  # queued requests on one connection before we stop reading it
 
 
@@ -158,7 +159,10 @@ class Server:
         self._next_sweep = time.monotonic() + 0.5
         self._pool.submit(self._lead, None)
         try:
-            self._lead_ended.wait()
+            # Woken now and then: Python runs signal handlers on the main thread only, and a
+            # signal the kernel hands to another thread would otherwise wait for this one.
+            while not self._lead_ended.wait(_SIGNAL_CHECK_S):
+                pass
         finally:
             self._finish()
         if self._failure is not None:
