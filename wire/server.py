@@ -51,7 +51,7 @@ class ServerLimits:
     idle_timeout_s: float = 300.0
     frame_deadline_s: float = 10.0
     send_timeout_s: float = 10.0
-    threads: int = 4
+    threads: int = 3  # on two cores, with the database nearby: the lowest tail (docs/benchmarks.md)
 
 
 def respond(app: App, message: dict[str, Any] | ProtocolError) -> bytes:

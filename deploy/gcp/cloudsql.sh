@@ -18,7 +18,7 @@ fi
 
 # The settings file of the VM. The servers reach the database through the Cloud SQL Auth
 # Proxy on the VM's loopback. Each call waits for the database over the network, so more
-# calls stay in flight than on one machine (MARKET_THREADS 16, not 4); every other MARKET_*
+# calls stay in flight than on one machine (MARKET_THREADS 16, not 3); every other MARKET_*
 # setting keeps its default (.env.example).
 market_env() {
   cat <<ENV
