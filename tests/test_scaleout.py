@@ -162,16 +162,22 @@ def errors_by_op(result: RunResult) -> dict[str, int]:
     return {op: log.errors for op, log in result.ops.items() if log.errors}
 
 
+KILL_RUN_CALLS = 1000  # per user: seconds of calls, so that the kill comes mid-run on a fast machine too
+
+
 def test_an_instance_killed_mid_run_costs_no_acknowledged_purchase(balanced: Balanced) -> None:
     running = threading.Event()
     outcome: list[RunResult] = []
-    sim = threading.Thread(target=lambda: outcome.append(simulate(balanced.buyer, balanced.seller, 4, 250,
-                                                                  running)), daemon=True)
+    sim = threading.Thread(target=lambda: outcome.append(simulate(balanced.buyer, balanced.seller, 4,
+                                                                  KILL_RUN_CALLS, running)), daemon=True)
     sim.start()
     assert running.wait(60), "the simulation did not start"
-    time.sleep(0.5)
-    busy = {name: int(s["scur"]) for name, s in balanced.servers().items()}
-    assert busy["buyer1"] > 0 and busy["seller1"] > 0, busy
+
+    def both_busy() -> bool:  # the instances to kill are serving users of the run right now
+        busy = {name: int(s["scur"]) for name, s in balanced.servers().items()}
+        return busy["buyer1"] > 0 and busy["seller1"] > 0
+
+    wait_until(both_busy, 10, "users on buyer1 and seller1")
     os.kill(balanced.pid("buyer-1"), signal.SIGKILL)
     os.kill(balanced.pid("seller-1"), signal.SIGKILL)
     wait_until(lambda: balanced.servers()["buyer1"]["status"] == "DOWN", 10, "HAProxy to mark buyer1 down")
@@ -179,7 +185,7 @@ def test_an_instance_killed_mid_run_costs_no_acknowledged_purchase(balanced: Bal
     assert not sim.is_alive(), "the simulation is stuck"
     result = outcome[0]
     calls = sum(len(log.latencies) for log in result.ops.values())
-    assert calls == 2 * 4 * 250, "every user made all its calls"
+    assert calls == 2 * 4 * KILL_RUN_CALLS, "every user made all its calls"
     errors = errors_by_op(result)
     repeated = {op: n for op, n in errors.items() if op in READ_ONLY_OPS or op == "make_purchase"}
     # A repeatable call is tried again after short pauses (wire.client), long enough for
