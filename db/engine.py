@@ -243,7 +243,7 @@ class _QuietConnection(CMySQLConnection):
         try:
             return _result_of(cmysql)
         except MySQLInterfaceError as exc:
-            raise get_mysql_exception(exc.errno, msg=exc.msg, sqlstate=exc.sqlstate) from exc
+            raise _mysql_error(exc) from exc
 
     def run_statements(self, statements: Sequence[tuple[str, dict[str, Any]]],
                        commit: bool = False) -> list[StatementResult]:
@@ -261,7 +261,7 @@ class _QuietConnection(CMySQLConnection):
                 cmysql.next_result()  # COMMIT's own answer: an error if it failed
                 self._committed = True
         except MySQLInterfaceError as exc:
-            raise get_mysql_exception(exc.errno, msg=exc.msg, sqlstate=exc.sqlstate) from exc
+            raise _mysql_error(exc) from exc
         return results
 
     def defer_statement(self, sql: str, values: dict[str, Any]) -> None:
@@ -296,7 +296,7 @@ class _QuietConnection(CMySQLConnection):
             for _ in statements[1:]:
                 cmysql.next_result()
         except MySQLInterfaceError as exc:
-            raise get_mysql_exception(exc.errno, msg=exc.msg, sqlstate=exc.sqlstate) from exc
+            raise _mysql_error(exc) from exc
         return cmysql
 
     def _take_pending(self) -> list[bytes]:
@@ -345,6 +345,11 @@ class _QuietConnection(CMySQLConnection):
             self._cmysql.consume_result()
             if self.in_transaction:
                 self.run_plain(b"ROLLBACK")
+
+
+def _mysql_error(exc: Any) -> Exception:
+    """The C extension's error as the driver's own exception class (IntegrityError, ...)."""
+    return get_mysql_exception(exc.errno, msg=exc.msg, sqlstate=exc.sqlstate)
 
 
 def _result_of(cmysql: Any) -> StatementResult:

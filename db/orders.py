@@ -108,11 +108,15 @@ def _take_stock(tx: Connection, cart: Sequence[Any]) -> None:
     is exact, and each conditional update's row count is checked all the same."""
     for line in cart:
         if line.quantity > line.available:
-            raise ConflictError(f"item {line.item_id}: only {line.available} left")
+            raise _short_of(line)
     taken = run_together(tx, [(_TAKE_STOCK, {"item_id": ln.item_id, "n": ln.quantity}) for ln in cart])
     for line, result in zip(cart, taken, strict=True):
         if result.rowcount != 1:
-            raise ConflictError(f"item {line.item_id}: only {line.available} left")
+            raise _short_of(line)
+
+
+def _short_of(line: Any) -> ConflictError:
+    return ConflictError(f"item {line.item_id}: only {line.available} left")
 
 
 def _write_lines(tx: Connection, buyer_id: int, order_id: int,

@@ -105,8 +105,6 @@ class Prepared:
 
         For a write transaction's last statement: once it has run the transaction is
         committed, so nothing after it may fail or send another statement."""
-        if not _in_write_transaction(tx):
-            return self.all(tx, params)
         (result,) = run_together(tx, [(self, params or {})], commit=True)
         return self.rows_of(tx, result)
 
@@ -144,9 +142,10 @@ def run_together(tx: Connection, statements: Sequence[tuple[Prepared, dict[str, 
                  commit: bool = False) -> list[Any]:
     """Run the statements in order, on MySQL in one query (one round trip); their results.
 
-    With `commit` (in a write transaction) the query ends with COMMIT: see
-    Prepared.all_then_commit."""
+    With `commit`, in a write transaction, the query ends with COMMIT: see
+    Prepared.all_then_commit (elsewhere nothing is held for a COMMIT, and none is sent)."""
     driver = _batching_driver(tx)
+    commit = commit and _in_write_transaction(tx)
     if driver is None or (len(statements) < 2 and not commit):
         return [prepared.execute(tx, params) for prepared, params in statements]
     sent = [prepared._bound(tx, params) for prepared, params in statements]
