@@ -1,0 +1,135 @@
+"""Where a call's time goes, from per-request timestamps (docs/benchmarks.md, "the tail").
+
+The timestamps come from `simulation/trace_requests.patch`, applied to a worktree (it is
+an experiment's instrument, kept out of the product): every client and server process of a
+run writes one file to $MARKET_TRACE_DIR. This joins each call the simulator made with the
+server's record of it and splits its latency into segments:
+
+    send       the client building and encoding the request
+    to_read    its send, then in the server's socket until the leader read it
+    queue      read, waiting for a thread to answer it
+    service    the answer: the op and its database work, encoded
+    to_client  the answer's send, then in the client's socket until the client's thread had it
+    decode     the client decoding it
+
+(Each mark is taken before a send and after a receive, so no segment can come out negative.)
+
+and reports, for the calls at or above the p99 and those near the median, how much password
+hashing (`login`, `create_account`) was being served while they waited.
+
+    python -m simulation.tail TRACE_DIR [--skip N]
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import itertools
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+SEGMENTS = ("send", "to_read", "queue", "service", "to_client", "decode")
+HASHING_OPS = frozenset({"login", "create_account"})
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call, as the client and the server saw it (nanoseconds)."""
+
+    op: str
+    start: int
+    done: int
+    segments: tuple[float, ...]  # milliseconds, in the order of SEGMENTS
+
+    @property
+    def latency_ms(self) -> float:
+        return (self.done - self.start) / 1e6
+
+
+def read_trace(folder: Path) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The client and the server records of every file in folder, by request id."""
+    clients: dict[str, list[str]] = {}
+    servers: dict[str, list[str]] = {}
+    for path in sorted(folder.glob("*.tsv")):
+        for line in path.read_text().splitlines():
+            kind, rid, *rest = line.split("\t")
+            (clients if kind == "C" else servers)[rid] = rest
+    return clients, servers
+
+
+def join(clients: dict[str, list[str]], servers: dict[str, list[str]], skip: int = 0) -> list[Call]:
+    """Calls in the order they started, the first `skip` left out (a run's set-up)."""
+    calls = []
+    for rid, (op, *client) in clients.items():
+        if rid not in servers:
+            continue
+        start, sending, first_byte, done = map(int, client)
+        read, answering, answered = map(int, servers[rid][1:])
+        marks = (start, sending, read, answering, answered, first_byte, done)
+        gaps = (later - earlier for earlier, later in itertools.pairwise(marks))
+        calls.append(Call(op, start, done, tuple(gap / 1e6 for gap in gaps)))
+    calls.sort(key=lambda call: call.start)
+    return calls[skip:]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))]
+
+
+def hashing_overlap_ms(call: Call, hashes: Sequence[tuple[int, int]], starts: Sequence[int]) -> float:
+    """Milliseconds of hashing calls' service (summed over them) inside the call's lifetime."""
+    total = 0
+    longest = 10**9  # no hash is served for a second: start the scan a second early
+    for begin, end in hashes[bisect.bisect_left(starts, call.start - longest):]:
+        if begin > call.done:
+            break
+        total += max(0, min(call.done, end) - max(call.start, begin))
+    return total / 1e6
+
+
+def report(calls: list[Call], servers: dict[str, list[str]]) -> list[str]:
+    """The lines printed: segment percentiles, then the tail against the median."""
+    lines = [f"{len(calls)} calls", f"{'segment':10} {'mean':>8} {'p50':>8} {'p95':>8} {'p99':>8}"]
+    for name, values in [("total", [c.latency_ms for c in calls])] + [
+            (name, [c.segments[i] for c in calls]) for i, name in enumerate(SEGMENTS)]:
+        lines.append(f"{name:10} {statistics.mean(values):8.2f} " + " ".join(
+            f"{percentile(values, q):8.2f}" for q in (0.5, 0.95, 0.99)))
+    hashes = sorted((int(rec[2]), int(rec[3])) for rec in servers.values() if rec[0] in HASHING_OPS)
+    starts = [begin for begin, _ in hashes]
+    by_latency = sorted(calls, key=lambda c: c.latency_ms)
+    n = len(by_latency)
+    for label, group in (("p40-p60", by_latency[int(0.4 * n):int(0.6 * n)]),
+                         ("p95-p99", by_latency[int(0.95 * n):int(0.99 * n)]),
+                         ("p99 and up", by_latency[int(0.99 * n):])):
+        if group:
+            lines.append(_group_line(label, group, hashes, starts))
+    return lines
+
+
+def _group_line(label: str, group: list[Call], hashes: Sequence[tuple[int, int]],
+                starts: Sequence[int]) -> str:
+    overlap = [hashing_overlap_ms(call, hashes, starts) for call in group]
+    means = " ".join(f"{name}={statistics.mean(c.segments[i] for c in group):.1f}"
+                     for i, name in enumerate(SEGMENTS))
+    return (f"{label}: {len(group)} calls, mean {statistics.mean(c.latency_ms for c in group):.1f} ms "
+            f"({means}); hashing served meanwhile {statistics.mean(overlap):.1f} ms, "
+            f"in {sum(o > 0 for o in overlap) / len(overlap):.0%} of them")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulation.tail", description=__doc__.split("\n")[0])
+    parser.add_argument("trace_dir", type=Path)
+    parser.add_argument("--skip", type=int, default=0, help="calls to leave out at the start (set-up)")
+    args = parser.parse_args(argv)
+    clients, servers = read_trace(args.trace_dir)
+    calls = join(clients, servers, args.skip)
+    if not calls:
+        parser.error(f"no calls with both a client and a server record in {args.trace_dir}")
+    print("\n".join(report(calls, servers)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""simulation/trace_requests.patch still applies and, applied to a copy of the code, gives
+simulation.tail what it needs: a real server process and a real client, joined per call."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulation import tail
+
+ROOT = Path(__file__).resolve().parent.parent
+PATCH = ROOT / "simulation" / "trace_requests.patch"
+
+CLIENT = """
+import sys
+from wire import Connection
+with Connection("127.0.0.1", int(sys.argv[1]), timeout=10) as conn:
+    for _ in range(5):
+        conn.call("ping")
+    conn.call("create_account", {"username": "tracer", "password": "a long password", "name": "T"})
+    conn.call("login", {"username": "tracer", "password": "a long password"})
+"""
+
+
+@pytest.fixture
+def patched_copy(tmp_path: Path) -> Path:
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed: the patch is applied with git apply")
+    copy = tmp_path / "code"
+    for package in ("wire", "db", "buyer_server"):
+        shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["git", "apply", str(PATCH)], cwd=copy, check=True, capture_output=True)
+    return copy
+
+
+def test_a_traced_server_and_client_give_every_call_its_segments(patched_copy: Path, tmp_path: Path) -> None:
+    trace_dir = tmp_path / "trace"
+    env = {**os.environ, "MARKET_TRACE_DIR": str(trace_dir), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": str(patched_copy)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "buyer_server", "--port", "0", "--db-url", f"sqlite:///{tmp_path / 't.db'}"],
+        cwd=patched_copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert server.stdout is not None
+        port = server.stdout.readline().strip().rsplit(":", 1)[1]
+        subprocess.run([sys.executable, "-c", CLIENT, port], cwd=patched_copy, env=env, check=True,
+                       timeout=60)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=20) == 0
+    assert len(list(trace_dir.glob("*.tsv"))) == 2  # the client's and the server's
+
+    clients, servers = tail.read_trace(trace_dir)
+    calls = tail.join(clients, servers)
+    assert [call.op for call in calls] == ["ping"] * 5 + ["create_account", "login"]
+    for call in calls:
+        assert all(segment >= 0 for segment in call.segments)
+        assert sum(call.segments) == pytest.approx(call.latency_ms, abs=1e-6)
+    login = calls[-1]
+    assert login.segments[tail.SEGMENTS.index("service")] > 1.0  # an Argon2 verify is in it
+    lines = tail.report(calls, servers)
+    assert lines[0] == "7 calls"
+    assert any(line.startswith("p99 and up: 1 calls") and "in 100% of them" in line for line in lines)
+
+
+def test_join_leaves_out_the_set_up_and_calls_the_server_never_saw() -> None:
+    clients = {"a": ["ping", "0", "1", "5", "6"], "b": ["login", "10", "11", "40", "41"],
+               "c": ["ping", "50", "51", "60", "61"]}
+    servers = {"a": ["ping", "2", "3", "4"], "b": ["login", "20", "21", "39"]}
+    calls = tail.join(clients, servers, skip=1)
+    assert [call.op for call in calls] == ["login"]
+    assert calls[0].segments == pytest.approx(tuple(ms / 1e6 for ms in (1, 9, 1, 18, 1, 1)))
+    hashes = [(21, 39)]
+    assert tail.hashing_overlap_ms(calls[0], hashes, [21]) == pytest.approx(18 / 1e6)
