@@ -78,15 +78,41 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[int(q * (len(ordered) - 1))]
 
 
-def hashing_overlap_ms(call: Call, hashes: Sequence[tuple[int, int]], starts: Sequence[int]) -> float:
-    """Milliseconds of hashing calls' service (summed over them) inside the call's lifetime."""
-    total = 0
-    longest = 10**9  # no hash is served for a second: start the scan a second early
-    for begin, end in hashes[bisect.bisect_left(starts, call.start - longest):]:
-        if begin > call.done:
-            break
-        total += max(0, min(call.done, end) - max(call.start, begin))
-    return total / 1e6
+class Hashing:
+    """When the hashing calls (login, create_account) were being answered, from the server records."""
+
+    def __init__(self, servers: dict[str, list[str]]) -> None:
+        self.spans = sorted((int(rec[2]), int(rec[3])) for rec in servers.values() if rec[0] in HASHING_OPS)
+        self.starts = [begin for begin, _ in self.spans]
+        # how many were in service, as a step function: from times[i] on, levels[i]
+        self.times: list[int] = []
+        self.levels: list[int] = []
+        level = 0
+        for time, step in sorted([(b, 1) for b, _ in self.spans] + [(e, -1) for _, e in self.spans]):
+            level += step
+            self.times.append(time)
+            self.levels.append(level)
+
+    def overlap_ms(self, begin: int, end: int) -> float:
+        """Milliseconds of hashing calls' service (summed over them) between begin and end."""
+        total = 0
+        longest = 10**9  # no hash is served for a second: start the scan a second early
+        for span_begin, span_end in self.spans[bisect.bisect_left(self.starts, begin - longest):]:
+            if span_begin > end:
+                break
+            total += max(0, min(end, span_end) - max(begin, span_begin))
+        return total / 1e6
+
+    def two_or_more_ns(self, begin: int, end: int) -> int:
+        """Nanoseconds between begin and end while two or more hashing calls were in service."""
+        i = bisect.bisect_right(self.times, begin)
+        level = self.levels[i - 1] if i else 0
+        now, busy = begin, 0
+        while i < len(self.times) and self.times[i] < end:
+            busy += self.times[i] - now if level >= 2 else 0
+            now, level = self.times[i], self.levels[i]
+            i += 1
+        return busy + (end - now if level >= 2 else 0)
 
 
 def report(calls: list[Call], servers: dict[str, list[str]]) -> list[str]:
@@ -96,26 +122,30 @@ def report(calls: list[Call], servers: dict[str, list[str]]) -> list[str]:
             (name, [c.segments[i] for c in calls]) for i, name in enumerate(SEGMENTS)]:
         lines.append(f"{name:10} {statistics.mean(values):8.2f} " + " ".join(
             f"{percentile(values, q):8.2f}" for q in (0.5, 0.95, 0.99)))
-    hashes = sorted((int(rec[2]), int(rec[3])) for rec in servers.values() if rec[0] in HASHING_OPS)
-    starts = [begin for begin, _ in hashes]
+    hashing = Hashing(servers)
+    span = calls[-1].done - calls[0].start
+    two_or_more = hashing.two_or_more_ns(calls[0].start, calls[-1].done)
+    lines.append(f"two or more hashing calls in service: {two_or_more / max(1, span):.0%} of the run")
     by_latency = sorted(calls, key=lambda c: c.latency_ms)
     n = len(by_latency)
     for label, group in (("p40-p60", by_latency[int(0.4 * n):int(0.6 * n)]),
                          ("p95-p99", by_latency[int(0.95 * n):int(0.99 * n)]),
                          ("p99 and up", by_latency[int(0.99 * n):])):
         if group:
-            lines.append(_group_line(label, group, hashes, starts))
+            lines.append(_group_line(label, group, hashing))
     return lines
 
 
-def _group_line(label: str, group: list[Call], hashes: Sequence[tuple[int, int]],
-                starts: Sequence[int]) -> str:
-    overlap = [hashing_overlap_ms(call, hashes, starts) for call in group]
+def _group_line(label: str, group: list[Call], hashing: Hashing) -> str:
+    overlap = [hashing.overlap_ms(call.start, call.done) for call in group]
+    two_or_more = sum(hashing.two_or_more_ns(call.start, call.done) for call in group)
+    lifetimes = sum(call.done - call.start for call in group)
     means = " ".join(f"{name}={statistics.mean(c.segments[i] for c in group):.1f}"
                      for i, name in enumerate(SEGMENTS))
     return (f"{label}: {len(group)} calls, mean {statistics.mean(c.latency_ms for c in group):.1f} ms "
             f"({means}); hashing served meanwhile {statistics.mean(overlap):.1f} ms, "
-            f"in {sum(o > 0 for o in overlap) / len(overlap):.0%} of them")
+            f"in {sum(o > 0 for o in overlap) / len(overlap):.0%} of them; "
+            f"two or more at once for {two_or_more / max(1, lifetimes):.0%} of their time")
 
 
 def main(argv: list[str] | None = None) -> int:

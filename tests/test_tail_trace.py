@@ -75,5 +75,15 @@ def test_join_leaves_out_the_set_up_and_calls_the_server_never_saw() -> None:
     calls = tail.join(clients, servers, skip=1)
     assert [call.op for call in calls] == ["login"]
     assert calls[0].segments == pytest.approx(tuple(ms / 1e6 for ms in (1, 9, 1, 18, 1, 1)))
-    hashes = [(21, 39)]
-    assert tail.hashing_overlap_ms(calls[0], hashes, [21]) == pytest.approx(18 / 1e6)
+    hashing = tail.Hashing(servers)
+    assert hashing.overlap_ms(calls[0].start, calls[0].done) == pytest.approx(18 / 1e6)
+    assert hashing.two_or_more_ns(0, 100) == 0
+
+
+def test_hashing_counts_the_time_two_hashes_overlap() -> None:
+    servers = {"a": ["login", "0", "10", "30"], "b": ["create_account", "0", "20", "50"],
+               "c": ["ping", "0", "25", "26"], "d": ["login", "0", "60", "70"]}
+    hashing = tail.Hashing(servers)
+    assert hashing.two_or_more_ns(0, 100) == 10  # 20-30
+    assert hashing.two_or_more_ns(25, 65) == 5
+    assert hashing.overlap_ms(25, 65) == pytest.approx((5 + 25 + 5) / 1e6)
