@@ -2,11 +2,7 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 from conftest import CARD, PASSWORD, Market, running_market, unique_name
@@ -259,37 +255,3 @@ def test_hashing_leaves_a_core_to_the_other_requests() -> None:
     finally:
         for _ in range(allowed):
             passwords._slots.release()
-
-
-HOLD_SLOTS = """
-import fcntl, os, sys
-descriptors = [os.open(path, os.O_RDONLY | os.O_CREAT) for path in sys.argv[1:]]
-for fd in descriptors:
-    fcntl.flock(fd, fcntl.LOCK_EX)
-print("held", flush=True)
-sys.stdin.read()
-"""
-
-
-@pytest.mark.skipif(passwords.fcntl is None, reason="no flock(2) here: each process keeps its own bound")
-def test_a_hash_waits_while_another_process_holds_the_machines_slots(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(passwords, "lock_dir", tmp_path)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_SLOTS, *map(str, passwords.slot_paths())],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    done = threading.Event()
-    hashing = threading.Thread(target=lambda: (passwords.hash_password(PASSWORD), done.set()))
-    try:
-        assert holder.stdout is not None and holder.stdin is not None
-        assert holder.stdout.readline().strip() == "held"
-        hashing.start()
-        assert not done.wait(0.5)  # a hash alone takes about 25 ms
-        holder.stdin.close()  # the holder exits, and its locks go with it
-        assert done.wait(10)
-        assert passwords.verify_password(passwords.hash_password(PASSWORD), PASSWORD)  # slots given back
-    finally:
-        holder.kill()
-        holder.wait()
-        if hashing.is_alive():
-            hashing.join()
-
