@@ -1,4 +1,5 @@
-"""Where a call's time goes, from per-request timestamps (docs/benchmarks.md, "the tail").
+"""Where a call's time goes, from per-request timestamps (docs/benchmarks.md, "The thirteenth
+machine: where the 100 + 100 tail waits").
 
 The timestamps come from `simulation/trace_requests.patch`, applied to a worktree (it is
 an experiment's instrument, kept out of the product): every client and server process of a
@@ -12,12 +13,15 @@ server's record of it and splits its latency into segments:
     to_client  the answer's send, then in the client's socket until the client's thread had it
     decode     the client decoding it
 
-(Each mark is taken before a send and after a receive, so no segment can come out negative.)
-
-and reports, for the calls at or above the p99 and those near the median, how much password
-hashing (`login`, `create_account`) was being served while they waited.
+Each mark is taken before a send or after a receive, so no segment comes out negative. It
+then reports, for the calls near the median and those at the p95 and the p99 and above, how
+much password hashing (`login`, `create_account`) was being answered while they waited, and
+for how much of their time two or more hashing calls were.
 
     python -m simulation.tail TRACE_DIR [--skip N]
+
+--skip leaves out the set-up calls that come before a simulator run's measured ones: every
+call in the trace less users x calls x 2 (700 for `-n 100 -k 300` on a fresh database).
 """
 from __future__ import annotations
 
