@@ -29,9 +29,11 @@ import argparse
 import bisect
 import itertools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from .stats import percentile
 
 SEGMENTS = ("send", "to_read", "queue", "service", "to_client", "decode")
 HASHING_OPS = frozenset({"login", "create_account"})
@@ -77,46 +79,38 @@ def join(clients: dict[str, list[str]], servers: dict[str, list[str]], skip: int
     return calls[skip:]
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[int(q * (len(ordered) - 1))]
-
-
 class Hashing:
     """When the hashing calls (login, create_account) were being answered, from the server records."""
 
     def __init__(self, servers: dict[str, list[str]]) -> None:
-        self.spans = sorted((int(rec[2]), int(rec[3])) for rec in servers.values() if rec[0] in HASHING_OPS)
-        self.starts = [begin for begin, _ in self.spans]
+        spans = [(int(rec[2]), int(rec[3])) for rec in servers.values() if rec[0] in HASHING_OPS]
         # how many were in service, as a step function: from times[i] on, levels[i]
         self.times: list[int] = []
         self.levels: list[int] = []
         level = 0
-        for time, step in sorted([(b, 1) for b, _ in self.spans] + [(e, -1) for _, e in self.spans]):
+        for time, step in sorted([(b, 1) for b, _ in spans] + [(e, -1) for _, e in spans]):
             level += step
             self.times.append(time)
             self.levels.append(level)
 
     def overlap_ms(self, begin: int, end: int) -> float:
         """Milliseconds of hashing calls' service (summed over them) between begin and end."""
-        total = 0
-        longest = 10**9  # no hash is served for a second: start the scan a second early
-        for span_begin, span_end in self.spans[bisect.bisect_left(self.starts, begin - longest):]:
-            if span_begin > end:
-                break
-            total += max(0, min(end, span_end) - max(begin, span_begin))
-        return total / 1e6
+        return self._integral(begin, end, lambda level: level) / 1e6
 
     def two_or_more_ns(self, begin: int, end: int) -> int:
         """Nanoseconds between begin and end while two or more hashing calls were in service."""
+        return self._integral(begin, end, lambda level: int(level >= 2))
+
+    def _integral(self, begin: int, end: int, weight: Callable[[int], int]) -> int:
+        """weight(number in service), summed over every nanosecond from begin to end."""
         i = bisect.bisect_right(self.times, begin)
         level = self.levels[i - 1] if i else 0
-        now, busy = begin, 0
+        now, total = begin, 0
         while i < len(self.times) and self.times[i] < end:
-            busy += self.times[i] - now if level >= 2 else 0
+            total += (self.times[i] - now) * weight(level)
             now, level = self.times[i], self.levels[i]
             i += 1
-        return busy + (end - now if level >= 2 else 0)
+        return total + (end - now) * weight(level)
 
 
 def report(calls: list[Call], servers: dict[str, list[str]]) -> list[str]:
@@ -124,8 +118,9 @@ def report(calls: list[Call], servers: dict[str, list[str]]) -> list[str]:
     lines = [f"{len(calls)} calls", f"{'segment':10} {'mean':>8} {'p50':>8} {'p95':>8} {'p99':>8}"]
     for name, values in [("total", [c.latency_ms for c in calls])] + [
             (name, [c.segments[i] for c in calls]) for i, name in enumerate(SEGMENTS)]:
+        ordered = sorted(values)
         lines.append(f"{name:10} {statistics.mean(values):8.2f} " + " ".join(
-            f"{percentile(values, q):8.2f}" for q in (0.5, 0.95, 0.99)))
+            f"{percentile(ordered, q):8.2f}" for q in (50, 95, 99)))
     hashing = Hashing(servers)
     span = calls[-1].done - calls[0].start
     two_or_more = hashing.two_or_more_ns(calls[0].start, calls[-1].done)
