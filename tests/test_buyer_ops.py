@@ -164,6 +164,22 @@ def test_keyword_search_pages_follow_the_ranking_worked_out_in_python(market: Ma
     assert {5, 4, 3, 2, 1} <= set(ranks)  # the catalogue has every rank a search can give
 
 
+@pytest.mark.parametrize("keywords", [["a", "b", "c"], ["c", "b", "a", "e", "d"]])
+def test_a_first_page_of_many_keywords_reads_each_range_as_far_as_the_page_needs(
+        market: Market, keywords: list[str]) -> None:
+    """The first page of three to five keywords takes each keyword's items of rank one from
+    the start of its range, cut at the page plus one: here the two items of rank two and
+    the first rank-one items all lie in keyword a's range, the last one the page needs (to
+    know a next page exists) at its fourth row. One row fewer and the search would end early."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    both = [market.item(seller, keywords=["a", "b"]) for _ in range(2)]
+    only_a = [market.item(seller, keywords=["a"]) for _ in range(3)]
+    market.item(seller, keywords=["z"])
+    assert page_ids(buyer, keywords, 3) == [both + only_a[:1], only_a[1:]]
+    assert page_ids(buyer, keywords, 2) == [both, only_a[:2], only_a[2:]]
+    assert page_ids(buyer, keywords, 5) == [both + only_a]
+
+
 def test_a_search_that_finds_nothing_still_checks_the_token(market: Market) -> None:
     market.item(market.user("seller"), keywords=["x", "y", "z"])
     buyer = market.user("buyer")
