@@ -180,6 +180,20 @@ def test_a_first_page_of_many_keywords_reads_each_range_as_far_as_the_page_needs
     assert page_ids(buyer, keywords, 5) == [both + only_a]
 
 
+@pytest.mark.parametrize("keywords", [["a", "b", "c"], ["e", "c", "a", "b"]])
+def test_a_later_page_of_many_keywords_reads_past_the_items_of_higher_rank(
+        market: Market, keywords: list[str]) -> None:
+    """After the first page, each keyword's range is read for the page plus one, plus every
+    item of rank two or more: here both items of rank two come after the first two of
+    rank one in keyword a's range, where the second and third pages must read past them."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    first = [market.item(seller, keywords=["a"]) for _ in range(2)]
+    both = [market.item(seller, keywords=["b", "a"]) for _ in range(2)]
+    rest = [market.item(seller, keywords=["a"]) for _ in range(3)]
+    assert page_ids(buyer, keywords, 2) == [both, first, rest[:2], rest[2:]]
+    assert page_ids(buyer, keywords, 3) == [both + first[:1], first[1:] + rest[:2], rest[2:]]
+
+
 def test_a_search_that_finds_nothing_still_checks_the_token(market: Market) -> None:
     market.item(market.user("seller"), keywords=["x", "y", "z"])
     buyer = market.user("buyer")

@@ -19,6 +19,17 @@ def test_catalogue_seeds_and_reports_every_read_op(tmp_path: Path, capsys: Any) 
                "search_items (5 keywords)", "search_items (category only)",
                "get_item", "display_items (first page)"):
         assert f"| {op} | 3 |" in out
+    for op in ("search_items (3 keywords, second page)", "search_items (5 keywords, second page)"):
+        assert f"| {op} | 0 | - | - |" in out  # 60 items of a 4,000-word vocabulary: one page each
+
+
+def test_catalogue_times_the_second_page_of_a_search_that_has_one(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    made = [market.item(seller, keywords=["a"] if n % 2 else ["a", "b"]) for n in range(25)]
+    assert catalogue._second_page(buyer, ["x", "y", "z"]) is None
+    second = catalogue._second_page(buyer, ["c", "b", "a"])
+    assert second is not None
+    assert [item["item_id"] for item in second()["items"]] == made[15::2]  # 13 of rank two, 7 of one first
 
 
 def test_catalogue_without_seeding_reports_the_items_the_database_holds(tmp_path: Path, capsys: Any) -> None:
