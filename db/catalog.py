@@ -190,13 +190,9 @@ def search_items(tx: Connection, session: Session, category: int | None, keyword
                       after=_after_at_rank(last, 1))
         (params["first_keyword"], params["second_keyword"]), = keyword_pairs(keywords)
         statement, cursor_of = _two_keyword_search(), _rank_cursor
-    elif keywords and category is None:  # three to five
+    elif keywords and category is None and last is None:  # three to five: the first page
         params.update({f"keyword{n}": word for n, word in enumerate(keywords)}, **pair_params(keywords))
-        params.update(last_matches=last[0] if last else _ABOVE_EVERY_RANK, after=last[1] if last else 0,
-                      after_one=_after_at_rank(last, 1), ranges=limit + 1)
-        if last:  # a later page: each range also holds every item of rank two or more
-            params["ranges"] += _paired_items(len(keywords)).scalar(tx, params)
-        statement, cursor_of = _many_keywords_search(len(keywords)), _rank_cursor
+        statement, cursor_of = _many_keywords_first_page(len(keywords)), _rank_cursor
     elif keywords:
         params.update({f"keyword{n}": word for n, word in enumerate(keywords)},
                       last_matches=last and last[0], after=last and last[1])
@@ -288,71 +284,52 @@ def _only_keyword(n: int, other: int) -> Select[Any]:
     return _limited(ranked.where(on).order_by(mine.c.item_id))
 
 
-def _limited(ranked: Select[Any], limit: str = "limit") -> Select[Any]:
+def _limited(ranked: Select[Any]) -> Select[Any]:
     """A query cut to one page, wrapped so that it can stand in a UNION (SQLite too)."""
-    page = ranked.limit(bindparam(limit, type_=Integer)).subquery()
+    page = ranked.limit(bindparam("limit", type_=Integer)).subquery()
     return select(*page.c)
 
 
 # An item with m of the keywords has m(m-1)/2 of their pairs: its rank from its pair count.
 _RANK_OF_PAIR_COUNT = {0: 1, 1: 2, 3: 3, 6: 4, 10: 5}
-_ABOVE_EVERY_RANK = 6  # a first page's cursor rank: every rank follows it
 
 
 def pair_params(keywords: list[str]) -> dict[str, str]:
-    """The parameters of the keywords' pairs, first0, second0, first1 ... (_pairs_of_keywords)."""
+    """_many_keywords_first_page's parameters for the keywords' pairs: first0, second0, ..."""
     params = {}
     for n, (first, second) in enumerate(keyword_pairs(keywords)):
         params.update({f"first{n}": first, f"second{n}": second})
     return params
 
 
-def _pairs_of_keywords(keyword_count: int) -> Any:
-    """The condition for the pair index's rows of any two of the keywords (OR, not a row IN:
-    SQLite scans the table for that)."""
-    pair, pair_type = item_keyword_pairs, item_keyword_pairs.c.first_keyword.type
-    return or_(*[and_(pair.c.first_keyword == bindparam(f"first{n}", type_=pair_type),
-                      pair.c.second_keyword == bindparam(f"second{n}", type_=pair_type))
-                 for n in range(keyword_count * (keyword_count - 1) // 2)])
-
-
 @functools.cache
-def _paired_items(keyword_count: int) -> Prepared:
-    """How many items on sale have two or more of the keywords."""
-    return Prepared(select(func.count(item_keyword_pairs.c.item_id.distinct()))
-                    .where(_pairs_of_keywords(keyword_count)))
-
-
-@functools.cache
-def _many_keywords_search(keyword_count: int) -> Prepared:
-    """A page of a search of three to five keywords without a category.
+def _many_keywords_first_page(keyword_count: int) -> Prepared:
+    """The first page of a search of three to five keywords without a category.
 
     Every item with two or more of the keywords is on the pair index, so its rank is counted
     there from a few short ranges (the pairs' rows), where counting it on the keyword index
-    would group and sort every item with any of the keywords. The items of rank one come from
-    each keyword's range in item order (past the cursor's item, for a cursor at rank one),
-    cut at `ranges` rows: L, the page plus one, on a first page, and L + Q on a later one, Q
-    being the number of items of rank two or more (_paired_items). That is enough: before a
-    rank-one item the page needs, its keyword's range holds fewer than L rank-one items of the
-    page, and otherwise only items of rank two or more: on a first page those are on the page
-    too (so fewer than L in all), on a later one there are at most Q. The rows are then
-    grouped, ranked, and cut after the cursor.
+    would group and sort every item with any of the keywords. The items with one keyword are
+    read from each keyword's range in item order, stopped at the page's length (`limit`,
+    which is the page plus one): with P items of rank two or more, the page's rank-one items
+    are the smallest L - P of them, and each lies among the first P + (L - P) = L rows of its
+    keyword's range. Pages after the first keep the grouped statement: there the items of
+    rank two or more shown before could fill any such prefix.
     """
+    pair = item_keyword_pairs
+    pair_type = pair.c.first_keyword.type
     ranges = [_limited(select(item_keywords.c.item_id, literal_column("0", Integer).label("pairs"))
                        .with_hint(item_keywords, "FORCE INDEX (PRIMARY)", "mysql")  # item order, as above
-                       .where((item_keywords.c.keyword == _keyword(n))
-                              & (item_keywords.c.item_id > bindparam("after_one")))
-                       .order_by(item_keywords.c.item_id), "ranges")
+                       .where(item_keywords.c.keyword == _keyword(n)).order_by(item_keywords.c.item_id))
               for n in range(keyword_count)]
-    pairs = (select(item_keyword_pairs.c.item_id, literal_column("1", Integer).label("pairs"))
-             .where(_pairs_of_keywords(keyword_count)))
+    pair_count = keyword_count * (keyword_count - 1) // 2
+    wanted = [and_(pair.c.first_keyword == bindparam(f"first{n}", type_=pair_type),
+                   pair.c.second_keyword == bindparam(f"second{n}", type_=pair_type))
+              for n in range(pair_count)]  # OR, not a row IN: SQLite scans the table for that
+    pairs = select(pair.c.item_id, literal_column("1", Integer).label("pairs")).where(or_(*wanted))
     hits = union_all(*ranges, pairs).subquery()
-    matches = case(_RANK_OF_PAIR_COUNT, value=func.sum(hits.c.pairs))
-    last_matches: BindParameter[int] = bindparam("last_matches")
-    after_cursor = ((matches < last_matches)
-                    | ((matches == last_matches) & (hits.c.item_id > bindparam("after"))))
-    ranked = select(hits.c.item_id, matches.label("matches")).group_by(hits.c.item_id).having(after_cursor)
-    return _page_with_items(ranked.order_by(desc("matches"), hits.c.item_id))
+    matches = case(_RANK_OF_PAIR_COUNT, value=func.sum(hits.c.pairs)).label("matches")
+    ranked = select(hits.c.item_id, matches).group_by(hits.c.item_id)
+    return _page_with_items(ranked.order_by(desc(matches), hits.c.item_id))
 
 
 @functools.cache

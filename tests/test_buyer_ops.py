@@ -183,9 +183,10 @@ def test_a_first_page_of_many_keywords_reads_each_range_as_far_as_the_page_needs
 @pytest.mark.parametrize("keywords", [["a", "b", "c"], ["e", "c", "a", "b"]])
 def test_a_later_page_of_many_keywords_reads_past_the_items_of_higher_rank(
         market: Market, keywords: list[str]) -> None:
-    """After the first page, each keyword's range is read for the page plus one, plus every
-    item of rank two or more: here both items of rank two come after the first two of
-    rank one in keyword a's range, where the second and third pages must read past them."""
+    """Both items of rank two come after the first two of rank one in keyword a's range: the
+    first page shows them before those, and the later pages, continuing at rank one, pass
+    over them. (Reading each range only for the page plus one after a cursor at rank one
+    would end the search early.)"""
     seller, buyer = market.user("seller"), market.user("buyer")
     first = [market.item(seller, keywords=["a"]) for _ in range(2)]
     both = [market.item(seller, keywords=["b", "a"]) for _ in range(2)]
