@@ -309,11 +309,13 @@ def _many_keywords_first_page(keyword_count: int) -> Prepared:
     Every item with two or more of the keywords is on the pair index, so its rank is counted
     there from a few short ranges (the pairs' rows), where counting it on the keyword index
     would group and sort every item with any of the keywords. The items with one keyword are
-    read from each keyword's range in item order, stopped at the page's length (`limit`,
-    which is the page plus one): with P items of rank two or more, the page's rank-one items
-    are the smallest L - P of them, and each lies among the first P + (L - P) = L rows of its
-    keyword's range. Pages after the first keep the grouped statement: there the items of
-    rank two or more shown before could fill any such prefix.
+    read from each keyword's range in item order, stopped at the page's length L (`limit`,
+    which is the page plus one). That is enough: with P < L items of rank two or more, the
+    page's rank-one items are the smallest L - P of them, and before each, its keyword's
+    range holds fewer than L - P rank-one items and at most P others, so it lies in the
+    first L rows (with P >= L the page has none). Pages after the first keep the grouped
+    statement: there the items of rank two or more shown before could fill any such prefix
+    (docs/benchmarks.md, Catalogue growth, measured reading L + P there).
     """
     pair = item_keyword_pairs
     pair_type = pair.c.first_keyword.type
