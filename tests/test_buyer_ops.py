@@ -67,9 +67,9 @@ def test_a_sold_out_item_leaves_the_search_index_by_purchase_or_removal(market: 
     assert audit(market.db) == []
 
 
-def search_pages(buyer: Connection, **args: Any) -> list[dict[str, Any]]:
-    """Every page of one search, following next_cursor to the last."""
-    pages, cursor = [], None
+def search_pages(buyer: Connection, cursor: str | None = None, **args: Any) -> list[dict[str, Any]]:
+    """Every page of one search (from the cursor given), following next_cursor to the last."""
+    pages = []
     while True:
         page = buyer.call("search_items", {**args, "cursor": cursor})
         pages.append(page)
@@ -193,6 +193,20 @@ def test_a_later_page_of_many_keywords_reads_past_the_items_of_higher_rank(
     rest = [market.item(seller, keywords=["a"]) for _ in range(3)]
     assert page_ids(buyer, keywords, 2) == [both, first, rest[:2], rest[2:]]
     assert page_ids(buyer, keywords, 3) == [both + first[:1], first[1:] + rest[:2], rest[2:]]
+
+
+def test_a_later_page_of_many_keywords_sees_items_of_higher_rank_added_since(market: Market) -> None:
+    """Two items with two of the keywords are listed after the first page, in keyword a's
+    range past the cursor: the later pages still hold every item of rank one after it."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    both = market.item(seller, keywords=["a", "b"])
+    only_a = [market.item(seller, keywords=["a"]) for _ in range(3)]
+    first = buyer.call("search_items", {"keywords": ["a", "b", "c"], "limit": 2})
+    assert ids_of([first]) == [both, only_a[0]]
+    [market.item(seller, keywords=["b", "a"]) for _ in range(2)]
+    only_a.append(market.item(seller, keywords=["a"]))
+    rest = search_pages(buyer, keywords=["a", "b", "c"], limit=2, cursor=first["next_cursor"])
+    assert [ids_of([page]) for page in rest] == [only_a[1:3], only_a[3:]]
 
 
 def test_a_search_that_finds_nothing_still_checks_the_token(market: Market) -> None:
