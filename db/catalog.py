@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from sqlalchemy import (
     BindParameter,
+    ColumnElement,
     CompoundSelect,
     Connection,
     Integer,
@@ -182,20 +183,19 @@ def search_items(tx: Connection, session: Session, category: int | None, keyword
     """Items on sale, by category and/or keywords, best match first."""
     params: dict[str, Any] = {**session.check_params, "category": category, "limit": limit + 1}
     last = decode_cursor(cursor, 2) if cursor and keywords else None  # (matches, item_id)
+    params.update({f"keyword{n}": word for n, word in enumerate(keywords)})
     if len(keywords) == 1:
-        params.update(keyword0=keywords[0], after=_after_at_rank(last, 1))
+        params["after"] = _after_at_rank(last, 1)
         statement, cursor_of = _one_keyword_search(category is not None), _rank_cursor
     elif len(keywords) == 2 and category is None:
-        params.update(keyword0=keywords[0], keyword1=keywords[1], after_both=_after_at_rank(last, 2),
+        params.update(pair_params(keywords), after_both=_after_at_rank(last, 2),
                       after=_after_at_rank(last, 1))
-        (params["first_keyword"], params["second_keyword"]), = keyword_pairs(keywords)
         statement, cursor_of = _two_keyword_search(), _rank_cursor
     elif keywords and category is None and last is None:  # three to five: the first page
-        params.update({f"keyword{n}": word for n, word in enumerate(keywords)}, **pair_params(keywords))
+        params.update(pair_params(keywords))
         statement, cursor_of = _many_keywords_first_page(len(keywords)), _rank_cursor
     elif keywords:
-        params.update({f"keyword{n}": word for n, word in enumerate(keywords)},
-                      last_matches=last and last[0], after=last and last[1])
+        params.update(last_matches=last and last[0], after=last and last[1])
         statement = _ranked_search(category is not None, last is not None, len(keywords))
         cursor_of = _rank_cursor
     else:
@@ -262,9 +262,7 @@ def _two_keyword_search() -> Prepared:
     (docs/benchmarks.md, Catalogue growth), so this one is for searches without.
     """
     both = item_keyword_pairs
-    on = ((both.c.first_keyword == bindparam("first_keyword", type_=both.c.first_keyword.type))
-          & (both.c.second_keyword == bindparam("second_keyword", type_=both.c.second_keyword.type))
-          & (both.c.item_id > bindparam("after_both")))
+    on = _pair(0) & (both.c.item_id > bindparam("after_both"))
     # FORCE INDEX: as with one keyword, MariaDB would read the category index and sort every match
     ranked = (select(both.c.item_id, literal_column("2", Integer).label("matches"))
               .with_hint(both, "FORCE INDEX (PRIMARY)", "mysql"))
@@ -295,11 +293,18 @@ _RANK_OF_PAIR_COUNT = {0: 1, 1: 2, 3: 3, 6: 4, 10: 5}
 
 
 def pair_params(keywords: list[str]) -> dict[str, str]:
-    """_many_keywords_first_page's parameters for the keywords' pairs: first0, second0, ..."""
+    """The parameters of the keywords' pairs on the pair index (_pair): first0, second0, ..."""
     params = {}
     for n, (first, second) in enumerate(keyword_pairs(keywords)):
         params.update({f"first{n}": first, f"second{n}": second})
     return params
+
+
+def _pair(n: int) -> ColumnElement[bool]:
+    """The pair index's rows of the keywords' pair n (pair_params)."""
+    pair, pair_type = item_keyword_pairs, item_keyword_pairs.c.first_keyword.type
+    return and_(pair.c.first_keyword == bindparam(f"first{n}", type_=pair_type),
+                pair.c.second_keyword == bindparam(f"second{n}", type_=pair_type))
 
 
 @functools.cache
@@ -317,17 +322,13 @@ def _many_keywords_first_page(keyword_count: int) -> Prepared:
     statement: there the items of rank two or more shown before could fill any such prefix
     (docs/benchmarks.md, Catalogue growth, measured reading L + P there).
     """
-    pair = item_keyword_pairs
-    pair_type = pair.c.first_keyword.type
     ranges = [_limited(select(item_keywords.c.item_id, literal_column("0", Integer).label("pairs"))
                        .with_hint(item_keywords, "FORCE INDEX (PRIMARY)", "mysql")  # item order, as above
                        .where(item_keywords.c.keyword == _keyword(n)).order_by(item_keywords.c.item_id))
               for n in range(keyword_count)]
-    pair_count = keyword_count * (keyword_count - 1) // 2
-    wanted = [and_(pair.c.first_keyword == bindparam(f"first{n}", type_=pair_type),
-                   pair.c.second_keyword == bindparam(f"second{n}", type_=pair_type))
-              for n in range(pair_count)]  # OR, not a row IN: SQLite scans the table for that
-    pairs = select(pair.c.item_id, literal_column("1", Integer).label("pairs")).where(or_(*wanted))
+    wanted = [_pair(n) for n in range(keyword_count * (keyword_count - 1) // 2)]
+    pairs = (select(item_keyword_pairs.c.item_id, literal_column("1", Integer).label("pairs"))
+             .where(or_(*wanted)))  # OR, not a row IN: SQLite scans the table for that
     hits = union_all(*ranges, pairs).subquery()
     matches = case(_RANK_OF_PAIR_COUNT, value=func.sum(hits.c.pairs)).label("matches")
     ranked = select(hits.c.item_id, matches).group_by(hits.c.item_id)

@@ -35,7 +35,7 @@ from db.seed import seed
 PARAMS: dict[str, Any] = {
     "item_id": 1500, "seller_id": 3, "after": 0, "limit": 51, "category": 4,
     "keyword0": "lamp", "keyword1": "desk", "keyword2": "chair", "last_matches": 2,
-    "first_keyword": "desk", "second_keyword": "lamp", "after_both": 0,
+    "after_both": 0,
     "token_hash": "ab" * 32, "role": "buyer",
     "session_id": 1, "buyer_id": 2, "last_order": 2**62, "last_item": 0, "username": "someone",
     "keyword3": "light", "keyword4": "table",
