@@ -212,17 +212,26 @@ def admin_url(url: str) -> URL:
     return URL.create("mysql+mysqlconnector", parsed.username, parsed.password, parsed.host, parsed.port)
 
 
-def fresh_database(server: DatabaseServer, name: str) -> str:
+def fresh_database(server_url: str, name: str) -> str:
     """Drop and create the database on the server; its URL for the servers and the audit."""
-    engine = create_engine(admin_url(server.admin_url), isolation_level="AUTOCOMMIT")
+    _administer(server_url, f"DROP DATABASE IF EXISTS {name}",
+                f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    return admin_url(server_url).set(drivername="mysql", database=name).render_as_string(hide_password=False)
+
+
+def drop_database(server_url: str, name: str) -> None:
+    """Drop the database from the server, if it is there."""
+    _administer(server_url, f"DROP DATABASE IF EXISTS {name}")
+
+
+def _administer(server_url: str, *statements: str) -> None:
+    engine = create_engine(admin_url(server_url), isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-            conn.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"))
+            for statement in statements:
+                conn.execute(text(statement))
     finally:
         engine.dispose()
-    return admin_url(server.admin_url).set(drivername="mysql", database=name).render_as_string(
-        hide_password=False)
 
 
 def server_settings(url: str) -> dict[str, str]:
@@ -372,7 +381,7 @@ def measure(server: DatabaseServer, processes: int, args: argparse.Namespace,
             console: Console) -> list[Measured]:
     """R runs of every mix against `processes` servers per role over a fresh database."""
     folder = args.out / f"{slug(server.label)}-{processes}"
-    db_url = fresh_database(server, args.database)
+    db_url = fresh_database(server.admin_url, args.database)
     sim = market_sim_args(["--db-url", db_url, "-n", str(args.users), "-k", str(args.calls),
                            "-r", str(args.repeats), "--mix", ",".join(args.mix), "--out", str(folder),
                            "--no-progress", *(["--seed", str(args.seed)] if args.seed is not None else [])])

@@ -1,13 +1,16 @@
-"""The catalogue-growth and idle-connection measuring scripts run end to end (tiny sizes)."""
+"""The catalogue-growth, idle-connection and targets measuring scripts run end to end (tiny sizes)."""
 from __future__ import annotations
 
+import statistics
 import threading
 from pathlib import Path
 from typing import Any
 
 from conftest import Market
+from sqlalchemy import create_engine, text
 
-from simulation import catalogue, idle
+from simulation import catalogue, idle, targets
+from simulation.scaleout import admin_url
 
 
 def test_catalogue_seeds_and_reports_every_read_op(tmp_path: Path, capsys: Any) -> None:
@@ -54,3 +57,61 @@ def test_idle_connections_are_really_held(market: Market) -> None:
     assert idle.hold(addresses, count=30, seconds=1.0) == 30
     watcher.join()
     assert max(seen) >= 30
+
+
+def _sqlite_runs(out: Path) -> list[targets.Figures]:
+    return [targets.read_totals(out / f"sqlite_round{n}" / "results.csv")[1] for n in (1, 2)]
+
+
+def test_targets_runs_rounds_on_fresh_sqlite_files_and_reports_medians(tmp_path: Path, capsys: Any) -> None:
+    assert targets.main(["--rounds", "2", "-n", "1,10", "-k", "5", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    for n in (1, 2):
+        assert f"round {n}, sqlite: market-sim exited 0" in printed
+    table = (tmp_path / "targets.md").read_text()
+    first, second = _sqlite_runs(tmp_path)
+    assert targets.read_totals(tmp_path / "sqlite_round1" / "results.csv")[10].errors == 0
+    median = targets._number(statistics.median([first.p50_ms, second.p50_ms]))
+    each = f"{targets._number(first.p50_ms)} / {targets._number(second.p50_ms)}"
+    assert f"| sqlite | 2 | {median} ({each}); met in " in table
+    assert "| database | runs | 1 + 1 p50 ms | 10 + 10 p99 ms |\n" in table  # no N=100 run: no column for it
+    for n in (1, 2):  # each round's own fresh file, audited
+        assert (tmp_path / f"sqlite_round{n}" / "market-sim.db").exists()
+        assert "consistency: OK" in (tmp_path / f"sqlite_round{n}.log").read_text()
+
+
+def _run(database: str, exit_code: int, **scenarios: targets.Figures) -> targets.Run:
+    return targets.Run(database, 1, exit_code, {int(n.lstrip("n")): f for n, f in scenarios.items()})
+
+
+def test_targets_count_a_run_only_when_it_meets_every_bound() -> None:
+    fine = targets.Figures(ops_per_s=4000.0, p50_ms=0.99, p99_ms=20.0, errors=0)
+    runs = [_run("db", 0, n1=fine, n10=fine, n100=fine),
+            _run("db", 0, n1=targets.Figures(5000.0, 1.0, 1.0, 0), n10=targets.Figures(5000.0, 1.0, 20.01, 0),
+                 n100=targets.Figures(5000.0, 1.0, 100.01, 1)),  # p50 not under 1 ms, p99s over, an error
+            _run("db", 1, n100=targets.Figures(9000.0, 1.0, 50.0, 0))]  # its audit failed
+    row = targets.summary_table(runs).splitlines()[2].split(" | ")
+    assert row[2].endswith("met in 1 of 3")  # 1 + 1 p50: 0.99 only
+    assert row[3].endswith("met in 1 of 3")  # 10 + 10 p99: 20.0 only
+    assert row[4] == "5,000 (4,000 / 5,000 / 9,000); met in 1 of 3"  # errors and audits count
+    assert row[5].startswith("50.00 (20.00 / 100.01 / 50.00); met in 2 of 3")
+
+
+def test_targets_alternate_the_databases_and_drop_the_mariadb_ones(mysql_server: str, tmp_path: Path,
+                                                                    capsys: Any) -> None:
+    server = admin_url(mysql_server).set(drivername="mysql").render_as_string(hide_password=False)
+    argv = ["--rounds", "2", "-n", "1", "-k", "5", "--mysql", server, "--out", str(tmp_path)]
+    assert targets.main(argv) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("round ")]
+    assert [line.split(":")[0] for line in printed] == ["round 1, sqlite", "round 1, mysql",
+                                                       "round 2, mysql", "round 2, sqlite"]
+    table = (tmp_path / "targets.md").read_text()
+    assert "| sqlite | 2 | " in table and "| mysql | 2 | " in table
+    assert targets.read_totals(tmp_path / "mysql_round2" / "results.csv")[1].errors == 0
+    engine = create_engine(admin_url(mysql_server))
+    try:
+        with engine.connect() as conn:
+            left = conn.execute(text("SHOW DATABASES LIKE 'market_targets_%'")).all()
+    finally:
+        engine.dispose()
+    assert left == []

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 from test_scaleout import unavailable
 
 from simulation.scaleout import (
@@ -22,6 +21,7 @@ from simulation.scaleout import (
     DatabaseServer,
     Measured,
     admin_url,
+    drop_database,
     parse_args,
     ratios,
     standalone_config,
@@ -117,11 +117,3 @@ def test_a_tiny_run_through_servers_sh_writes_its_results(mysql_server: str, tmp
     servers_dir = tmp_path / "one-mariadb-1" / "servers"
     assert not list(servers_dir.glob("*.pid")), "servers.sh stop left a process behind"
 
-
-def drop_database(url: str, name: str) -> None:
-    engine = create_engine(admin_url(url), isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-    finally:
-        engine.dispose()
