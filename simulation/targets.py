@@ -11,7 +11,8 @@ with every run's value beside it, and how many runs met each target:
 - 100 + 100: at least 4,000 ops/s, p99 at most 100 ms, no errors and the audit passing.
 
 Writes targets.md to --out, and each run's market-sim reports to a folder of its own there.
-Exits 1 when an audit found a violation, 3 when a run did not finish.
+Exits 1 when an audit found a violation, 3 when a run did not finish or the MySQL server
+cannot be reached.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sqlalchemy.exc import DBAPIError
 
 from .__main__ import _int_list
 from .scaleout import drop_database, fresh_database
@@ -125,8 +128,9 @@ def measure(args: argparse.Namespace, database: str, round_number: int) -> Run:
         code = run_market_sim(args, None, out)
     else:
         name = f"market_targets_{round_number}"
+        db_url = fresh_database(args.mysql, name)
         try:
-            code = run_market_sim(args, fresh_database(args.mysql, name), out)
+            code = run_market_sim(args, db_url, out)
         finally:
             drop_database(args.mysql, name)
     results = out / "results.csv"
@@ -179,11 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     databases = ([] if args.no_sqlite else ["sqlite"]) + (["mysql"] if args.mysql else [])
     runs: list[Run] = []
-    for round_number in range(1, args.rounds + 1):
-        for database in round_order(databases, round_number):
-            run = measure(args, database, round_number)
-            print(f"round {round_number}, {database}: market-sim exited {run.exit_code}", flush=True)
-            runs.append(run)
+    try:
+        for round_number in range(1, args.rounds + 1):
+            for database in round_order(databases, round_number):
+                run = measure(args, database, round_number)
+                print(f"round {round_number}, {database}: market-sim exited {run.exit_code}", flush=True)
+                runs.append(run)
+    except DBAPIError as exc:  # the MySQL server, making or dropping a round's database
+        print(f"python -m simulation.targets: the MySQL server at {args.mysql}: {exc.orig}", file=sys.stderr)
+        return 3
     text = report(args, runs, argv)
     (args.out / "targets.md").write_text(text)
     print(text)

@@ -80,6 +80,13 @@ def test_targets_runs_rounds_on_fresh_sqlite_files_and_reports_medians(tmp_path:
         assert "consistency: OK" in (tmp_path / f"sqlite_round{n}.log").read_text()
 
 
+def test_targets_say_when_the_mysql_server_cannot_be_reached(tmp_path: Path, capsys: Any) -> None:
+    argv = ["--rounds", "1", "-n", "1", "-k", "2", "--mysql", "mysql://root@127.0.0.1:1", "--no-sqlite",
+            "--out", str(tmp_path)]
+    assert targets.main(argv) == 3
+    assert "the MySQL server at mysql://root@127.0.0.1:1: 2003" in capsys.readouterr().err
+
+
 def _run(database: str, exit_code: int, **scenarios: targets.Figures) -> targets.Run:
     return targets.Run(database, 1, exit_code, {int(n.lstrip("n")): f for n, f in scenarios.items()})
 
