@@ -124,6 +124,8 @@ def measure(args: argparse.Namespace, database: str, round_number: int) -> Run:
     """One round's run on one database, on a fresh database."""
     out = args.out / f"{database}_round{round_number}"
     out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.csv"
+    results.unlink(missing_ok=True)  # an earlier series' figures must not pass for this run's
     if database == "sqlite":
         code = run_market_sim(args, None, out)
     else:
@@ -133,7 +135,6 @@ def measure(args: argparse.Namespace, database: str, round_number: int) -> Run:
             code = run_market_sim(args, db_url, out)
         finally:
             drop_database(args.mysql, name)
-    results = out / "results.csv"
     return Run(database, round_number, code, read_totals(results) if results.exists() else {})
 
 
