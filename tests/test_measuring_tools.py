@@ -59,18 +59,15 @@ def test_idle_connections_are_really_held(market: Market) -> None:
     assert max(seen) >= 30
 
 
-def _sqlite_runs(out: Path) -> list[targets.Figures]:
-    return [targets.read_totals(out / f"sqlite_round{n}" / "results.csv")[1] for n in (1, 2)]
-
-
 def test_targets_runs_rounds_on_fresh_sqlite_files_and_reports_medians(tmp_path: Path, capsys: Any) -> None:
     assert targets.main(["--rounds", "2", "-n", "1,10", "-k", "5", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     for n in (1, 2):
         assert f"round {n}, sqlite: market-sim exited 0" in printed
     table = (tmp_path / "targets.md").read_text()
-    first, second = _sqlite_runs(tmp_path)
-    assert targets.read_totals(tmp_path / "sqlite_round1" / "results.csv")[10].errors == 0
+    rounds = [targets.read_totals(tmp_path / f"sqlite_round{n}" / "results.csv") for n in (1, 2)]
+    first, second = rounds[0][1], rounds[1][1]
+    assert rounds[0][10].errors == 0
     median = targets._number(statistics.median([first.p50_ms, second.p50_ms]))
     each = f"{targets._number(first.p50_ms)} / {targets._number(second.p50_ms)}"
     assert f"| sqlite | 2 | {median} ({each}); met in " in table
