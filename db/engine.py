@@ -21,7 +21,7 @@ from itertools import chain
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
 
 try:  # the C extension of mysql-connector-python (pinned to a version whose extension loads)
@@ -38,13 +38,21 @@ PROGRESS_KEY = "market_progress"  # connection info: [statements run] in the cur
 _MYSQL_DRIVER = "mysql+mysqlconnector"
 
 
+def driver_url(url: str) -> URL:
+    """The URL on the driver this project uses: mysql:// and mariadb:// mean mysql-connector."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() in ("mysql", "mariadb"):
+        return parsed.set(drivername=_MYSQL_DRIVER)
+    return parsed
+
+
 def make_engine(url: str, pool_size: int = 16) -> Engine:
     """A pooled engine for an SQLAlchemy URL (mysql:// means mysql-connector)."""
-    parsed = make_url(url)
+    parsed = driver_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _count_statements(_sqlite_engine(url, pool_size))
     if parsed.get_backend_name() in ("mysql", "mariadb"):
-        return _count_statements(_mysql_engine(parsed.set(drivername=_MYSQL_DRIVER), pool_size))
+        return _count_statements(_mysql_engine(parsed, pool_size))
     raise ValueError(f"unsupported database URL {parsed.render_as_string(hide_password=True)}; "
                      "use sqlite:///FILE or mysql://USER:PASS@HOST:PORT/DB")
 

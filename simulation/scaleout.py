@@ -49,9 +49,10 @@ from types import FrameType
 from typing import Any
 
 from rich.console import Console
-from sqlalchemy import URL, create_engine, make_url, text
+from sqlalchemy import URL, create_engine, text
 
 from db import Database
+from db.engine import driver_url
 from wire import config as wire_config
 
 from .__main__ import _mix_list, run_all
@@ -208,8 +209,8 @@ def finish(process: subprocess.Popen[Any], timeout: float) -> bool:
 
 def admin_url(url: str) -> URL:
     """The server of a MySQL URL, without a database, on mysql-connector."""
-    parsed = make_url(url)
-    return URL.create("mysql+mysqlconnector", parsed.username, parsed.password, parsed.host, parsed.port)
+    parsed = driver_url(url)
+    return URL.create(parsed.drivername, parsed.username, parsed.password, parsed.host, parsed.port)
 
 
 def fresh_database(server_url: str, name: str) -> str:

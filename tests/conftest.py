@@ -20,12 +20,15 @@ from sqlalchemy import create_engine, text
 
 from buyer_server.ops import build_app as build_buyer_app
 from db import Database
+from db.engine import driver_url
 from seller_server.ops import build_app as build_seller_app
 from wire import Connection
 from wire.config import Settings
 from wire.server import Server, ServerLimits
 
-MYSQL_ADMIN_URL = os.environ.get("MARKET_TEST_MYSQL_URL", "mysql+mysqlconnector://root@127.0.0.1:3306/test")
+# mysql:// as everywhere else in the project (the driver is mysql-connector either way)
+MYSQL_ADMIN_URL = driver_url(os.environ.get("MARKET_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+                             ).render_as_string(hide_password=False)
 PASSWORD = "correct horse"
 CARD = {"card_name": "A Buyer", "card_number": "4111111111111111", "card_expiry": "12/39"}
 _names = itertools.count(1)

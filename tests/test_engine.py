@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 import db.engine as engine_module
 from db import Database
-from db.engine import _QuietConnection, _template
+from db.engine import _QuietConnection, _template, driver_url
 from db.prepared import Prepared, PreparedRows, run_together
 from db.schema import login_failures
 from wire.errors import BusyError, UnavailableError
@@ -31,6 +31,16 @@ def test_mysql_runs_on_the_c_extension(database: Database) -> None:
         isolation = conn.exec_driver_sql("SELECT @@session.tx_isolation").scalar()
         assert isolation == "READ-COMMITTED"
         assert conn.exec_driver_sql("SELECT @@character_set_connection").scalar() == "utf8mb4"
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("mysql://root@127.0.0.1:3306/test", "mysql+mysqlconnector://root@127.0.0.1:3306/test"),
+    ("mariadb://u:p@db:3307/shop", "mysql+mysqlconnector://u:p@db:3307/shop"),
+    ("mysql+mysqlconnector://root@h/t", "mysql+mysqlconnector://root@h/t"),
+    ("sqlite:///market.db", "sqlite:///market.db"),
+])
+def test_mysql_urls_of_any_spelling_use_mysql_connector(url: str, expected: str) -> None:
+    assert driver_url(url).render_as_string(hide_password=False) == expected
 
 
 _ONE = Prepared(select(login_failures.c.failures).where(login_failures.c.username == bindparam("username")))

@@ -66,6 +66,11 @@ SERVERS = [DatabaseServer(f"{SINGLE} (standalone)", "mysql://root@127.0.0.1:1",
            DatabaseServer(CLUSTER, "mysql://root@127.0.0.1:2", {"innodb_flush_log_at_trx_commit": "2"})]
 
 
+def test_the_admin_url_is_the_server_alone_on_mysql_connector() -> None:
+    url = admin_url("mariadb://root:pw@127.0.0.1:3307/shop?charset=utf8mb4")
+    assert url.render_as_string(hide_password=False) == "mysql+mysqlconnector://root:pw@127.0.0.1:3307"
+
+
 def test_the_ratio_is_cluster_over_single_median_per_process_count() -> None:
     assert ratios(SYNTHETIC) == [(1, "default", 200.0, 150.0, 0.75), (2, "default", 300.0, 150.0, 0.5)]
     assert ratios(SYNTHETIC[:2]) == []
