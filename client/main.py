@@ -53,11 +53,15 @@ def health(args: argparse.Namespace) -> int:
 
 def seed(args: argparse.Namespace) -> int:
     """Load a large catalogue into a database (for scale measurements)."""
-    from db import Database
+    from db import Database, DatabaseUnusable
     from db.seed import SEED_PASSWORD, timed_seed
 
     database = Database(args.db_url, pool_size=2)
-    database.create_schema()
+    try:
+        database.create_schema()
+    except DatabaseUnusable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     result = timed_seed(database, args.sellers, args.items)
     print(f"seeded {result['sellers']} sellers (seed<id>, password {SEED_PASSWORD!r}) and "
           f"{result['items']} items in {result['seconds']} s")

@@ -3,6 +3,6 @@ functions of each area (accounts and sessions, catalog and search, carts, orders
 
 Every SQL statement of the project lives in this package.
 """
-from .database import Database, RetryTransaction, now_ms
+from .database import Database, DatabaseUnusable, RetryTransaction, now_ms
 
-__all__ = ["Database", "RetryTransaction", "now_ms"]
+__all__ = ["Database", "DatabaseUnusable", "RetryTransaction", "now_ms"]

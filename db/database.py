@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import VARBINARY, Connection, CursorResult, delete, insert, inspect, select, text, update
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -46,12 +47,18 @@ _RETRY_ERRNOS = {1205, 1213}  # lock wait timeout, deadlock (Galera certificatio
 # primary component: 1047 (not ready for clients) and 1180 (a commit it could not replicate,
 # rolled back).
 _UNAVAILABLE_ERRNOS = {1040, 1047, 1053, 1180, 2002, 2003, 2005, 2006, 2013, 2055}
+# At start: no server at that address, no such host, access denied, no such database
+_UNUSABLE_ERRNOS = {1044, 1045, 1049, 1698, 2002, 2003, 2005}
 _ALL_IN_USE = "every database connection is in use; try again"
 _OPENED_KEY = "market_opened"  # connection info: when its Connection was opened (monotonic)
 
 
 class RetryTransaction(Exception):
     """Raised inside a transaction to roll it back and run it again."""
+
+
+class DatabaseUnusable(RuntimeError):
+    """The database cannot be used at all (found at start): the message says why, in one line."""
 
 
 def inserted_id(result: CursorResult[Any]) -> int:
@@ -126,15 +133,27 @@ class Database:
             self._connections.give(conn)
 
     def create_schema(self) -> None:
-        """Create missing tables; safe when several servers start at once."""
+        """Create missing tables; safe when several servers start at once.
+
+        DatabaseUnusable when the database cannot be reached, opened or entered at all."""
         for attempt in range(5):
             try:
                 self._run_once(_create_or_upgrade, True, [0])
                 return
-            except (OperationalError, IntegrityError, DBAPIError):
+            except (OperationalError, IntegrityError, DBAPIError) as exc:
+                if isinstance(exc, DBAPIError) and _is_unusable(exc):
+                    raise DatabaseUnusable(self._unusable_message(exc)) from None
                 if attempt == 4:
                     raise
                 time.sleep(0.2 * (attempt + 1))  # another process is creating it right now
+
+    def _unusable_message(self, exc: DBAPIError) -> str:
+        where = make_url(self.url).render_as_string(hide_password=True)  # as the user wrote it
+        reason = " ".join(str(exc.orig).split())
+        if _errno(exc) == 1049:
+            reason += (f"; create it first: CREATE DATABASE {self.engine.url.database} "
+                       "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        return f"cannot use the database {where}: {reason}"
 
     @property
     def is_sqlite(self) -> bool:
@@ -291,6 +310,10 @@ def _is_retryable(exc: DBAPIError) -> bool:
         return True
     message = str(exc.orig).lower()
     return "database is locked" in message or "deadlock" in message
+
+
+def _is_unusable(exc: DBAPIError) -> bool:
+    return _errno(exc) in _UNUSABLE_ERRNOS or "unable to open database file" in str(exc.orig)
 
 
 def _is_unavailable(exc: DBAPIError) -> bool:

@@ -11,10 +11,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import PASSWORD, unique_name
 
+from db.engine import driver_url
 from wire import Connection
 from wire.errors import UnauthenticatedError
 
@@ -127,6 +129,49 @@ def test_settings_come_from_a_dot_env_file_in_the_working_folder(tmp_path) -> No
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
+
+
+def _start_failing(role: str, db_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", f"{role}_server", "--port", "0", "--db-url", db_url],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("role", ["buyer", "seller"])
+def test_a_server_whose_database_cannot_be_opened_says_why_in_one_line(role: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'no such folder' / 'market.db'}"
+    done = _start_failing(role, url)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: {role} server: cannot use the database {url}: "
+                                        "unable to open database file"]
+    assert done.stdout == ""
+
+
+def test_a_server_with_no_database_server_there_says_so_in_one_line() -> None:
+    done = _start_failing("buyer", "mysql://root:secret@127.0.0.1:1/market")
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert line.startswith("error: buyer server: cannot use the database "
+                           "mysql://root:***@127.0.0.1:1/market: 2003 (HY000): Can't connect")
+    assert "secret" not in done.stderr
+
+
+def test_a_missing_mariadb_database_is_named_with_the_statement_that_makes_it(mysql_server: str) -> None:
+    url = driver_url(mysql_server).set(database="market_nowhere_x").render_as_string(hide_password=False)
+    done = _start_failing("seller", url)
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert "Unknown database 'market_nowhere_x'" in line
+    assert line.endswith("create it first: CREATE DATABASE market_nowhere_x "
+                         "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+
+
+def test_seed_says_in_one_line_when_it_cannot_use_the_database(capsys: pytest.CaptureFixture[str],
+                                                                tmp_path: Path) -> None:
+    from client.main import main
+
+    url = f"sqlite:///{tmp_path / 'missing' / 'big.db'}"
+    assert main(["seed", "--db-url", url, "--sellers", "1", "--items", "1"]) == 2
+    assert capsys.readouterr().err == f"error: cannot use the database {url}: unable to open database file\n"
 
 
 def test_an_unreachable_database_answers_unavailable() -> None:

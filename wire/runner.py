@@ -37,14 +37,19 @@ def limits_of(settings: Settings) -> ServerLimits:
 
 def main(role: str, build_app: BuildApp, argv: list[str] | None = None) -> int:
     """Parse settings, prepare the database, and serve until stopped."""
-    from db import Database  # the one place the protocol package meets the data layer
+    from db import Database, DatabaseUnusable  # the one place the protocol package meets the data layer
 
     settings = server_settings(role, argv)
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s {role} %(process)d %(levelname)s %(name)s: %(message)s")
     schema_db = Database(settings.db_url, pool_size=1)
-    schema_db.create_schema()
-    schema_db.close()
+    try:
+        schema_db.create_schema()
+    except DatabaseUnusable as exc:
+        print(f"error: {role} server: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        schema_db.close()
     if settings.workers <= 1:
         _serve(settings, build_app, settings.port, ready=_announce)
         return 0
