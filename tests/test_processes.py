@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -131,9 +132,9 @@ def test_settings_come_from_a_dot_env_file_in_the_working_folder(tmp_path) -> No
         assert proc.wait(timeout=20) == 0
 
 
-def _start_failing(role: str, db_url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", f"{role}_server", "--port", "0", "--db-url", db_url],
-                          capture_output=True, text=True, timeout=60)
+def _start_failing(role: str, db_url: str, *extra: str, port: int = 0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", f"{role}_server", "--port", str(port), "--db-url", db_url,
+                           *extra], capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("role", ["buyer", "seller"])
@@ -172,6 +173,16 @@ def test_seed_says_in_one_line_when_it_cannot_use_the_database(capsys: pytest.Ca
     url = f"sqlite:///{tmp_path / 'missing' / 'big.db'}"
     assert main(["seed", "--db-url", url, "--sellers", "1", "--items", "1"]) == 2
     assert capsys.readouterr().err == f"error: cannot use the database {url}: unable to open database file\n"
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_server_whose_port_is_taken_says_so_in_one_line(workers: str, tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = _start_failing("buyer", f"sqlite:///{tmp_path / 'market.db'}", "--workers", workers, port=port)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: buyer server: cannot listen on 127.0.0.1:{port}: "
+                                        "Address already in use"]
 
 
 def test_an_unreachable_database_answers_unavailable() -> None:

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from .app import App
 from .config import Settings, server_settings
@@ -25,7 +25,20 @@ from .tls import server_context
 
 log = logging.getLogger("market.runner")
 BuildApp = Callable[[Settings, Any], App]
+T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
+
+
+class CannotListen(OSError):
+    """The server's address cannot be bound (in use, or not this machine's): one line for the user."""
+
+
+def _bound(host: str, port: int, bind: Callable[[], T]) -> T:
+    """bind(), with its OSError as CannotListen naming the address."""
+    try:
+        return bind()
+    except OSError as exc:
+        raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def limits_of(settings: Settings) -> ServerLimits:
@@ -50,10 +63,14 @@ def main(role: str, build_app: BuildApp, argv: list[str] | None = None) -> int:
         return 2
     finally:
         schema_db.close()
-    if settings.workers <= 1:
-        _serve(settings, build_app, settings.port, ready=_announce)
-        return 0
-    return _supervise(settings, build_app)
+    try:
+        if settings.workers <= 1:
+            _serve(settings, build_app, settings.port, ready=_announce)
+            return 0
+        return _supervise(settings, build_app)
+    except CannotListen as exc:
+        print(f"error: {role} server: {exc}", file=sys.stderr)
+        return 2
 
 
 def _announce(server: Server) -> None:
@@ -71,8 +88,13 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, ready: Callable[[
     tls = None
     if settings.tls_cert and settings.tls_key:
         tls = server_context(settings.tls_cert, settings.tls_key)
-    server = Server(build_app(settings, database), settings.host, port, limits_of(settings),
-                    reuse_port=reuse_port, tls=tls)
+    app = build_app(settings, database)
+    try:
+        server = _bound(settings.host, port, lambda: Server(app, settings.host, port, limits_of(settings),
+                                                            reuse_port=reuse_port, tls=tls))
+    except CannotListen:
+        database.close()
+        raise
     # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
     # long as the process: keep it out of the collector's full passes, which scanned it all.
     gc.freeze()
@@ -84,7 +106,7 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, ready: Callable[[
 
 def _supervise(settings: Settings, build_app: BuildApp) -> int:
     """Fork the workers, announce the port once they listen, restart any that dies."""
-    reserved = reserve_port(settings.host, settings.port)
+    reserved = _bound(settings.host, settings.port, lambda: reserve_port(settings.host, settings.port))
     port = reserved.getsockname()[1]
     workers = {_fork_worker(settings, build_app, port) for _ in range(settings.workers)}
     reserved.close()
