@@ -11,6 +11,7 @@ import argparse
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 from wire import Connection, ProtocolError
@@ -21,20 +22,31 @@ from .shell import open_shell
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Run the buyer and seller servers until Ctrl-C or SIGTERM."""
+    """Run the buyer and seller servers until Ctrl-C or SIGTERM, or until one of them stops
+    (then the other is stopped too: half a marketplace is no use)."""
     extra = ["--db-url", args.db_url, "--host", args.host]
-    procs = [subprocess.Popen([sys.executable, "-m", f"{role}_server", *extra,
-                               "--port", str(port)])
-             for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port))]
+    procs = {role: subprocess.Popen([sys.executable, "-m", f"{role}_server", *extra, "--port", str(port)])
+             for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port))}
+    stopping = False
 
     def stop(_signum: int, _frame: Any) -> None:
-        for proc in procs:
+        nonlocal stopping
+        stopping = True
+        for proc in procs.values():
             proc.terminate()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    codes = [proc.wait() for proc in procs]
-    return max(codes)
+    while not stopping and all(proc.poll() is None for proc in procs.values()):
+        time.sleep(0.2)
+    ended = [(role, proc.returncode) for role, proc in procs.items() if proc.returncode is not None]
+    if not stopping:
+        role, code = ended[0]
+        print(f"market serve: the {role} server stopped (exit status {code}); stopping the other",
+              file=sys.stderr)
+        stop(signal.SIGTERM, None)
+    codes = [proc.wait() for proc in procs.values()]
+    return next((code if code > 0 else 1 for code in codes if code != 0), 0)
 
 
 def health(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -389,3 +390,47 @@ def test_a_write_cut_off_in_flight_is_reported_not_repeated(home: Path) -> None:
         assert read.returncode == 1 and "cannot reach the buyer server" in read.stderr
     finally:
         listener.close()
+
+
+def _serve(tmp_path: Path, buyer_port: int, seller_port: int) -> subprocess.Popen[str]:
+    return subprocess.Popen([MARKET, "serve", "--db-url", f"sqlite:///{tmp_path / 'served.db'}",
+                             "--buyer-port", str(buyer_port), "--seller-port", str(seller_port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def test_serve_runs_both_servers_until_ctrl_c_then_stops_both(tmp_path: Path) -> None:
+    buyer_port, seller_port = free_port(), free_port()
+    serve = _serve(tmp_path, buyer_port, seller_port)
+    try:
+        deadline = time.monotonic() + 30
+        while not (_answers(buyer_port) and _answers(seller_port)):
+            assert serve.poll() is None and time.monotonic() < deadline, serve.stderr
+            time.sleep(0.1)
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(timeout=30) == 0
+    finally:
+        serve.kill()
+    assert not _answers(buyer_port) and not _answers(seller_port)
+
+
+def test_serve_stops_the_other_server_when_one_cannot_start(tmp_path: Path) -> None:
+    seller_port = free_port()
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        buyer_port = taken.getsockname()[1]
+        serve = _serve(tmp_path, buyer_port, seller_port)
+        try:
+            _, err = serve.communicate(timeout=60)
+        finally:
+            serve.kill()
+    assert serve.returncode == 2
+    assert f"error: buyer server: cannot listen on 127.0.0.1:{buyer_port}: Address already in use" in err
+    assert "market serve: the buyer server stopped (exit status 2); stopping the other" in err
+    assert not _answers(seller_port)
