@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         with _servers(args, db_url) as (buyer, seller), closing(Database(db_url, pool_size=2)) as database:
             results = run_all(args, buyer, seller, database, console)
     except (SimulationError, ServerStartError) as exc:
-        console.print(f"market-sim: {exc}", style="bold red", markup=False)
+        console.print(f"market-sim: {exc}", style="bold red", markup=False, soft_wrap=True)  # one line
         return 3
     rows = summarise(results)
     paths = write_reports(rows, args.out, console, _preamble(args, db_url, argv))

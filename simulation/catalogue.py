@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from db import Database
+from db import Database, DatabaseUnusable
 from db.seed import SEED_PASSWORD, VOCABULARY, timed_seed
 from wire import Connection
 
@@ -34,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     """Seed to --items (unless --no-seed) and print a latency table for the read ops."""
     args = _parser().parse_args(argv)
     database = Database(args.db_url, pool_size=2)
-    database.create_schema()
+    try:
+        database.create_schema()
+    except DatabaseUnusable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not args.no_seed:
         print(f"seeded: {timed_seed(database, args.sellers, args.items)}", flush=True)
     first_seller, last_item, item_count = _bounds(database)

@@ -61,9 +61,16 @@ def _wait_listening(process: subprocess.Popen[str], role: str, log_path: Path) -
     reader.start()
     reader.join(START_TIMEOUT_S)
     if not found:
-        raise ServerStartError(f"the {role} server did not print 'listening on' "
-                               f"(exit code {process.poll()}); see {log_path}")
+        said = _last_line(log_path)
+        raise ServerStartError(f"the {role} server did not print 'listening on' (exit code {process.poll()})"
+                               + (f", and said: {said}" if said else "") + f"; see {log_path}")
     return found[0]
+
+
+def _last_line(path: Path) -> str:
+    """The last line a server wrote to its log (its reason, when it could not start)."""
+    lines = path.read_text(errors="replace").strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def _read_stdout(stream: IO[str] | None, found: list[Address]) -> None:

@@ -26,6 +26,12 @@ def test_catalogue_seeds_and_reports_every_read_op(tmp_path: Path, capsys: Any) 
         assert f"| {op} | 0 | - | - |" in out  # 60 items of a 4,000-word vocabulary: one page each
 
 
+def test_catalogue_says_in_one_line_when_it_cannot_use_the_database(tmp_path: Path, capsys: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'missing' / 'catalogue.db'}"
+    assert catalogue.main(["--db-url", url, "--items", "10", "--sellers", "1"]) == 2
+    assert capsys.readouterr().err == f"error: cannot use the database {url}: unable to open database file\n"
+
+
 def test_catalogue_times_the_second_page_of_a_search_that_has_one(market: Market) -> None:
     seller, buyer = market.user("seller"), market.user("buyer")
     made = [market.item(seller, keywords=["a"] if n % 2 else ["a", "b"]) for n in range(25)]

@@ -51,6 +51,15 @@ def test_market_sim_starts_the_servers_runs_and_finds_the_books_balanced(
     assert "| default | 2 | ALL | 80 | 0 |" in (tmp_path / "results.md").read_text()
 
 
+def test_market_sim_says_why_a_server_could_not_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'no such folder' / 'sim.db'}"
+    assert sim.main([*SMALL, "--db-url", url, "--out", str(tmp_path / "out")]) == 3
+    output = capsys.readouterr().out
+    assert "the buyer server did not print 'listening on' (exit code 2), and said: error: buyer server: " \
+           f"cannot use the database {url}: unable to open database file" in output
+
+
 def test_market_sim_drives_running_servers_with_the_classic_mix(
         market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     buyer, seller = (":".join(map(str, s.address)) for s in (market.buyer_server, market.seller_server))
