@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import VARBINARY, Connection, CursorResult, delete, insert, inspect, select, text, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from wire.errors import BusyError, UnavailableError
@@ -140,8 +140,8 @@ class Database:
             try:
                 self._run_once(_create_or_upgrade, True, [0])
                 return
-            except (OperationalError, IntegrityError, DBAPIError) as exc:
-                if isinstance(exc, DBAPIError) and _is_unusable(exc):
+            except DBAPIError as exc:  # OperationalError and IntegrityError among them
+                if _is_unusable(exc):
                     raise DatabaseUnusable(self._unusable_message(exc)) from None
                 if attempt == 4:
                     raise
