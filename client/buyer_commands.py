@@ -6,8 +6,10 @@ carries a fresh idempotency key, so a purchase cut off in flight is safely sent 
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from .common_commands import COMMON
 from .registry import Arg, Registry, one_of, whole_number, word_list
 from .render import cart_table, history_table, item_lines, items_table, money, rating_line, receipt_table
 
@@ -15,6 +17,10 @@ if TYPE_CHECKING:
     from .shell import Shell
 
 BUYER = Registry()
+
+# A buyer's login and logout are the common ones, with what they do to the cart in their help.
+BUYER.add(replace(COMMON.get("login"), help="Log in (your session's cart starts as your saved cart)."))
+BUYER.add(replace(COMMON.get("logout"), help="Log out (an unsaved cart is dropped)."))
 
 ITEM_ID = Arg("item_id", convert=whole_number)
 LIMIT = Arg("limit", "--limit", convert=whole_number, required=False, default=20)

@@ -30,7 +30,7 @@ def signup(shell: Shell, args: dict[str, Any]) -> None:
     login(shell, {"username": args["username"], "password": args["password"]})
 
 
-@COMMON.command("login", "Log in (your session's cart starts as your saved cart).", USERNAME,
+@COMMON.command("login", "Log in.", USERNAME,
                 PASSWORD, login=False)
 def login(shell: Shell, args: dict[str, Any]) -> None:
     """login; a session already open is ended first."""
@@ -40,7 +40,7 @@ def login(shell: Shell, args: dict[str, Any]) -> None:
     shell.out.say(f"Logged in as {args['username']} (user {result['user_id']}).")
 
 
-@COMMON.command("logout", "Log out (an unsaved cart is dropped).")
+@COMMON.command("logout", "Log out.")
 def logout(shell: Shell, args: dict[str, Any]) -> None:
     """logout."""
     try:

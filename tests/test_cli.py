@@ -215,10 +215,19 @@ def test_help_is_generated_from_the_registry(market: Market, home: Path) -> None
                   "more", "quit"):
         assert usage in listing
     assert "search" not in listing
+    assert "cart" not in listing  # a seller has none: login and logout say nothing of it
     assert "also: put_item" in run(seller, "help sell", "seller> ")
     assert "unknown command 'buy'" in run(seller, "help buy", "seller> ")
     seller.sendline("quit")
     seller.expect(pexpect.EOF)
+
+
+def test_a_buyers_login_and_logout_say_what_they_do_to_the_cart(market: Market, home: Path) -> None:
+    done = script("buyer", port_of(market, "buyer"), home, "help login", "help logout")
+    assert done.returncode == 0, done.stderr
+    assert "usage: login USERNAME [--password PASSWORD]" in done.stdout
+    assert "your session's cart starts as your saved cart" in done.stdout
+    assert "an unsaved cart is dropped" in done.stdout
 
 
 def test_command_names_complete_with_tab(market: Market, home: Path) -> None:
