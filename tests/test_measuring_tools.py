@@ -49,6 +49,39 @@ def test_catalogue_without_seeding_reports_the_items_the_database_holds(tmp_path
     assert "(40 items in sqlite:" in capsys.readouterr().out
 
 
+def test_catalogue_against_a_baseline_gives_each_reads_ratio_per_pass(tmp_path: Path, capsys: Any) -> None:
+    big, small = f"sqlite:///{tmp_path / 'big.db'}", f"sqlite:///{tmp_path / 'small.db'}"
+    assert catalogue.main(["--db-url", small, "--items", "20", "--sellers", "2", "--calls", "1"]) == 0
+    capsys.readouterr()
+    assert catalogue.main(["--db-url", big, "--items", "80", "--sellers", "4", "--calls", "4",
+                           "--baseline", small, "--passes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("(80 items in sqlite:") == 2 and out.count("(20 items in sqlite:") == 2
+    table = out[out.index("p95 at 80 items against 20"):]
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| op ")}
+    assert set(rows) == {"search_items (1 keyword)", "search_items (2 keywords)",
+                         "search_items (keyword + category)", "search_items (category only)", "get_item",
+                         "display_items (first page)", "search_items (3 keywords)",
+                         "search_items (5 keywords)"}  # no second pages at these sizes: left out
+    for op, cells in rows.items():
+        small_p95, big_p95, ratios = ([float(v.rstrip("x")) for v in cell.split(" / ")]
+                                      for cell in cells[1:4])
+        assert len(ratios) == 2, op
+        for s95, b95, ratio in zip(small_p95, big_p95, ratios, strict=True):
+            rounding = b95 / s95 * (0.005 / s95 + 0.005 / b95) + 0.005  # p95s and ratio shown to 0.01
+            assert abs(ratio - b95 / s95) <= rounding * 1.01, op
+        within = sum(ratio <= 2 for ratio in ratios)
+        assert cells[4].rstrip(" |") == f"{within} of 2"
+
+
+def test_catalogue_says_so_when_the_baseline_is_empty(tmp_path: Path, capsys: Any) -> None:
+    big, small = f"sqlite:///{tmp_path / 'big.db'}", f"sqlite:///{tmp_path / 'small.db'}"
+    assert catalogue.main(["--db-url", big, "--items", "10", "--sellers", "1", "--baseline", small]) == 2
+    assert capsys.readouterr().err == (f"error: the baseline {small} holds no items; seed it first: market "
+                                       f"seed --db-url {small} --sellers 100 --items 1000\n")
+
+
 def test_idle_connections_are_really_held(market: Market) -> None:
     addresses = [market.buyer_server.address, market.seller_server.address]
     seen: list[int] = []
