@@ -15,13 +15,19 @@ from wire import Connection
 from .servers import parse_address
 
 
-def hold(addresses: list[tuple[str, int]], count: int, seconds: float) -> int:
-    """Open `count` connections round-robin, keep them for `seconds`; returns how many opened."""
+def open_idle(addresses: list[tuple[str, int]], count: int) -> list[Connection]:
+    """`count` connections, round-robin over the addresses, each having pinged once."""
     held = []
     for n in range(count):
         conn = Connection(*addresses[n % len(addresses)], timeout=10)
         conn.call("ping")
         held.append(conn)
+    return held
+
+
+def hold(addresses: list[tuple[str, int]], count: int, seconds: float) -> int:
+    """Open `count` connections round-robin, keep them for `seconds`; returns how many opened."""
+    held = open_idle(addresses, count)
     print(f"holding {len(held)} idle connections for {seconds:.0f} s", flush=True)
     try:
         time.sleep(seconds)

@@ -116,10 +116,11 @@ def read_totals(results_csv: Path) -> dict[int, Figures]:
                 for row in csv.DictReader(file) if row["op"] == ALL}
 
 
-def run_market_sim(args: argparse.Namespace, db_url: str | None, out: Path) -> int:
-    """One run of every scenario (market-sim in a process of its own, starting its servers)."""
+def run_market_sim(args: argparse.Namespace, db_url: str | None, out: Path, extra: Sequence[str] = ()) -> int:
+    """One run of every scenario (market-sim in a process of its own, starting its servers
+    unless `extra` names running ones with --buyer and --seller); its log beside `out`."""
     command = [sys.executable, "-m", "simulation", "-n", ",".join(map(str, args.users)),
-               "-k", str(args.calls), "-r", "1", "--no-progress", "--out", str(out)]
+               "-k", str(args.calls), "-r", "1", "--no-progress", "--out", str(out), *extra]
     if db_url:  # else market-sim makes a fresh SQLite file in `out`
         command += ["--db-url", db_url]
     with (out.parent / f"{out.name}.log").open("w") as log:

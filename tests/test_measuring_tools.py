@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from conftest import Market
 from sqlalchemy import create_engine, text
 
-from simulation import catalogue, idle, targets
+from simulation import catalogue, idle, idle_cost, targets
 from simulation.scaleout import admin_url
 
 
@@ -96,6 +97,54 @@ def test_idle_connections_are_really_held(market: Market) -> None:
     assert idle.hold(addresses, count=30, seconds=1.0) == 30
     watcher.join()
     assert max(seen) >= 30
+
+
+def test_idle_cost_alternates_the_runs_and_reports_each_rounds_ratio(tmp_path: Path, capsys: Any) -> None:
+    argv = ["--rounds", "2", "--count", "20", "-n", "2", "-k", "5", "--out", str(tmp_path)]
+    assert idle_cost.main(argv) == 0
+    table = (tmp_path / "idle.md").read_text()
+    assert capsys.readouterr().out.endswith(table + "\n")
+    ratios = []
+    for number, first, second in ((1, "without", "with"), (2, "with", "without")):
+        logs = [tmp_path / f"round{number}_{kind}.log" for kind in (first, second)]
+        assert logs[0].stat().st_mtime <= logs[1].stat().st_mtime  # the order alternates
+        for log in logs:
+            assert "consistency: OK" in log.read_text()
+        without, with_idle = (targets.read_totals(tmp_path / f"round{number}_{kind}" / "results.csv")[2]
+                              for kind in ("without", "with"))
+        ratios.append(with_idle.ops_per_s / without.ops_per_s)
+        assert (f"| {number} ({first} first) | {without.ops_per_s:,.1f} ({without.p99_ms:.1f}) | "
+                f"{with_idle.ops_per_s:,.1f} ({with_idle.p99_ms:.1f}) | {ratios[-1]:.3f} |") in table
+    assert f"the median of the rounds: {statistics.median(ratios):.3f} " in table
+    assert "every run audited and consistent" in table
+
+
+def test_idle_cost_holds_the_idle_connections_through_their_run(market: Market, tmp_path: Path) -> None:
+    servers = {"buyer": market.buyer_server.address, "seller": market.seller_server.address}
+    args = idle_cost.parse_args(["--count", "40", "-n", "2", "-k", "30", "--out", str(tmp_path)])
+    seen: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(market.buyer_server.connection_count + market.seller_server.connection_count)
+            done.wait(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        one = idle_cost.measure_round(args, market.db.url, servers, 1)
+    finally:
+        done.set()
+        watcher.join()
+    assert one.exit_codes == (0, 0) and one.ratio is not None
+    assert max(seen) >= 40 + 4  # the idle ones and the simulator's four users, at once
+    for _ in range(100):  # closed after their run: the servers see them go
+        if market.buyer_server.connection_count + market.seller_server.connection_count < 40:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the idle connections stayed open after their run")
 
 
 def test_targets_runs_rounds_on_fresh_sqlite_files_and_reports_medians(tmp_path: Path, capsys: Any) -> None:
