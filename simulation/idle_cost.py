@@ -5,7 +5,8 @@ them in rounds: once with nothing else connected, and once while --count connect
 (spread over the two servers, each having pinged once) stay open and silent, the order
 alternating from round to round. Writes idle.md to --out: each run's ops/s and p99, each
 round's ratio with/without, and their median against the target (a cost under 10 %).
-Exits 1 when an audit found a violation, 3 when a run did not finish.
+Exits 1 when an audit found a violation, 3 when a run did not finish or the servers did not
+start (one line saying why).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .idle import open_idle
-from .servers import Address, running_servers
+from .servers import Address, ServerStartError, running_servers
 from .targets import Figures, read_totals, run_market_sim
 
 TARGET_COST = 0.10  # at most this share of the throughput
@@ -123,10 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     db_url = args.db_url or f"sqlite:///{(args.out / 'idle.db').resolve()}"
     rounds = []
-    with running_servers(db_url, args.out) as servers:
-        for number in range(1, args.rounds + 1):
-            rounds.append(measure_round(args, db_url, servers, number))
-            print(f"round {number}: market-sim exited {rounds[-1].exit_codes}", flush=True)
+    try:
+        with running_servers(db_url, args.out) as servers:
+            for number in range(1, args.rounds + 1):
+                rounds.append(measure_round(args, db_url, servers, number))
+                print(f"round {number}: market-sim exited {rounds[-1].exit_codes}", flush=True)
+    except ServerStartError as exc:
+        print(f"python -m simulation.idle_cost: {exc}", file=sys.stderr)
+        return 3
     text = report(args, rounds, argv)
     (args.out / "idle.md").write_text(text)
     print(text)

@@ -119,6 +119,14 @@ def test_idle_cost_alternates_the_runs_and_reports_each_rounds_ratio(tmp_path: P
     assert "every run audited and consistent" in table
 
 
+def test_idle_cost_says_in_one_line_why_the_servers_did_not_start(tmp_path: Path, capsys: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'missing' / 'idle.db'}"
+    assert idle_cost.main(["--rounds", "1", "--db-url", url, "--out", str(tmp_path / "out")]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m simulation.idle_cost: the buyer server did not")
+    assert f"said: error: buyer server: cannot use the database {url}: unable to open database file" in err
+
+
 def test_idle_cost_holds_the_idle_connections_through_their_run(market: Market, tmp_path: Path) -> None:
     servers = {"buyer": market.buyer_server.address, "seller": market.seller_server.address}
     args = idle_cost.parse_args(["--count", "40", "-n", "2", "-k", "30", "--out", str(tmp_path)])
