@@ -92,8 +92,7 @@ def _measured(catalogue: Catalogue, calls: int, seed: int) -> Timings:
         if not ordered:  # no search with a second page at this size
             print(f"| {op} | 0 | - | - |")
             continue
-        print(f"| {op} | {len(ordered)} | {statistics.median(ordered) * 1000:.2f} | "
-              f"{percentile(ordered, 95) * 1000:.2f} |")
+        print(f"| {op} | {len(ordered)} | {statistics.median(ordered) * 1000:.2f} | {_p95(ordered):.2f} |")
     print(flush=True)
     return rows
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .idle import open_idle
 from .servers import Address, ServerStartError, running_servers
-from .targets import Figures, read_totals, run_market_sim
+from .targets import Figures, run_market_sim
 
 TARGET_COST = 0.10  # at most this share of the throughput
 
@@ -73,13 +73,8 @@ def measure_round(args: argparse.Namespace, db_url: str, servers: dict[str, Addr
 
 def _run(args: argparse.Namespace, db_url: str, servers: dict[str, Address],
          out: Path) -> tuple[Figures | None, int]:
-    out.mkdir(parents=True, exist_ok=True)
-    results = out / "results.csv"
-    results.unlink(missing_ok=True)
     extra = [f"--{role}={host}:{port}" for role, (host, port) in servers.items()]
-    sim_args = argparse.Namespace(users=[args.users], calls=args.calls)
-    code = run_market_sim(sim_args, db_url, out, extra)
-    totals = read_totals(results) if results.exists() else {}
+    code, totals = run_market_sim([args.users], args.calls, db_url, out, extra)
     return totals.get(args.users), code
 
 

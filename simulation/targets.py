@@ -116,33 +116,36 @@ def read_totals(results_csv: Path) -> dict[int, Figures]:
                 for row in csv.DictReader(file) if row["op"] == ALL}
 
 
-def run_market_sim(args: argparse.Namespace, db_url: str | None, out: Path, extra: Sequence[str] = ()) -> int:
+def run_market_sim(users: Sequence[int], calls: int, db_url: str | None, out: Path,
+                   extra: Sequence[str] = ()) -> tuple[int, dict[int, Figures]]:
     """One run of every scenario (market-sim in a process of its own, starting its servers
-    unless `extra` names running ones with --buyer and --seller); its log beside `out`."""
-    command = [sys.executable, "-m", "simulation", "-n", ",".join(map(str, args.users)),
-               "-k", str(args.calls), "-r", "1", "--no-progress", "--out", str(out), *extra]
+    unless `extra` names running ones with --buyer and --seller), its log beside `out`: its
+    exit code and the figures of each scenario it finished (read_totals)."""
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.csv"
+    results.unlink(missing_ok=True)  # an earlier series' figures must not pass for this run's
+    command = [sys.executable, "-m", "simulation", "-n", ",".join(map(str, users)),
+               "-k", str(calls), "-r", "1", "--no-progress", "--out", str(out), *extra]
     if db_url:  # else market-sim makes a fresh SQLite file in `out`
         command += ["--db-url", db_url]
     with (out.parent / f"{out.name}.log").open("w") as log:
-        return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    return code, read_totals(results) if results.exists() else {}
 
 
 def measure(args: argparse.Namespace, database: str, round_number: int) -> Run:
     """One round's run on one database, on a fresh database."""
     out = args.out / f"{database}_round{round_number}"
-    out.mkdir(parents=True, exist_ok=True)
-    results = out / "results.csv"
-    results.unlink(missing_ok=True)  # an earlier series' figures must not pass for this run's
     if database == "sqlite":
-        code = run_market_sim(args, None, out)
+        code, totals = run_market_sim(args.users, args.calls, None, out)
     else:
         name = f"market_targets_{round_number}"
         db_url = fresh_database(args.mysql, name)
         try:
-            code = run_market_sim(args, db_url, out)
+            code, totals = run_market_sim(args.users, args.calls, db_url, out)
         finally:
             drop_database(args.mysql, name)
-    return Run(database, round_number, code, read_totals(results) if results.exists() else {})
+    return Run(database, round_number, code, totals)
 
 
 def summary_table(runs: Sequence[Run]) -> str:
