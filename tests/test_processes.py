@@ -248,3 +248,57 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["--threads", "0"], {}, "--threads / MARKET_THREADS 0: must be from 1 to 1,024"),
+    (["--workers", "0"], {}, "--workers / MARKET_WORKERS 0: must be from 1 to 256"),
+    (["--log-level", "loud"], {}, "--log-level loud: one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+    ([], {"MARKET_THREADS": "many"}, "MARKET_THREADS=many: not an integer"),
+    ([], {"MARKET_PAYMENT_DECLINE_RATE": "2"}, "MARKET_PAYMENT_DECLINE_RATE 2.0: must be from 0 to 1"),
+    ([], {"MARKET_IDLE_TIMEOUT_S": "0"}, "MARKET_IDLE_TIMEOUT_S 0.0: must be from 0.001 to 1,000,000,000"),
+])
+def test_a_setting_out_of_range_is_refused_in_one_line(args: list[str], env: dict[str, str], message: str,
+                                                       tmp_path: Path) -> None:
+    # before: --threads 0 listened and never answered, nor stopped on SIGTERM; the others were tracebacks
+    done = subprocess.run([sys.executable, "-m", "buyer_server", "--port", "0", "--db-url",
+                           f"sqlite:///{tmp_path / 'market.db'}", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **env}, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == f"python -m buyer_server: error: {message}"
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_missing_tls_certificate_is_named_in_one_line(workers: str, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    done = _start_failing("seller", f"sqlite:///{tmp_path / 'market.db'}", "--workers", workers,
+                          "--tls-cert", str(cert), "--tls-key", str(key))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: seller server: cannot use the TLS certificate {cert} "
+                                        f"and key {key}: No such file or directory"]
+    assert done.stdout == ""
+
+
+FAILING_WORKER = """
+import sys
+from wire import runner
+
+def build_app(settings, database):
+    raise RuntimeError("no app today")
+
+sys.exit(runner.main("buyer", build_app, sys.argv[1:]))
+"""
+
+
+def test_a_worker_that_dies_before_listening_fails_the_start(tmp_path: Path) -> None:
+    # before: the supervisor took its death for readiness, printed `listening on` and forked
+    # a new worker every half second, forever
+    done = subprocess.run([sys.executable, "-c", FAILING_WORKER, "--port", "0", "--workers", "2",
+                           "--db-url", f"sqlite:///{tmp_path / 'market.db'}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "listening on" not in done.stdout
+    assert "RuntimeError: no app today" in done.stderr
+    assert done.stderr.splitlines()[-1] == "error: buyer server: a worker process could not start " \
+                                           "(its error is above)"

@@ -57,23 +57,49 @@ def env(name: str, default: Any = None) -> Any:
     return os.environ.get(name, default)
 
 
+# What each number may be: (the flag or variable that sets it, lowest, highest)
+_RANGES: dict[str, tuple[str, float, float]] = {
+    "port": ("--port", 0, 65535),
+    "threads": ("--threads / MARKET_THREADS", 1, 1024),
+    "workers": ("--workers / MARKET_WORKERS", 1, 256),
+    "max_frame": ("MARKET_MAX_FRAME", 1024, 2**31 - 1),
+    "max_connections": ("MARKET_MAX_CONNECTIONS", 1, 1_000_000),
+    "idle_timeout_s": ("MARKET_IDLE_TIMEOUT_S", 0.001, 10**9),
+    "frame_deadline_s": ("MARKET_FRAME_DEADLINE_S", 0.001, 10**9),
+    "session_idle_s": ("MARKET_SESSION_IDLE_S", 1, 10**9),
+    "session_max_s": ("MARKET_SESSION_MAX_S", 1, 10**9),
+    "payment_decline_rate": ("MARKET_PAYMENT_DECLINE_RATE", 0, 1),
+    "login_free_failures": ("MARKET_LOGIN_FREE_FAILURES", 0, 10**9),
+    "login_max_delay_s": ("MARKET_LOGIN_MAX_DELAY_S", 0, 10**9),
+}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     """Settings for the buyer or seller server from flags, environment and `.env`.
 
-    What neither sets keeps the default written once, in `Settings`.
+    What neither sets keeps the default written once, in `Settings`. A value that is
+    not a number, or out of its range, ends the program with one line naming it.
     """
     default = Settings(role=role)
     parser = argparse.ArgumentParser(prog=f"python -m {role}_server",
                                      description=f"Run the marketplace {role} server.")
+
+    def number(name: str, cast: type, fallback: Any) -> Any:
+        raw = env(name, fallback)
+        try:
+            return cast(raw)
+        except ValueError:
+            parser.error(f"{name}={raw}: not {'an integer' if cast is int else 'a number'}")
+
     parser.add_argument("--host", default=env("MARKET_HOST", default.host))
-    parser.add_argument("--port", type=int,
-                        default=int(env(f"MARKET_{role.upper()}_PORT", DEFAULT_PORTS[role])),
-                        help="0 picks a free port")
+    port = number(f"MARKET_{role.upper()}_PORT", int, DEFAULT_PORTS[role])
+    parser.add_argument("--port", type=int, default=port, help="0 picks a free port")
     parser.add_argument("--db-url", default=env("MARKET_DB_URL", default.db_url),
                         help="SQLAlchemy URL (default: an SQLite file market.db here)")
-    parser.add_argument("--threads", type=int, default=int(env("MARKET_THREADS", default.threads)),
+    parser.add_argument("--threads", type=int, default=number("MARKET_THREADS", int, default.threads),
                         help="worker threads (and database connections) per process")
-    parser.add_argument("--workers", type=int, default=int(env("MARKET_WORKERS", default.workers)),
+    parser.add_argument("--workers", type=int, default=number("MARKET_WORKERS", int, default.workers),
                         help="server processes sharing the port (SO_REUSEPORT)")
     parser.add_argument("--tls-cert", default=env("MARKET_TLS_CERT"),
                         help="serve TLS with this certificate chain (PEM); needs --tls-key")
@@ -82,17 +108,24 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
-    return Settings(
+    if args.log_level.upper() not in _LOG_LEVELS:
+        parser.error(f"--log-level {args.log_level}: one of {', '.join(_LOG_LEVELS)}")
+    settings = Settings(
         role=role, host=args.host, port=args.port, db_url=args.db_url, threads=args.threads,
         workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        max_frame=int(env("MARKET_MAX_FRAME", default.max_frame)),
-        max_connections=int(env("MARKET_MAX_CONNECTIONS", default.max_connections)),
-        idle_timeout_s=float(env("MARKET_IDLE_TIMEOUT_S", default.idle_timeout_s)),
-        frame_deadline_s=float(env("MARKET_FRAME_DEADLINE_S", default.frame_deadline_s)),
-        session_idle_s=int(env("MARKET_SESSION_IDLE_S", default.session_idle_s)),
-        session_max_s=int(env("MARKET_SESSION_MAX_S", default.session_max_s)),
-        payment_decline_rate=float(env("MARKET_PAYMENT_DECLINE_RATE", default.payment_decline_rate)),
-        login_free_failures=int(env("MARKET_LOGIN_FREE_FAILURES", default.login_free_failures)),
-        login_max_delay_s=float(env("MARKET_LOGIN_MAX_DELAY_S", default.login_max_delay_s)),
+        max_frame=number("MARKET_MAX_FRAME", int, default.max_frame),
+        max_connections=number("MARKET_MAX_CONNECTIONS", int, default.max_connections),
+        idle_timeout_s=number("MARKET_IDLE_TIMEOUT_S", float, default.idle_timeout_s),
+        frame_deadline_s=number("MARKET_FRAME_DEADLINE_S", float, default.frame_deadline_s),
+        session_idle_s=number("MARKET_SESSION_IDLE_S", int, default.session_idle_s),
+        session_max_s=number("MARKET_SESSION_MAX_S", int, default.session_max_s),
+        payment_decline_rate=number("MARKET_PAYMENT_DECLINE_RATE", float, default.payment_decline_rate),
+        login_free_failures=number("MARKET_LOGIN_FREE_FAILURES", int, default.login_free_failures),
+        login_max_delay_s=number("MARKET_LOGIN_MAX_DELAY_S", float, default.login_max_delay_s),
         log_level=args.log_level,
     )
+    for field, (source, low, high) in _RANGES.items():
+        value = getattr(settings, field)
+        if not low <= value <= high:
+            parser.error(f"{source} {value}: must be from {low:,} to {high:,}")
+    return settings

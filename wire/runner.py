@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +32,10 @@ _PR_SET_PDEATHSIG = 1
 
 class CannotListen(OSError):
     """The server's address cannot be bound (in use, or not this machine's): one line for the user."""
+
+
+class WorkerFailed(Exception):
+    """A worker process of `--workers N` died before it listened (it logged why)."""
 
 
 def _bound(host: str, port: int, bind: Callable[[], T]) -> T:
@@ -64,11 +69,18 @@ def main(role: str, build_app: BuildApp, argv: list[str] | None = None) -> int:
     finally:
         schema_db.close()
     try:
+        tls = server_context(settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key \
+            else None
+    except OSError as exc:  # ssl.SSLError among them
+        print(f"error: {role} server: cannot use the TLS certificate {settings.tls_cert} and key "
+              f"{settings.tls_key}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    try:
         if settings.workers <= 1:
-            _serve(settings, build_app, settings.port, ready=_announce)
+            _serve(settings, build_app, settings.port, tls, ready=_announce)
             return 0
-        return _supervise(settings, build_app)
-    except CannotListen as exc:
+        return _supervise(settings, build_app, tls)
+    except (CannotListen, WorkerFailed) as exc:
         print(f"error: {role} server: {exc}", file=sys.stderr)
         return 2
 
@@ -79,15 +91,12 @@ def _announce(server: Server) -> None:
     print(f"listening on {host}:{port}", flush=True)
 
 
-def _serve(settings: Settings, build_app: BuildApp, port: int, ready: Callable[[Server], None],
-           reuse_port: bool = False) -> None:
+def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
+           ready: Callable[[Server], None], reuse_port: bool = False) -> None:
     """One server process: its own database pool, App and loop."""
     from db import Database
 
     database = Database(settings.db_url, pool_size=settings.threads)
-    tls = None
-    if settings.tls_cert and settings.tls_key:
-        tls = server_context(settings.tls_cert, settings.tls_key)
     app = build_app(settings, database)
     try:
         server = _bound(settings.host, port, lambda: Server(app, settings.host, port, limits_of(settings),
@@ -104,12 +113,16 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, ready: Callable[[
         database.close()
 
 
-def _supervise(settings: Settings, build_app: BuildApp) -> int:
+def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None) -> int:
     """Fork the workers, announce the port once they listen, restart any that dies."""
     reserved = _bound(settings.host, settings.port, lambda: reserve_port(settings.host, settings.port))
     port = reserved.getsockname()[1]
-    workers = {_fork_worker(settings, build_app, port) for _ in range(settings.workers)}
+    started = [_fork_worker(settings, build_app, port, tls) for _ in range(settings.workers)]
     reserved.close()
+    workers = {pid for pid, _ in started}
+    if not all(ready for _, ready in started):
+        _stop_all(workers)
+        raise WorkerFailed("a worker process could not start (its error is above)")
     stopping = False
 
     def stop(signum: int, _frame: Any) -> None:
@@ -129,14 +142,15 @@ def _supervise(settings: Settings, build_app: BuildApp) -> int:
         if not stopping:
             log.error("worker %d exited (status %d); starting another", pid, status)
             time.sleep(0.5)
-            workers.add(_fork_worker(settings, build_app, port))
+            workers.add(_fork_worker(settings, build_app, port, tls)[0])
         elif os.waitstatus_to_exitcode(status) != 0:
             failed = True
     return 1 if failed else 0
 
 
-def _fork_worker(settings: Settings, build_app: BuildApp, port: int) -> int:
-    """A worker process serving `port`; returns once it is listening."""
+def _fork_worker(settings: Settings, build_app: BuildApp, port: int,
+                 tls: ssl.SSLContext | None) -> tuple[int, bool]:
+    """A worker process serving `port`, and whether it listens: returns once it does, or has died."""
     ready_r, ready_w = os.pipe()
     parent = os.getpid()
     pid = os.fork()
@@ -145,16 +159,24 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int) -> int:
         _die_with_parent(parent)
         code = 0
         try:
-            _serve(settings, build_app, port, reuse_port=True, ready=lambda _: _signal_ready(ready_w))
+            _serve(settings, build_app, port, tls, reuse_port=True, ready=lambda _: _signal_ready(ready_w))
         except BaseException:
             log.exception("worker failed")
             code = 1
         finally:
             os._exit(code)
     os.close(ready_w)
-    os.read(ready_r, 1)
+    listening = os.read(ready_r, 1) == b"1"  # b"": it exited first
     os.close(ready_r)
-    return pid
+    return pid, listening
+
+
+def _stop_all(pids: set[int]) -> None:
+    """SIGTERM these workers and wait for them."""
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    for pid in pids:
+        os.waitpid(pid, 0)
 
 
 def _die_with_parent(parent: int) -> None:
