@@ -40,13 +40,15 @@ def serve(args: argparse.Namespace) -> int:
     while not stopping and all(proc.poll() is None for proc in procs.values()):
         time.sleep(0.2)
     ended = [(role, proc.returncode) for role, proc in procs.items() if proc.returncode is not None]
-    if not stopping:
+    on_its_own = not stopping  # a server stopped without being asked: a failure, whatever its status
+    if on_its_own:
         role, code = ended[0]
         print(f"market serve: the {role} server stopped (exit status {code}); stopping the other",
               file=sys.stderr)
         stop(signal.SIGTERM, None)
     codes = [proc.wait() for proc in procs.values()]
-    return next((code if code > 0 else 1 for code in codes if code != 0), 0)
+    failed = next((code if code > 0 else 1 for code in codes if code != 0), 0)
+    return failed or int(on_its_own)
 
 
 def health(args: argparse.Namespace) -> int:

@@ -415,14 +415,18 @@ def _answers(port: int) -> bool:
         return False
 
 
+def _wait_until_both_answer(serve: subprocess.Popen[str], buyer_port: int, seller_port: int) -> None:
+    deadline = time.monotonic() + 30
+    while not (_answers(buyer_port) and _answers(seller_port)):
+        assert serve.poll() is None and time.monotonic() < deadline, serve.stderr
+        time.sleep(0.1)
+
+
 def test_serve_runs_both_servers_until_ctrl_c_then_stops_both(tmp_path: Path) -> None:
     buyer_port, seller_port = free_port(), free_port()
     serve = _serve(tmp_path, buyer_port, seller_port)
     try:
-        deadline = time.monotonic() + 30
-        while not (_answers(buyer_port) and _answers(seller_port)):
-            assert serve.poll() is None and time.monotonic() < deadline, serve.stderr
-            time.sleep(0.1)
+        _wait_until_both_answer(serve, buyer_port, seller_port)
         serve.send_signal(signal.SIGINT)
         assert serve.wait(timeout=30) == 0
     finally:
@@ -443,3 +447,20 @@ def test_serve_stops_the_other_server_when_one_cannot_start(tmp_path: Path) -> N
     assert f"error: buyer server: cannot listen on 127.0.0.1:{buyer_port}: Address already in use" in err
     assert "market serve: the buyer server stopped (exit status 2); stopping the other" in err
     assert not _answers(seller_port)
+
+
+def test_serve_fails_when_one_server_stops_cleanly_on_its_own(tmp_path: Path) -> None:
+    buyer_port, seller_port = free_port(), free_port()
+    serve = _serve(tmp_path, buyer_port, seller_port)
+    try:
+        _wait_until_both_answer(serve, buyer_port, seller_port)
+        children = subprocess.run(["pgrep", "-P", str(serve.pid), "-f", "seller_server"],
+                                  capture_output=True, text=True).stdout.split()
+        assert len(children) == 1
+        os.kill(int(children[0]), signal.SIGTERM)  # the seller server alone, which exits 0
+        _, err = serve.communicate(timeout=30)
+    finally:
+        serve.kill()
+    assert serve.returncode == 1  # before: 0, as if all had gone well
+    assert "market serve: the seller server stopped (exit status 0); stopping the other" in err
+    assert not _answers(buyer_port)
