@@ -498,3 +498,28 @@ def test_cart_writes_and_votes_carry_their_commit(market: Market, round_trips: l
         buyer.call("provide_feedback", {"item_id": item_id, "vote": "down"})
     assert buyer.call("display_cart", {})["cart"]["items"] == []  # the purchase committed its lines away
     assert audit(market.db) == []
+
+
+def test_a_cursor_past_the_databases_integers_is_a_bad_request(market: Market) -> None:
+    # before: SQLite's driver raised OverflowError, answered INTERNAL
+    seller, buyer = market.user("seller"), market.user("buyer")
+    market.item(seller)
+    huge = encode_cursor(2**63)
+    with pytest.raises(BadRequestError, match="^cursor: "):
+        seller.call("display_items", {"cursor": huge})
+    for args in ({}, {"keywords": ["desk"]}, {"keywords": ["desk", "light"]}):
+        with pytest.raises(BadRequestError, match="^cursor: "):
+            buyer.call("search_items", {**args, "cursor": encode_cursor(2**63, 1)})
+    with pytest.raises(BadRequestError, match="^cursor: "):
+        buyer.call("get_purchase_history", {"cursor": huge})
+    last = seller.call("display_items", {"cursor": encode_cursor(2**63 - 1)})
+    assert last == {"items": [], "next_cursor": None}
+
+
+def test_a_keyword_longer_than_8_once_lower_cased_is_a_bad_request(market: Market) -> None:
+    # "İ".lower() is two characters: the stored keyword would have been 9 long
+    seller = market.user("seller")
+    with pytest.raises(BadRequestError, match="^keywords: each keyword must be"):
+        market.item(seller, keywords=["İstanbul"])
+    item_id = market.item(seller, keywords=["İstanbu"])
+    assert market.user("buyer").call("get_item", {"item_id": item_id})["keywords"] == ["i̇stanbu"]

@@ -79,11 +79,12 @@ def keywords(name: str, value: Any) -> list[str]:
         raise BadRequestError(f"{name}: at most 5 keywords")
     out: list[str] = []
     for word in value:
-        if not isinstance(word, str) or not 1 <= len(word) <= 8:
+        lowered = word.lower() if isinstance(word, str) else ""
+        if not 1 <= len(lowered) <= 8:  # lower-cased, as stored: "İ" is two characters then
             raise BadRequestError(f"{name}: each keyword must be a string of 1 to 8 characters")
-        if word.lower() in out:
+        if lowered in out:
             raise BadRequestError(f"{name}: keyword {word!r} is given twice")
-        out.append(word.lower())
+        out.append(lowered)
     return out
 
 
@@ -126,6 +127,9 @@ def cursor(name: str, value: Any) -> str:
     return value
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what both databases' integers hold
+
+
 def encode_cursor(*parts: int) -> str:
     """An opaque cursor holding a few integers."""
     raw = ".".join(str(part) for part in parts).encode()
@@ -139,7 +143,7 @@ def decode_cursor(value: str, count: int) -> tuple[int, ...]:
         parts = tuple(int(part) for part in raw.split("."))
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise BadRequestError("cursor: not a cursor from a previous page") from None
-    if len(parts) != count:
+    if len(parts) != count or not all(_INT64_MIN <= part <= _INT64_MAX for part in parts):
         raise BadRequestError("cursor: not a cursor from a previous page")
     return parts
 
