@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from wire.errors import ConflictError, NotFoundError
 from wire.values import format_money
 
 from .accounts import Session, with_session
+from .database import RetryTransaction
 from .prepared import Prepared
 from .schema import cart_lines, items, saved_cart_lines, sessions
 
@@ -23,10 +25,14 @@ _CART = Prepared(select(cart_lines.c.item_id, items.c.name, items.c.price_cents,
                         items.c.quantity.label("available"))
                  .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
                  .where(_SESSION).order_by(cart_lines.c.item_id))
-# How many of the item the cart holds, with the token check (no rows: none, or no session)
+# How many of the item the cart holds, with the token check (no rows: none, or no session).
+# FOR UPDATE here and below: the session's row stays locked to the COMMIT, so requests of one
+# session on several connections change its cart one after the other (else two read the
+# same line and one write is lost, or both INSERT it and one fails). SQLite's writers take
+# turns already (BEGIN IMMEDIATE).
 _IN_CART = Prepared(with_session(cart_lines.c.quantity.label("held"), joined=cart_lines,
                                  on=(cart_lines.c.session_id == sessions.c.session_id)
-                                 & (cart_lines.c.item_id == bindparam("item_id"))))
+                                 & (cart_lines.c.item_id == bindparam("item_id"))).with_for_update())
 _SET_LINE = Prepared(update(cart_lines).where(_LINE).values(quantity=bindparam("quantity")))
 _ADD_LINE = Prepared(insert(cart_lines).values(session_id=bindparam("session_id"),
                                                item_id=bindparam("item_id"), quantity=bindparam("quantity")))
@@ -58,7 +64,7 @@ _STOCK_AND_HELD = Prepared(
     with_session(items.c.quantity, cart_lines.c.quantity.label("held"), joined=items,
                  on=items.c.item_id == bindparam("item_id"))
     .outerjoin(cart_lines, (cart_lines.c.session_id == sessions.c.session_id)
-               & (cart_lines.c.item_id == items.c.item_id)))
+               & (cart_lines.c.item_id == items.c.item_id)).with_for_update())
 
 
 def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
@@ -102,4 +108,7 @@ def save_cart(tx: Connection, session: Session) -> dict[str, Any]:
     who = {"buyer_id": session.user_id, "session_id": session.session_id}
     _FORGET_SAVED.defer(tx, who)
     _SAVE.defer(tx, who)
-    return cart_to_wire(tx, session, last=True)
+    try:
+        return cart_to_wire(tx, session, last=True)
+    except IntegrityError:  # another session of the buyer saved at the same moment: after it, then
+        raise RetryTransaction from None

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from conftest import CARD, Market
+from conftest import CARD, PASSWORD, Market
 
 from db import Database
 from db.audit import violations
@@ -150,3 +150,58 @@ def test_a_reader_during_a_race_sees_every_purchase_and_vote_whole(market: Marke
     assert len(snapshots) >= 3 and [v for v in snapshots if v] == []
     assert snapshot_violations(market.db) == []
     assert len(buyers[0].call("get_purchase_history")["purchases"]) >= 12
+
+
+def twins_of(market: Market, conn: Connection, count: int) -> list[Connection]:
+    """`conn` and count - 1 more connections with its token: one session, many requests at once."""
+    twins = [conn] + [Connection(*market.buyer_server.address) for _ in range(count - 1)]
+    for twin in twins[1:]:
+        twin.token = conn.token
+        market.connections.append(twin)
+    return twins
+
+
+def test_one_session_adding_to_its_cart_on_many_connections_loses_nothing(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=1000)
+    twins = twins_of(market, buyer, 8)
+    expected = 0
+    for round_ in range(5):  # a new line (INSERT) in the first round, the same line after
+        results = race([lambda c=c: c.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+                        for c in twins])
+        assert codes(results) == Counter({"OK": 8}), [getattr(r, "message", "") for r in results]
+        expected += 16
+        [line] = buyer.call("display_cart")["cart"]["items"]
+        assert line["quantity"] == expected, f"round {round_}"
+    results = race([lambda c=c: c.call("remove_from_cart", {"item_id": item_id, "quantity": 3})
+                    for c in twins])
+    assert codes(results) == Counter({"OK": 8})
+    [line] = buyer.call("display_cart")["cart"]["items"]
+    assert line["quantity"] == expected - 24
+
+
+def test_one_session_cannot_hold_more_than_is_on_sale_by_adding_at_once(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=5)
+    results = race([lambda c=c: c.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+                    for c in twins_of(market, buyer, 10)])
+    assert codes(results) == Counter({"OK": 5, "CONFLICT": 5})
+    assert buyer.call("display_cart")["cart"]["items"][0]["quantity"] == 5
+
+
+def test_two_sessions_of_one_buyer_saving_at_once_keep_one_saved_cart(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    items = [market.item(seller, quantity=10) for _ in range(3)]
+    sessions = [buyer] + [market.connect("buyer") for _ in range(5)]
+    for n, conn in enumerate(sessions[1:], 1):
+        conn.token = conn.call("login", {"username": buyer.username, "password": PASSWORD})["token"]
+        conn.call("add_to_cart", {"item_id": items[n % 3], "quantity": n})
+    for _ in range(10):  # the first round saves over an empty saved cart, the others over one
+        results = race([lambda c=c: c.call("save_cart") for c in sessions])
+        assert codes(results) == Counter({"OK": 6}), [getattr(r, "message", "") for r in results]
+    fresh = market.connect("buyer")
+    fresh.token = fresh.call("login", {"username": buyer.username, "password": PASSWORD})["token"]
+    saved = fresh.call("display_cart")["cart"]["items"]
+    assert [(line["item_id"], line["quantity"]) for line in saved] in [
+        [(line["item_id"], line["quantity"]) for line in s.call("display_cart")["cart"]["items"]]
+        for s in sessions]
