@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import os
 import re
 import shlex
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from prompt_toolkit import PromptSession
@@ -163,9 +163,7 @@ class Shell:
 
 def split_commands(line: str) -> list[list[str]]:
     """The commands of a line: shell-like words, `;` between commands, `#` starts a comment."""
-    if line.lstrip().startswith("#"):
-        return []
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=";")
+    lexer = shlex.shlex(without_comment(line), posix=True, punctuation_chars=";")
     lexer.whitespace_split, lexer.commenters = True, ""
     commands: list[list[str]] = [[]]
     for word in lexer:
@@ -174,6 +172,26 @@ def split_commands(line: str) -> list[list[str]]:
         else:
             commands[-1].append(word)
     return [words for words in commands if words]
+
+
+def without_comment(line: str) -> str:
+    """The line up to a `#` that begins a word outside quotes, as in sh: `search c#` keeps it.
+
+    (shlex's own comments also begin inside a word, and would make `c#` a `c`.)
+    """
+    quote, escaped = "", False
+    for index, char in enumerate(line):
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace() or line[index - 1] == ";"):
+            return line[:index]
+    return line
 
 
 _SECRET = re.compile(r"(^|\s)['\"]?(-p|--password|--card-number)")
@@ -245,5 +263,6 @@ def open_shell(args: argparse.Namespace) -> int:
     conn = Connection(args.host, args.port, tls=optional_client_context(args.tls_ca, args.tls))
     shell = Shell(args.role, conn, registry, Output(not interactive), interactive)
     if interactive:
-        return run_interactive(shell, env("MARKET_HISTORY_FILE", str(Path.home() / ".market_history")))
+        history = os.path.expanduser(env("MARKET_HISTORY_FILE", "~/.market_history"))  # .env leaves ~ as is
+        return run_interactive(shell, history)
     return run_script(shell, script_lines(args.script))

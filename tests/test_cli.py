@@ -50,9 +50,9 @@ def shell_env(home: Path, **extra: str) -> dict[str, str]:
             "MARKET_HISTORY_FILE": str(home / "history"), "COLUMNS": "200", "LINES": "50", **extra}
 
 
-def spawn(role: str, port: int, home: Path) -> pexpect.spawn:
+def spawn(role: str, port: int, home: Path, **env: str) -> pexpect.spawn:
     """An interactive shell in a pseudo-terminal, at its first prompt."""
-    child = pexpect.spawn(MARKET, [role, "--port", str(port)], env=shell_env(home),
+    child = pexpect.spawn(MARKET, [role, "--port", str(port)], env=shell_env(home, **env),
                           encoding="utf-8", dimensions=(50, 200), timeout=PROMPT_TIMEOUT)
     child.expect(f"Connected to the {role} server")
     child.expect_exact(f"{role}> ")
@@ -257,6 +257,36 @@ def test_passwords_are_not_echoed_and_history_persists_without_them(market: Mark
     again.expect("The buyer server .* answers")
     again.sendline("quit")
     again.expect(pexpect.EOF)
+
+
+def test_a_history_file_under_the_home_folder_may_be_written_with_a_tilde(market: Market, home: Path) -> None:
+    # as .env.example shows it; python-dotenv leaves the ~ as it is
+    buyer = spawn("buyer", port_of(market, "buyer"), home, MARKET_HISTORY_FILE="~/.market_history")
+    run(buyer, "ping", "buyer> ")
+    buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+    assert "+ping" in (home / ".market_history").read_text()
+
+
+@pytest.mark.parametrize(("line", "commands"), [
+    ("add 1 2   # item 1, two of them", [["add", "1", "2"]]),
+    ("search c# --category 1", [["search", "c#", "--category", "1"]]),
+    ('sell "Lamp #2"; items # mine', [["sell", "Lamp #2"], ["items"]]),
+    (r"search \#tag 'a # b'", [["search", "#tag", "a # b"]]),
+    ("cart;# the rest", [["cart"]]),
+    ("   # only a comment", []),
+])
+def test_a_comment_begins_at_a_hash_that_begins_a_word(line: str, commands: list[list[str]]) -> None:
+    from client.shell import split_commands
+
+    assert split_commands(line) == commands
+
+
+def test_a_script_line_may_end_with_a_comment(market: Market, home: Path) -> None:
+    command = [MARKET, "buyer", "--port", str(port_of(market, "buyer")), "-c", "ping  # is it up?"]
+    done = subprocess.run(command, capture_output=True, text=True, env=shell_env(home), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "The buyer server" in done.stdout
 
 
 def test_an_expired_session_says_so_and_asks_to_log_in_again(tmp_path: Path, home: Path) -> None:
