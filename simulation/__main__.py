@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.buyer is None) != (args.seller is None):
         parser.error("--buyer and --seller go together")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
     if args.buyer and not args.db_url:
         parser.error("--db-url is required with --buyer/--seller: the audit reads the database")
     return args

@@ -60,6 +60,16 @@ def test_market_sim_says_why_a_server_could_not_start(
            f"cannot use the database {url}: unable to open database file" in output
 
 
+@pytest.mark.parametrize("flag", ["--tls-cert", "--tls-key"])
+def test_market_sim_wants_both_tls_flags_or_neither(flag: str, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # before: one of them alone was a TypeError from Popen once the run had begun
+    with pytest.raises(SystemExit) as exit_:
+        sim.main([*SMALL, flag, str(tmp_path / "x.pem"), "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("error: --tls-cert and --tls-key go together")
+
+
 def test_market_sim_drives_running_servers_with_the_classic_mix(
         market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     buyer, seller = (":".join(map(str, s.address)) for s in (market.buyer_server, market.seller_server))
