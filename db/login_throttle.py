@@ -31,7 +31,8 @@ class ThrottlePolicy:
         """How long after the last failure the next attempt must wait."""
         if failures < self.free_failures:
             return 0
-        return int(min(self.max_delay_s, 2.0 ** (failures - self.free_failures)) * 1000)
+        doublings = min(failures - self.free_failures, 64)  # 2.0 ** 1024 is an OverflowError
+        return int(min(self.max_delay_s, 2.0 ** doublings) * 1000)
 
 
 _FAILURES = select(lf.c.failures, lf.c.last_failure_ms).where(

@@ -16,6 +16,7 @@ from db.schema import (
     item_keyword_pairs,
     item_keywords,
     items,
+    login_failures,
     orders,
     saved_cart_lines,
     sessions,
@@ -143,6 +144,23 @@ def test_failed_logins_are_slowed_down_but_never_lock_out_for_good(database: Dat
         for _ in range(3):  # a success clears the count
             with pytest.raises(UnauthenticatedError, match="wrong username or password"):
                 conn.call("login", {"username": name, "password": "guess guess"})
+
+
+def test_thousands_of_failed_logins_still_wait_at_most_the_longest_delay(database: Database) -> None:
+    # before: from 1,029 failures on, 2.0 ** 1024 raised OverflowError: INTERNAL for good
+    settings = Settings(role="buyer", login_free_failures=5, login_max_delay_s=1)
+    with running_market(database, settings) as market:
+        conn = market.connect("buyer")
+        name = unique_name()
+        conn.call("create_account", {"username": name, "password": PASSWORD, "name": name})
+        with pytest.raises(UnauthenticatedError, match="wrong username or password"):
+            conn.call("login", {"username": name, "password": "guess guess"})
+        with database.engine.begin() as tx:  # as if a guesser had kept at it for weeks
+            tx.execute(login_failures.update().where(login_failures.c.username == name).values(failures=5000))
+        with pytest.raises(UnauthenticatedError, match="too many failed logins.* 1 s"):
+            conn.call("login", {"username": name, "password": PASSWORD})
+        time.sleep(1.1)
+        assert conn.call("login", {"username": name, "password": PASSWORD})["token"]
 
 
 def test_unknown_usernames_are_throttled_the_same_way(database: Database) -> None:
