@@ -225,6 +225,43 @@ def test_a_frame_not_finished_in_time_gets_the_connection_closed(serve: Any) -> 
     assert closed_by_server(sock, within=5)
 
 
+def test_the_frame_deadline_is_each_frames_own(serve: Any) -> None:
+    # every read ends inside a frame, but each frame arrives well within the deadline; before,
+    # the deadline ran from the first partial frame and closed the connection after 0.5 s
+    server = serve(frame_deadline_s=0.5)
+    sock, other = raw(server), Connection(*server.address)
+    frames = b"".join(encode_frame({"id": n, "op": "ping"}) for n in range(13))
+    cut = [len(encode_frame({"id": n, "op": "ping"})) for n in range(13)]
+    ends = [sum(cut[: n + 1]) + 1 for n in range(12)]  # one byte into the next frame
+    sent = 0
+    for end in ends:
+        sock.sendall(frames[sent:end])
+        sent = end
+        for _ in range(3):  # another client's calls, so that the server looks at its clocks meanwhile
+            other.call("ping")
+            time.sleep(0.05)
+    sock.sendall(frames[sent:])
+    assert [r["id"] for r in read_messages(sock, 13)] == list(range(13))
+    other.close()
+
+
+def test_time_the_server_spent_not_reading_is_not_charged_to_a_started_frame(serve: Any) -> None:
+    # 65 requests queued: the server stops reading this connection while it answers them
+    # (0.6 s), with the start of one more frame already read; the rest comes 0.1 s later
+    server = serve(frame_deadline_s=0.3, threads=1)
+    sock, other = raw(server), Connection(*server.address)
+    ping = encode_frame({"id": 99, "op": "ping"})
+    sock.sendall(encode_frame({"id": 0, "op": "slow"}) + b"".join(
+        encode_frame({"id": n, "op": "ping"}) for n in range(1, 65)) + ping[:3])
+    assert [r["id"] for r in read_messages(sock, 65)] == list(range(65))
+    for _ in range(2):  # another client's calls, so that the server looks at its clocks meanwhile
+        other.call("ping")
+        time.sleep(0.05)
+    sock.sendall(ping[3:])
+    assert read_messages(sock, 1) == [{"id": 99, "ok": True, "result": {"pong": True}}]
+    other.close()
+
+
 def test_many_connections_do_not_add_threads(serve: Any) -> None:
     server = serve(threads=4)
     Connection(*server.address).call("ping")

@@ -259,9 +259,10 @@ class Server:
         now = time.monotonic()
         conn.last_activity = now
         conn.decoder.feed(plaintext)
-        self._queue_messages(conn)
+        completed = self._queue_messages(conn)
         if conn.decoder.in_frame or (conn.tls is not None and not conn.tls.handshake_done):
-            conn.frame_started = conn.frame_started or now
+            # the deadline is the started frame's: one begun in this read starts its own
+            conn.frame_started = now if completed or conn.frame_started is None else conn.frame_started
         else:
             conn.frame_started = None
 
@@ -279,7 +280,8 @@ class Server:
             return None
         return plaintext
 
-    def _queue_messages(self, conn: _Connection) -> None:
+    def _queue_messages(self, conn: _Connection) -> int:
+        """Queue the connection's complete requests for answering; how many there were."""
         messages: list[dict[str, Any] | ProtocolError] = []
         try:
             while (message := conn.decoder.next_message()) is not None:
@@ -287,7 +289,7 @@ class Server:
         except ProtocolError as exc:
             messages.append(exc)
         if not messages:
-            return
+            return 0
         if isinstance(messages[-1], ProtocolError):
             self._stop_reading(conn)
         with conn.lock:
@@ -298,6 +300,7 @@ class Server:
             self._stop_reading(conn)
         if start:
             self._ready.append(conn)
+        return len(messages)
 
     def _stop_reading(self, conn: _Connection) -> None:
         if conn.reading and not conn.closed:
@@ -308,6 +311,8 @@ class Server:
         if not conn.reading and not conn.closed and not conn.closing:
             self._selector.register(conn.sock, selectors.EVENT_READ, conn)
             conn.reading = True
+            if conn.frame_started is not None:  # the time we did not read is not the client's
+                conn.frame_started = time.monotonic()
 
     def _sweep_timeouts(self) -> None:
         now = time.monotonic()
