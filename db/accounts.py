@@ -7,6 +7,7 @@ last-seen time is written at most every `touch_interval` so that reads stay read
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from .database import Database, inserted_id, now_ms
 from .passwords import hash_password, verify_password
 from .prepared import Prepared
 from .schema import cart_lines, saved_cart_lines, sessions, users
+
+log = logging.getLogger("market.sessions")
 
 T = TypeVar("T")
 WRONG_CREDENTIALS = "wrong username or password"
@@ -174,6 +177,7 @@ class Session:
         self._tx, self._policy, self._touch = tx, policy, touch
         self.check_params = {"token_hash": token_hash(token), "role": role}
         self.live: LiveSession | None = None
+        self.stale = False
 
     @property
     def user_id(self) -> int:
@@ -211,6 +215,7 @@ class Session:
                 now - row.session_created_ms > self._policy.max_s * 1000:
             raise UnauthenticatedError("session expired; log in again")
         stale = idle_ms >= self._policy.touch_interval_ms
+        self.stale = stale  # (a write touches it in its transaction, which an error rolls back)
         self.live = LiveSession(row.session_id, row.session_user_id, stale and not self._touch)
         if stale and self._touch:
             touch_session(self._tx, self.live)
@@ -250,11 +255,26 @@ class SessionGate:
             session.require()
             return result
 
-        result = self.db.run(transaction, write=write)
+        try:
+            result = self.db.run(transaction, write=write)
+        except ProtocolError:
+            self._touch_after_failure(sessions_seen[-1] if sessions_seen else None)
+            raise
         live = sessions_seen[-1].live if sessions_seen else None
         if live is not None and live.stale:
             self.db.run(lambda tx: touch_session(tx, live))
         return result
+
+    def _touch_after_failure(self, session: Session | None) -> None:
+        """A request that failed after its token passed is activity too (its touch, if any, was
+        rolled back): write last-seen on its own, if due. Best effort: the error stands."""
+        if session is None or session.live is None or not session.stale:
+            return
+        live = session.live
+        try:
+            self.db.run(lambda tx: touch_session(tx, live))
+        except ProtocolError:
+            log.warning("could not record a failed request's session activity")
 
 
 def account_handlers(db: Database, role: str, policy: SessionPolicy, version: str) -> dict[str, Any]:

@@ -113,6 +113,22 @@ def test_an_idle_session_expires_and_activity_keeps_it_alive(database: Database)
             buyer.call("display_cart")
 
 
+def test_a_request_that_fails_is_activity_too(database: Database) -> None:
+    # PROTOCOL.md: a session ends after idle_timeout_s without a request. Before, a write
+    # that failed rolled its last-seen back, and a read that failed never wrote it
+    with running_market(database, Settings(role="buyer", session_idle_s=1)) as market:
+        seller, writer, reader = market.user("seller"), market.user("buyer"), market.user("buyer")
+        item_id = market.item(seller, quantity=1)
+        for _ in range(6):  # 1.8 s of requests that fail, longer than the idle timeout
+            time.sleep(0.3)
+            with pytest.raises(ConflictError):
+                writer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+            with pytest.raises(NotFoundError):
+                reader.call("get_item", {"item_id": item_id + 1000})
+        assert writer.call("display_cart")["cart"]["items"] == []
+        assert reader.call("display_cart")["cart"]["items"] == []
+
+
 def test_a_session_ends_at_its_absolute_limit(database: Database) -> None:
     with running_market(database, Settings(role="buyer", session_max_s=1)) as market:
         buyer = market.user("buyer")
