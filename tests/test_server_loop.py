@@ -22,6 +22,8 @@ from wire.app import App
 from wire.framing import FrameDecoder, encode_frame
 from wire.server import Server, ServerLimits, serve_until_signal
 
+BIG = "x" * 500_000  # an answer the socket buffers cannot hold many of
+
 
 def _boom() -> dict[str, Any]:
     raise RuntimeError("secret detail: password=hunter2")
@@ -38,10 +40,10 @@ class _NoSessions:
 
 
 def tiny_app() -> App:
-    specs = {name: OpSpec(name, public=True) for name in ("ping", "boom", "slow", "unencodable")}
+    specs = {name: OpSpec(name, public=True) for name in ("ping", "boom", "slow", "unencodable", "big")}
     specs["private"] = OpSpec("private")
     handlers = {"ping": lambda: {"pong": True}, "boom": _boom, "slow": _slow, "private": _boom,
-                "unencodable": lambda: {"text": "\udc80 lone surrogate"}}
+                "unencodable": lambda: {"text": "\udc80 lone surrogate"}, "big": lambda: {"text": BIG}}
     return App(specs, handlers, _NoSessions())
 
 
@@ -260,6 +262,49 @@ def test_time_the_server_spent_not_reading_is_not_charged_to_a_started_frame(ser
     sock.sendall(ping[3:])
     assert read_messages(sock, 1) == [{"id": 99, "ok": True, "result": {"pong": True}}]
     other.close()
+
+
+def unread_big_answers(server: Server, count: int) -> socket.socket:
+    """A connection that asks for `count` big answers and reads none of them (yet)."""
+    sock = raw(server)
+    sock.sendall(b"".join(encode_frame({"id": n, "op": "big"}) for n in range(count)))
+    return sock
+
+
+def waiting_to_write(server: Server) -> int:
+    """Connections whose answer waits for their client to read (the loop's own state)."""
+    return sum(1 for conn in list(server._connections) if conn.writing)
+
+
+def test_clients_that_do_not_read_their_answers_hold_no_thread(serve: Any) -> None:
+    # before: each one's answer blocked a thread in sendall for up to send_timeout_s, and
+    # with every thread blocked nobody was read or answered
+    server = serve(threads=2, send_timeout_s=1.5)
+    stuck = [unread_big_answers(server, 60) for _ in range(4)]
+    time.sleep(0.5)
+    assert waiting_to_write(server) == 4
+    other = Connection(*server.address, timeout=1.0)
+    for _ in range(20):
+        assert other.call("ping") == {"pong": True}
+    deadline = time.monotonic() + 5
+    while server.connection_count > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.connection_count == 1  # nothing read for 1.5 s: closed; `other` is left
+    assert other.call("ping") == {"pong": True}
+    other.close()
+    for sock in stuck:
+        sock.close()
+
+
+def test_a_client_that_reads_late_gets_every_answer_in_order(serve: Any) -> None:
+    server = serve(threads=1)
+    late = unread_big_answers(server, 60)
+    time.sleep(0.5)
+    assert waiting_to_write(server) == 1
+    Connection(*server.address, timeout=1.0).call("ping")  # served meanwhile by the one thread
+    answers = read_messages(late, 60)
+    assert [a["id"] for a in answers] == list(range(60))
+    assert all(a["result"]["text"] == BIG for a in answers)
 
 
 def test_many_connections_do_not_add_threads(serve: Any) -> None:

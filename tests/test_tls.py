@@ -5,6 +5,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,3 +123,40 @@ def test_the_simulator_runs_over_tls(tmp_path: Path, certificate: tuple[str, str
                        "--tls-cert", certificate[0], "--tls-key", certificate[1]]) == 0
     # the same client against plaintext servers cannot even start: it really speaks TLS
     assert market_sim([*common, "--out", str(tmp_path / "plain")]) != 0
+
+
+def test_tls_clients_that_read_late_or_never_hold_no_thread(certificate: tuple[str, str]) -> None:
+    from test_server_loop import BIG, tiny_app, waiting_to_write
+
+    from wire.framing import FrameDecoder
+    from wire.server import ServerLimits
+
+    server = Server(tiny_app(), tls=server_context(*certificate),
+                    limits=ServerLimits(threads=1, send_timeout_s=1.5))
+    server.start()
+    try:
+        context = client_context(certificate[0])
+        socks = [context.wrap_socket(socket.create_connection(server.address, timeout=10),
+                                     server_hostname="127.0.0.1") for _ in range(2)]
+        for sock in socks:
+            sock.sendall(b"".join(encode_frame({"id": n, "op": "big"}) for n in range(60)))
+        never, late = socks
+        time.sleep(0.5)
+        assert waiting_to_write(server) == 2
+        other = Connection(*server.address, timeout=1.0, tls=client_context(certificate[0]))
+        assert other.call("ping") == {"pong": True}  # the one thread is free for it
+        decoder, answers = FrameDecoder(), []
+        while len(answers) < 60:
+            decoder.feed(late.recv(65536))
+            answers.extend(decoder.messages())
+        assert [a["id"] for a in answers] == list(range(60))
+        assert all(a["result"]["text"] == BIG for a in answers)
+        deadline = time.monotonic() + 5
+        while server.connection_count > 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.connection_count == 2  # `never` read nothing for 1.5 s: closed
+        other.close()
+        for sock in socks:
+            sock.close()
+    finally:
+        server.shutdown()

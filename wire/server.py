@@ -8,6 +8,11 @@ connect. When a connection has requests to answer, the leader hands the lead to 
 next free thread and answers them itself: the request goes on with no hand-off to
 another thread on its way. Exceptions become error responses in `respond`, the one
 place where that translation happens.
+
+No thread ever waits for a client to read: an answer the socket will not take at once
+stays in the connection's outbox, the thread goes back to the pool, and the leader
+sends the rest when the socket is writable, then hands the connection's queue to a
+thread again. A client that reads nothing of its answer for `send_timeout_s` is closed.
 """
 from __future__ import annotations
 
@@ -18,7 +23,6 @@ import selectors
 import signal
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -50,7 +54,7 @@ class ServerLimits:
     max_frame: int = DEFAULT_MAX_FRAME
     idle_timeout_s: float = 300.0
     frame_deadline_s: float = 10.0
-    send_timeout_s: float = 10.0
+    send_timeout_s: float = 10.0  # how long an answer may wait for its client to read more of it
     threads: int = 3  # on two cores, with the database nearby: the lowest tail (docs/benchmarks.md)
 
 
@@ -116,6 +120,40 @@ class _Connection:
         self.last_activity = time.monotonic()
         self.frame_started: float | None = None
         self.tls: TlsChannel | None = None
+        self.channel: TlsChannel | _Outbox = _Outbox()
+        self.blocked_since: float | None = None  # an answer is waiting for the socket
+        self.writing = False       # ... and the leader watches the socket for it
+        self.events = 0            # what the selector watches the socket for
+
+
+class _Outbox:
+    """What a plaintext connection's socket would not take yet (the TLS channel's twin)."""
+
+    def __init__(self) -> None:
+        self._pending = bytearray()  # touched by one thread at a time: the answering one, or the leader
+
+    def send_nowait(self, sock: socket.socket, data: bytes) -> bool:
+        """Send what the socket takes now; False if some is left to send."""
+        if not self._pending:
+            try:
+                sent = sock.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return True
+            data = data[sent:]
+        self._pending += data
+        return self.flush_nowait(sock)
+
+    def flush_nowait(self, sock: socket.socket) -> bool:
+        """Send what is left without waiting; True once nothing is."""
+        while self._pending:
+            try:
+                sent = sock.send(self._pending, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return False
+            del self._pending[:sent]
+        return True
 
 
 class Server:
@@ -198,8 +236,8 @@ class Server:
         """Run the selector until some connection has requests to answer (none once stopping)."""
         try:
             while not self._stopping.is_set():
-                for key, _ in self._selector.select(timeout=0.5):
-                    self._dispatch_event(key.data)
+                for key, events in self._selector.select(timeout=0.5):
+                    self._dispatch_event(key.data, events)
                 if time.monotonic() >= self._next_sweep:
                     self._sweep_timeouts()
                     self._next_sweep = time.monotonic() + 0.5
@@ -211,13 +249,16 @@ class Server:
             self._stopping.set()
         return []
 
-    def _dispatch_event(self, data: Any) -> None:
+    def _dispatch_event(self, data: Any, events: int) -> None:
         if data == "accept":
             self._accept_all()
         elif data == "wake":
             self._run_calls()
         else:
-            self._read(data)
+            if events & selectors.EVENT_WRITE:
+                self._flush(data)
+            if events & selectors.EVENT_READ and data.reading and not data.closed:
+                self._read(data)
 
     def _accept_all(self) -> None:
         while True:
@@ -236,12 +277,11 @@ class Server:
             return
         sock.setblocking(True)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _set_send_timeout(sock, self.limits.send_timeout_s)
         conn = _Connection(sock, self.limits.max_frame)
         if self.tls is not None:
-            conn.tls = TlsChannel(self.tls)
+            conn.tls = conn.channel = TlsChannel(self.tls)
         self._connections.add(conn)
-        self._selector.register(sock, selectors.EVENT_READ, conn)
+        self._watch_events(conn)
 
     def _read(self, conn: _Connection) -> None:
         try:
@@ -275,8 +315,8 @@ class Server:
             log.debug("closing a connection that does not speak TLS: %s", exc.reason)
             self._close(conn)
             return None
-        if not conn.tls.flush_nowait(conn.sock):
-            self._close(conn)
+        if not conn.tls.flush_nowait(conn.sock) and conn.blocked_since is None:
+            self._close(conn)  # a handshake's answer the socket will not take: stuck
             return None
         return plaintext
 
@@ -302,21 +342,40 @@ class Server:
             self._ready.append(conn)
         return len(messages)
 
+    def _watch_events(self, conn: _Connection) -> None:
+        """Have the selector watch the socket for what the connection waits for (maybe nothing)."""
+        events = selectors.EVENT_READ if conn.reading else 0
+        events |= selectors.EVENT_WRITE if conn.writing else 0
+        if events == conn.events:
+            return
+        if not conn.events:
+            self._selector.register(conn.sock, events, conn)
+        elif not events:
+            self._selector.unregister(conn.sock)
+        else:
+            self._selector.modify(conn.sock, events, conn)
+        conn.events = events
+
     def _stop_reading(self, conn: _Connection) -> None:
         if conn.reading and not conn.closed:
-            self._selector.unregister(conn.sock)
             conn.reading = False
+            self._watch_events(conn)
 
     def _resume_reading(self, conn: _Connection) -> None:
         if not conn.reading and not conn.closed and not conn.closing:
-            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
             conn.reading = True
+            self._watch_events(conn)
             if conn.frame_started is not None:  # the time we did not read is not the client's
                 conn.frame_started = time.monotonic()
 
     def _sweep_timeouts(self) -> None:
         now = time.monotonic()
         for conn in list(self._connections):
+            if conn.writing:
+                if now - (conn.blocked_since or now) > self.limits.send_timeout_s:
+                    log.debug("closing a connection that left its answer unread too long")
+                    self._close(conn)
+                continue
             if conn.busy:
                 continue
             if conn.frame_started is not None:
@@ -331,14 +390,14 @@ class Server:
         with conn.lock:
             if conn.closed:
                 return
-            if conn.busy:
+            if conn.busy and not conn.writing:  # (a writing one waits for its client, not a thread)
                 conn.closing = True
                 self._stop_reading(conn)
                 return
             conn.closed = True
-        if conn.reading:
-            self._selector.unregister(conn.sock)
-            conn.reading = False
+            conn.busy = False
+        conn.reading = conn.writing = False
+        self._watch_events(conn)
         self._connections.discard(conn)
         conn.sock.close()
 
@@ -389,6 +448,9 @@ class Server:
             elif isinstance(message, ProtocolError):
                 conn.pending.clear()
                 conn.closing = True
+            if conn.blocked_since is not None:  # the rest when the client reads: the leader's
+                self._call_soon(lambda: self._wait_writable(conn))
+                return
         conn.last_activity = time.monotonic()
         if conn.closing:
             self._call_soon(lambda: self._close(conn))
@@ -396,15 +458,36 @@ class Server:
             self._call_soon(lambda: self._resume_reading(conn))
 
     def _send(self, conn: _Connection, frame: bytes) -> bool:
+        """Send, or leave in the outbox what the socket will not take now; False if it failed."""
         try:
-            if conn.tls is not None:
-                conn.tls.send(conn.sock, frame)
-            else:
-                conn.sock.sendall(frame)
+            if not conn.channel.send_nowait(conn.sock, frame):
+                conn.blocked_since = time.monotonic()
             return True
         except OSError:
             conn.closing = True
             return False
+
+    # -- answers waiting for their client to read (the leader) -------------------
+
+    def _wait_writable(self, conn: _Connection) -> None:
+        """Watch a blocked connection's socket until its outbox can go on."""
+        if not conn.closed:
+            conn.writing = True
+            self._watch_events(conn)
+
+    def _flush(self, conn: _Connection) -> None:
+        """Send more of the outbox; once it is empty, a thread goes on with the queue."""
+        try:
+            done = conn.channel.flush_nowait(conn.sock)
+        except OSError:
+            self._close(conn)
+            return
+        if not done:  # writable: the client has read some; the clock starts again
+            conn.blocked_since = time.monotonic()
+            return
+        conn.writing, conn.blocked_since = False, None
+        self._watch_events(conn)
+        self._ready.append(conn)  # still busy: _drain answers the rest, or closes
 
 
 def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -417,12 +500,6 @@ def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
     sock.listen(1024)
     sock.setblocking(False)
     return sock
-
-
-def _set_send_timeout(sock: socket.socket, seconds: float) -> None:
-    whole = int(seconds)
-    timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
 def _refuse_busy(sock: socket.socket, plaintext: bool) -> None:

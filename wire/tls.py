@@ -3,8 +3,9 @@ watching the sockets can decrypt without ever blocking and the thread answering 
 encrypt its response.
 
 Records must leave in the order TLS made them: every ciphertext goes into one
-outbox, and one flusher at a time (`_sending`) writes it out in order. The watching
-thread only ever tries to flush without waiting; the answering thread flushes and waits.
+outbox, and one flusher at a time (`_sending`) writes it out in order, never waiting:
+what the socket will not take yet stays in the outbox for the server loop to send
+when the socket is writable (as with a plaintext connection's outbox).
 """
 from __future__ import annotations
 
@@ -70,33 +71,29 @@ class TlsChannel:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def send(self, sock: socket.socket, data: bytes) -> None:
-        """Encrypt and send, waiting for the socket (a worker's call)."""
+    def send_nowait(self, sock: socket.socket, data: bytes) -> bool:
+        """Encrypt and send what the socket takes now; False if some is left in the outbox."""
         with self._state:
             self._tls.write(data)
             self._outbox += self._outgoing.read()
-        with self._sending:
-            self._flush(sock, wait=True)
+        return self.flush_nowait(sock)
 
     def flush_nowait(self, sock: socket.socket) -> bool:
         """Send what is queued without waiting; False if the socket would not take it all."""
         if not self._sending.acquire(blocking=False):
-            return True  # a worker is sending: it will send this too
+            return True  # another thread is sending: it will send this too
         try:
-            return self._flush(sock, wait=False)
+            return self._flush(sock)
         finally:
             self._sending.release()
 
-    def _flush(self, sock: socket.socket, wait: bool) -> bool:
+    def _flush(self, sock: socket.socket) -> bool:
         while True:
             with self._state:
                 chunk = bytes(self._outbox)
                 self._outbox.clear()
             if not chunk:
                 return True
-            if wait:
-                sock.sendall(chunk)
-                continue
             try:
                 sent = sock.send(chunk, socket.MSG_DONTWAIT)
             except BlockingIOError:
