@@ -51,6 +51,7 @@ class Shell:
     pager: Pager | None = None
     running: bool = True
     lost: bool = field(default=False, repr=False)
+    misread: bool = field(default=False, repr=False)  # the last line had a command not understood, or not run
 
     def prompt_text(self) -> str:
         """The prompt: who is logged in, on which server."""
@@ -101,10 +102,12 @@ class Shell:
 
     def run_line(self, line: str) -> bool:
         """Run the `;`-separated commands of a line; False at the first that fails."""
+        self.misread = False
         try:
             commands = split_commands(line)
         except ValueError as exc:
             self.out.error(f"cannot read the line: {exc}")
+            self.misread = True
             return False
         return all(self.execute(words) for words in commands if self.running)
 
@@ -116,6 +119,7 @@ class Shell:
             return True
         except UsageError as exc:
             self.out.error(f"{exc} (usage: {command.usage})" if command else str(exc))
+            self.misread = True
         except UnauthenticatedError as exc:
             self._unauthenticated(command, exc)
         except ProtocolError as exc:
@@ -131,7 +135,8 @@ class Shell:
         return False
 
     def _dispatch(self, command: Command, words: list[str]) -> None:
-        if command.login and self.conn.token is None:
+        if command.login and self.conn.token is None:  # not run, nor its words read: kept out of history
+            self.misread = True
             raise UnauthenticatedError(f"you are not logged in; `{command.name}` needs "
                                        "`login USERNAME` or `signup USERNAME` first")
         values = command.values(words, self.ask if self.interactive else None)
@@ -198,18 +203,30 @@ _SECRET = re.compile(r"(^|\s)['\"]?(-p|--password|--card-number)")
 
 
 class SecretFreeHistory(FileHistory):
-    """File history that never records a line carrying a password or a card number."""
+    """File history that never records a line carrying a password or a card number.
 
-    def append_string(self, string: str) -> None:
-        """Record the line unless it holds a secret."""
-        if not _SECRET.search(string):
-            super().append_string(string)
+    A line is written to the file only once the shell has understood and run it (`settle`):
+    a password typed where a word was expected (`login bob hunter2`) stays out of it too.
+    """
+
+    _held: str | None = None
+
+    def store_string(self, string: str) -> None:
+        """Hold the line until `settle` (prompt_toolkit calls this as Enter is pressed)."""
+        self._held = None if _SECRET.search(string) else string
+
+    def settle(self, understood: bool) -> None:
+        """Write the held line to the file if the shell understood every command in it."""
+        held, self._held = self._held, None
+        if held is not None and understood:
+            super().store_string(held)
 
 
 def run_interactive(shell: Shell, history_file: str) -> int:
     """The REPL: read a line, run it, until `quit` or Ctrl-D."""
+    history = SecretFreeHistory(history_file)
     session: PromptSession[str] = PromptSession(
-        history=SecretFreeHistory(history_file),
+        history=history,
         completer=NestedCompleter.from_nested_dict(dict.fromkeys(shell.registry.names())))
     _greet(shell)
     while shell.running:
@@ -220,6 +237,7 @@ def run_interactive(shell: Shell, history_file: str) -> int:
         except EOFError:
             break
         shell.run_line(line)
+        history.settle(understood=not shell.misread)
     shell.close()
     return 0
 

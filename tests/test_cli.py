@@ -259,6 +259,23 @@ def test_passwords_are_not_echoed_and_history_persists_without_them(market: Mark
     again.expect(pexpect.EOF)
 
 
+def test_a_line_the_shell_did_not_understand_stays_out_of_the_history(market: Market, home: Path) -> None:
+    # a password typed where no word was expected, or after an abbreviated flag: before,
+    # the line was in the history file as typed
+    buyer = spawn("buyer", port_of(market, "buyer"), home)
+    for line in ("login bob hunter2hunter2", "login bob --pass hunter3hunter3"):
+        assert "usage:" in run(buyer, line, "buyer> ")
+    assert "not logged in" in run(buyer, 'buy "Bob" 4111111111111111', "buyer> ")  # its words unread
+    run(buyer, "ping", "buyer> ")
+    run(buyer, "search lamp; nosuchcommand", "buyer> ")
+    buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+    history = (home / "history").read_text()
+    assert "+ping" in history and "+quit" in history
+    for secret in ("hunter2hunter2", "hunter3hunter3", "4111111111111111", "nosuchcommand"):
+        assert secret not in history
+
+
 def test_a_history_file_under_the_home_folder_may_be_written_with_a_tilde(market: Market, home: Path) -> None:
     # as .env.example shows it; python-dotenv leaves the ~ as it is
     buyer = spawn("buyer", port_of(market, "buyer"), home, MARKET_HISTORY_FILE="~/.market_history")
