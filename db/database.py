@@ -61,6 +61,10 @@ class DatabaseUnusable(RuntimeError):
     """The database cannot be used at all (found at start): the message says why, in one line."""
 
 
+class _NewerSchema(RuntimeError):
+    """The database was made by a newer version of the marketplace."""
+
+
 def inserted_id(result: CursorResult[Any]) -> int:
     """The id the database chose for the row an INSERT just made."""
     key = result.inserted_primary_key
@@ -140,6 +144,8 @@ class Database:
             try:
                 self._run_once(_create_or_upgrade, True, [0])
                 return
+            except _NewerSchema as exc:
+                raise DatabaseUnusable(f"cannot use the database {self._where}: {exc}") from None
             except DBAPIError as exc:  # OperationalError and IntegrityError among them
                 if _is_unusable(exc):
                     raise DatabaseUnusable(self._unusable_message(exc)) from None
@@ -147,13 +153,17 @@ class Database:
                     raise
                 time.sleep(0.2 * (attempt + 1))  # another process is creating it right now
 
+    @property
+    def _where(self) -> str:
+        """The database's URL as the user wrote it, without its password."""
+        return make_url(self.url).render_as_string(hide_password=True)
+
     def _unusable_message(self, exc: DBAPIError) -> str:
-        where = make_url(self.url).render_as_string(hide_password=True)  # as the user wrote it
         reason = " ".join(str(exc.orig).split())
         if _errno(exc) == 1049:
             reason += (f"; create it first: CREATE DATABASE {self.engine.url.database} "
                        "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        return f"cannot use the database {where}: {reason}"
+        return f"cannot use the database {self._where}: {reason}"
 
     @property
     def is_sqlite(self) -> bool:
@@ -247,7 +257,7 @@ def _upgrade(conn: Connection, version: int) -> None:
     and with it the lock on schema_info, which is then taken again for the changes of rows.
     """
     if version > SCHEMA_VERSION:
-        raise RuntimeError(f"the database has schema version {version}, newer than this code's "
+        raise _NewerSchema(f"it has schema version {version}, newer than this code's "
                            f"{SCHEMA_VERSION}: run a newer version of the marketplace")
     _index_keywords_by_item(conn)  # version 3
     _compare_exactly(conn)  # version 3

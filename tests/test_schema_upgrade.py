@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Connection, insert, inspect, select, text, update
 
-from db import Database
+from db import Database, DatabaseUnusable
 from db.audit import audit
 from db.schema import SCHEMA_VERSION, item_keyword_pairs, item_keywords, items, schema_info, users
 
@@ -123,5 +126,20 @@ def test_two_servers_upgrading_one_database_at_once_both_start(db_url: str) -> N
 
 def test_a_newer_schema_is_refused_with_a_clear_error(database: Database) -> None:
     database.run(lambda tx: tx.execute(update(schema_info).values(version=SCHEMA_VERSION + 1)))
-    with pytest.raises(RuntimeError, match="newer than this code"):
+    with pytest.raises(DatabaseUnusable, match=f"schema version {SCHEMA_VERSION + 1}, newer than this code"):
         database.create_schema()
+
+
+def test_a_server_on_a_newer_schema_says_so_in_one_line(tmp_path: Path) -> None:
+    # before: a RuntimeError traceback, exit status 1 (restarted in a loop by systemd)
+    url = f"sqlite:///{tmp_path / 'newer.db'}"
+    database = Database(url)
+    database.create_schema()
+    database.run(lambda tx: tx.execute(update(schema_info).values(version=SCHEMA_VERSION + 1)))
+    database.close()
+    done = subprocess.run([sys.executable, "-m", "buyer_server", "--port", "0", "--db-url", url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"error: buyer server: cannot use the database {url}: it has schema version {SCHEMA_VERSION + 1}, "
+        f"newer than this code's {SCHEMA_VERSION}: run a newer version of the marketplace"]
