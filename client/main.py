@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from wire import Connection, ProtocolError
-from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, env
+from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, env, positive_int
 from wire.tls import optional_client_context
 
 from .shell import open_shell
@@ -110,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=serve)
     p = sub.add_parser("seed", help="bulk-load sellers and items into an idle database")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
-    p.add_argument("--sellers", type=int, default=100_000)
-    p.add_argument("--items", type=int, default=1_000_000)
+    p.add_argument("--sellers", type=positive_int, default=100_000)
+    p.add_argument("--items", type=positive_int, default=1_000_000)
     p.set_defaults(func=seed)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from db import Database
 from db.audit import audit
-from wire.config import env
+from wire.config import env, positive_int
 from wire.tls import optional_client_context
 
 from .mixes import MIXES
@@ -55,8 +55,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="market-sim", description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", "-n", type=_int_list, default=[1, 10, 100],
                         help="N per scenario, comma-separated: N sellers + N buyers (default 1,10,100)")
-    parser.add_argument("--calls", "-k", type=int, default=1000, help="calls per user per run (default 1000)")
-    parser.add_argument("--repeats", "-r", type=int, default=10, help="runs per scenario (default 10)")
+    parser.add_argument("--calls", "-k", type=positive_int, default=1000,
+                        help="calls per user per run (default 1000)")
+    parser.add_argument("--repeats", "-r", type=positive_int, default=10,
+                        help="runs per scenario (default 10)")
     parser.add_argument("--mix", type=_mix_list, default=["default"],
                         help=f"op mixes, comma-separated ({mixes})")
     parser.add_argument("--db-url", help="the servers' database, audited after every run (default when "

@@ -27,6 +27,7 @@ from typing import Any
 from db import Database, DatabaseUnusable
 from db.seed import SEED_PASSWORD, VOCABULARY, timed_seed
 from wire import Connection
+from wire.config import positive_int
 
 from .servers import running_servers
 from .stats import percentile
@@ -55,10 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     except DatabaseUnusable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if small is not None and small.item_count == 0:
-        print(f"error: the baseline {args.baseline} holds no items; seed it first: market seed "
-              f"--db-url {args.baseline} --sellers 100 --items 1000", file=sys.stderr)
-        return 2
+    for name, catalogue, url in (("the database", big, args.db_url), ("the baseline", small, args.baseline)):
+        if catalogue is not None and catalogue.item_count == 0:
+            print(f"error: {name} {url} holds no items; seed it first: market seed "
+                  f"--db-url {url} --sellers 100 --items 1000", file=sys.stderr)
+            return 2
     passes: list[tuple[Timings, Timings]] = []
     for n in range(args.passes):
         big_rows = _measured(big, args.calls, args.seed + n)
@@ -182,15 +184,15 @@ def _bounds(database: Database) -> tuple[int, int, int]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m simulation.catalogue", description=__doc__)
     parser.add_argument("--db-url", required=True)
-    parser.add_argument("--items", type=int, default=1000)
-    parser.add_argument("--sellers", type=int, default=100)
-    parser.add_argument("--calls", type=int, default=300, help="calls per op")
+    parser.add_argument("--items", type=positive_int, default=1000)
+    parser.add_argument("--sellers", type=positive_int, default=100)
+    parser.add_argument("--calls", type=positive_int, default=300, help="calls per op")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-seed", action="store_true", help="measure the database as it is")
     parser.add_argument("--baseline", metavar="URL",
                         help="a database of the small catalogue (seeded already), measured after each "
                              "pass; the p95 ratios against it follow")
-    parser.add_argument("--passes", type=int, default=1, help="measure this many times, in turn")
+    parser.add_argument("--passes", type=positive_int, default=1, help="measure this many times, in turn")
     return parser
 
 

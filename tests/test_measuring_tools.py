@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import Market
 from sqlalchemy import create_engine, text
 
@@ -81,6 +82,22 @@ def test_catalogue_says_so_when_the_baseline_is_empty(tmp_path: Path, capsys: An
     assert catalogue.main(["--db-url", big, "--items", "10", "--sellers", "1", "--baseline", small]) == 2
     assert capsys.readouterr().err == (f"error: the baseline {small} holds no items; seed it first: market "
                                        f"seed --db-url {small} --sellers 100 --items 1000\n")
+
+
+def test_catalogue_says_so_when_the_database_measured_as_it_is_is_empty(tmp_path: Path, capsys: Any) -> None:
+    # before: it logged in as seed0, who is not there: an UNAUTHENTICATED traceback
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert catalogue.main(["--db-url", url, "--no-seed"]) == 2
+    assert capsys.readouterr().err == (f"error: the database {url} holds no items; seed it first: market "
+                                       f"seed --db-url {url} --sellers 100 --items 1000\n")
+
+
+@pytest.mark.parametrize("args", [["--passes", "0"], ["--calls", "-1"], ["--items", "0"]])
+def test_catalogue_counts_must_be_at_least_one(args: list[str], tmp_path: Path, capsys: Any) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        catalogue.main(["--db-url", f"sqlite:///{tmp_path / 'c.db'}", *args])
+    assert exit_.value.code == 2
+    assert f"argument {args[0]}: {args[1]}: must be at least 1" in capsys.readouterr().err
 
 
 def test_idle_connections_are_really_held(market: Market) -> None:

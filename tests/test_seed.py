@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import Market
 from sqlalchemy import func, select
 
@@ -36,3 +37,13 @@ def test_the_seed_command(tmp_path: object) -> None:
                            "--sellers", "3", "--items", "50"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "seeded 3 sellers" in done.stdout and "50 items" in done.stdout
+
+
+@pytest.mark.parametrize("flag", ["--sellers", "--items"])
+def test_the_seed_command_wants_at_least_one_seller_and_item(flag: str, tmp_path: object) -> None:
+    # before: --sellers 0 gave every item a seller id no account had (the next sign-up got them)
+    url = f"sqlite:///{tmp_path}/seeded.db"
+    done = subprocess.run([sys.executable, "-m", "client.main", "seed", "--db-url", url, flag, "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == f"market seed: error: argument {flag}: 0: must be at least 1"

@@ -70,6 +70,16 @@ def test_market_sim_wants_both_tls_flags_or_neither(flag: str, tmp_path: Path,
     assert capsys.readouterr().err.splitlines()[-1].endswith("error: --tls-cert and --tls-key go together")
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--repeats", "0"), ("--calls", "0"), ("--calls", "-5")])
+def test_market_sim_counts_must_be_at_least_one(flag: str, value: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # before: -r 0 started the servers and ended in a plotting traceback; -k 0 reported empty runs as OK
+    with pytest.raises(SystemExit) as exit_:
+        sim.main(["--no-progress", flag, value, "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
 def test_market_sim_drives_running_servers_with_the_classic_mix(
         market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     buyer, seller = (":".join(map(str, s.address)) for s in (market.buyer_server, market.seller_server))

@@ -51,6 +51,17 @@ def _load_dotenv() -> None:
     load_dotenv(find_dotenv(usecwd=True), override=False)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (counts of runs, calls, items ...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
 def env(name: str, default: Any = None) -> Any:
     """A MARKET_* setting from the environment or `.env`, else the default."""
     _load_dotenv()
