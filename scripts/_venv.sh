@@ -7,10 +7,12 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)-$1
+project=$(sha256sum pyproject.toml | cut -c1-16)
+stamp=.venv/.installed-$project-$1
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -e ".[$1]"
-  rm -f .venv/.installed-*
+  # stamps of an older pyproject.toml go; the other extra's stays (start.sh and test.sh take turns)
+  find .venv -maxdepth 1 -name '.installed-*' ! -name ".installed-$project-*" -delete
   touch "$stamp"
 fi

@@ -337,6 +337,29 @@ def test_servers_start_with_the_container_command_and_answer_the_health_check(
 
 # ---- scripts and systemd units ----
 
+def test_start_and_test_scripts_taking_turns_install_once_each(tmp_path: Path) -> None:
+    # before: each install removed the other's stamp, so every switch installed again
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "_venv.sh").write_text((ROOT / "scripts" / "_venv.sh").read_text())
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    python = tmp_path / ".venv" / "bin" / "python"  # stands in for pip: records each install
+    python.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'installs'}\n")
+    python.chmod(0o755)
+
+    def venv(extra: str) -> list[str]:
+        subprocess.run(["bash", "-c", f"source scripts/_venv.sh {extra}"], cwd=tmp_path, check=True)
+        log = tmp_path / "installs"
+        return [line for line in log.read_text().splitlines() if "-e" in line] if log.exists() else []
+
+    assert venv("dev") == ["-m pip install --quiet -e .[dev]"]
+    assert len(venv("runtime")) == 2
+    assert len(venv("dev")) == 2 and len(venv("runtime")) == 2  # both stamps kept
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")
+    assert len(venv("dev")) == 3  # a changed pyproject.toml installs again
+    assert sorted(p.name.rsplit("-", 1)[1] for p in (tmp_path / ".venv").glob(".installed-*")) == ["dev"]
+
+
 def test_shell_scripts_pass_shellcheck() -> None:
     shellcheck = require_tool("shellcheck")
     result = subprocess.run([shellcheck, "--external-sources", *map(str, shell_scripts())],
