@@ -16,7 +16,6 @@ between calls (default 0).
 from __future__ import annotations
 
 import json
-import os
 import random
 import secrets
 from collections.abc import Callable
@@ -27,8 +26,9 @@ from simulation.behaviour import Call, make_actor
 from simulation.mixes import DEFAULT
 from simulation.servers import parse_address
 from wire import Connection
+from wire.config import env
 
-THINK_S = float(os.environ.get("MARKET_LOCUST_THINK_S", "0"))
+THINK_S = float(env("MARKET_LOCUST_THINK_S", "0"))  # .env too, as everywhere
 ADDRESS_ENV = {"buyer": ("MARKET_BUYER_ADDR", "127.0.0.1:7001"),
                "seller": ("MARKET_SELLER_ADDR", "127.0.0.1:7002")}
 
@@ -55,7 +55,7 @@ class MarketUser(User):
     def on_start(self) -> None:
         """Connect, create an account, log in, and seed (sellers list stock)."""
         variable, default = ADDRESS_ENV[self.role]
-        self.conn = Connection(*parse_address(os.environ.get(variable, default)))
+        self.conn = Connection(*parse_address(env(variable, default)))
         self.actor = make_actor(self.role, f"{self.role[0]}lc{secrets.token_hex(6)}", random.Random())
         for call in self.actor.setup_calls():
             self.perform(call)
