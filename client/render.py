@@ -31,7 +31,7 @@ class Output:
 
     def __init__(self, plain: bool) -> None:
         self.plain = plain
-        self.console = Console(highlight=False, soft_wrap=True)
+        self.console = Console(highlight=False, soft_wrap=True, emoji=False)  # ":fire:" stays as typed
 
     def say(self, text: str) -> None:
         """One line of ordinary output."""

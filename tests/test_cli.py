@@ -511,3 +511,14 @@ def test_serve_fails_when_one_server_stops_cleanly_on_its_own(tmp_path: Path) ->
     assert serve.returncode == 1  # before: 0, as if all had gone well
     assert "market serve: the seller server stopped (exit status 0); stopping the other" in err
     assert not _answers(buyer_port)
+
+
+def test_the_terminal_output_prints_names_as_typed() -> None:
+    # rich turns ":fire:" into an emoji unless told not to; tables (Text) never did, lines did
+    from client.render import Output
+
+    out = Output(plain=False)
+    with out.console.capture() as captured:
+        out.say("Listed item 1: Lamp :fire: [b]x[/b]")
+        out.error("keyword ':smile:' is given twice")
+    assert captured.get() == "Listed item 1: Lamp :fire: [b]x[/b]\nerror: keyword ':smile:' is given twice\n"
