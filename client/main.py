@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from wire import Connection, ProtocolError
-from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, env, positive_int
+from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, add_tls_arguments, env, positive_int
 from wire.tls import optional_client_context
 
 from .shell import open_shell
@@ -80,13 +80,6 @@ def seed(args: argparse.Namespace) -> int:
     print(f"seeded {result['sellers']} sellers (seed<id>, password {SEED_PASSWORD!r}) and "
           f"{result['items']} items in {result['seconds']} s")
     return 0
-
-
-def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
-    """--tls and --tls-ca, for talking to servers started with --tls-cert/--tls-key."""
-    parser.add_argument("--tls-ca", default=env("MARKET_TLS_CA"), metavar="PEM",
-                        help="use TLS, trusting this CA certificate (e.g. a self-signed server's)")
-    parser.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CAs")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from db import Database
 from db.audit import audit
-from wire.config import env, positive_int
+from wire.config import add_tls_arguments, positive_int
 from wire.tls import optional_client_context
 
 from .mixes import MIXES
@@ -69,8 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("sim-results"), help="results folder")
     parser.add_argument("--seed", type=int, help="random seed of the simulated users")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--tls-ca", default=env("MARKET_TLS_CA"), metavar="PEM",
-                        help="talk TLS to the servers, trusting this CA certificate")
+    add_tls_arguments(parser)
     parser.add_argument("--tls-cert", help="with --tls-key: start the servers with TLS (this certificate)")
     parser.add_argument("--tls-key", help="the key of --tls-cert")
     args = parser.parse_args(argv)
@@ -128,7 +127,7 @@ def run_all(args: argparse.Namespace, buyer: Address, seller: Address, database:
                 progress.update(task, completed=base + done)
 
             result = run_once(MIXES[mix], users, args.calls, buyer, seller, run=run, seed=seed,
-                              on_progress=show, tls=optional_client_context(args.tls_ca))
+                              on_progress=show, tls=optional_client_context(args.tls_ca, args.tls))
             finished += 2 * users * args.calls
             progress.update(task, completed=finished)
             result.violations = audit(database, result.acknowledged)

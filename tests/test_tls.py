@@ -1,6 +1,7 @@
 """TLS: optional on the servers; a plaintext client is closed without being served."""
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import subprocess
@@ -123,6 +124,17 @@ def test_the_simulator_runs_over_tls(tmp_path: Path, certificate: tuple[str, str
                        "--tls-cert", certificate[0], "--tls-key", certificate[1]]) == 0
     # the same client against plaintext servers cannot even start: it really speaks TLS
     assert market_sim([*common, "--out", str(tmp_path / "plain")]) != 0
+
+
+def test_the_simulator_trusts_the_systems_cas_with_tls(tmp_path: Path, certificate: tuple[str, str]) -> None:
+    # --tls (as the shells and `market health` take it): OpenSSL's default trust store,
+    # which SSL_CERT_FILE points at the test's own CA here
+    command = [sys.executable, "-m", "simulation", "-n", "1", "-k", "10", "-r", "1", "--no-progress",
+               "--tls", "--tls-cert", certificate[0], "--tls-key", certificate[1], "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SSL_CERT_FILE": certificate[0]})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "consistency: OK" in done.stdout
 
 
 def test_tls_clients_that_read_late_or_never_hold_no_thread(certificate: tuple[str, str]) -> None:

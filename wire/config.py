@@ -62,6 +62,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """--tls and --tls-ca, for talking to servers started with --tls-cert/--tls-key."""
+    parser.add_argument("--tls-ca", default=env("MARKET_TLS_CA"), metavar="PEM",
+                        help="use TLS, trusting this CA certificate (e.g. a self-signed server's)")
+    parser.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CAs")
+
+
 def env(name: str, default: Any = None) -> Any:
     """A MARKET_* setting from the environment or `.env`, else the default."""
     _load_dotenv()
