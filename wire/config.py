@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from dotenv import find_dotenv, load_dotenv
 
@@ -97,18 +98,22 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     """Settings for the buyer or seller server from flags, environment and `.env`.
 
     What neither sets keeps the default written once, in `Settings`. A value that is
-    not a number, or out of its range, ends the program with one line naming it.
+    not a number, or out of its range, ends the program (status 2) with one line naming it.
     """
     default = Settings(role=role)
     parser = argparse.ArgumentParser(prog=f"python -m {role}_server",
                                      description=f"Run the marketplace {role} server.")
+
+    def refuse(message: str) -> NoReturn:  # one line, as for a database it cannot use (runner)
+        print(f"error: {role} server: {message}", file=sys.stderr)
+        sys.exit(2)
 
     def number(name: str, cast: type, fallback: Any) -> Any:
         raw = env(name, fallback)
         try:
             return cast(raw)
         except ValueError:
-            parser.error(f"{name}={raw}: not {'an integer' if cast is int else 'a number'}")
+            refuse(f"{name}={raw}: not {'an integer' if cast is int else 'a number'}")
 
     parser.add_argument("--host", default=env("MARKET_HOST", default.host))
     port = number(f"MARKET_{role.upper()}_PORT", int, DEFAULT_PORTS[role])
@@ -125,9 +130,9 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     parser.add_argument("--log-level", default=env("MARKET_LOG_LEVEL", default.log_level))
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
-        parser.error("--tls-cert and --tls-key go together")
+        refuse("--tls-cert and --tls-key go together")
     if args.log_level.upper() not in _LOG_LEVELS:
-        parser.error(f"--log-level {args.log_level}: one of {', '.join(_LOG_LEVELS)}")
+        refuse(f"--log-level {args.log_level}: one of {', '.join(_LOG_LEVELS)}")
     settings = Settings(
         role=role, host=args.host, port=args.port, db_url=args.db_url, threads=args.threads,
         workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key,
@@ -145,5 +150,5 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     for field, (source, low, high) in _RANGES.items():
         value = getattr(settings, field)
         if not low <= value <= high:
-            parser.error(f"{source} {value}: must be from {low:,} to {high:,}")
+            refuse(f"{source} {value}: must be from {low:,} to {high:,}")
     return settings
