@@ -163,6 +163,8 @@ def display_items(tx: Connection, session: Session, limit: int, cursor: str | No
 
 _ITEM_FOR_SESSION = Prepared(with_session(*ITEM_COLUMNS, joined=items,
                                           on=items.c.item_id == bindparam("item_id")))
+_ITEM_FOR_SESSION_LOCKED = Prepared(with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id
+                                                 == bindparam("item_id")).with_for_update())
 
 
 def get_item(tx: Connection, session: Session, item_id: int) -> dict[str, Any]:
@@ -170,9 +172,10 @@ def get_item(tx: Connection, session: Session, item_id: int) -> dict[str, Any]:
     return item_to_wire(item_for_session(tx, session, item_id))
 
 
-def item_for_session(tx: Connection, session: Session, item_id: int) -> ItemRow:
-    """One item row, or NOT_FOUND, with the token check in the same query."""
-    rows = session.accept_rows(_ITEM_FOR_SESSION.all(tx, {**session.check_params, "item_id": item_id}))
+def item_for_session(tx: Connection, session: Session, item_id: int, lock: bool = False) -> ItemRow:
+    """One item row, or NOT_FOUND, with the token check in the same query; `lock`: FOR UPDATE."""
+    statement = _ITEM_FOR_SESSION_LOCKED if lock else _ITEM_FOR_SESSION
+    rows = session.accept_rows(statement.all(tx, {**session.check_params, "item_id": item_id}))
     if not rows:
         raise NotFoundError(f"no item {item_id}")
     return rows[0]

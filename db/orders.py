@@ -151,7 +151,10 @@ def _order_by_key(tx: Connection, buyer_id: int, key: str) -> dict[str, Any] | N
 
 def provide_feedback(tx: Connection, session: Session, item_id: int, vote: str) -> dict[str, Any]:
     """One vote per item bought, counted for the item and its seller."""
-    item = item_for_session(tx, session, item_id)
+    # The item's row locked first, as a purchase locks it: else the vote's insert holds it
+    # shared (its foreign key) and the count's update then waits behind a purchase waiting
+    # for it, a deadlock, retried and under a race retried out (BUSY).
+    item = item_for_session(tx, session, item_id, lock=True)
     who = {"buyer_id": session.user_id, "item_id": item_id, "vote": vote, "now": now_ms(),
            "seller_id": item.seller_id}
     try:
