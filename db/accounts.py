@@ -47,7 +47,6 @@ class LiveSession:
 
     session_id: int
     user_id: int
-    stale: bool = False  # last-seen time is due to be written
 
 
 @dataclass(frozen=True)
@@ -177,7 +176,7 @@ class Session:
         self._tx, self._policy, self._touch = tx, policy, touch
         self.check_params = {"token_hash": token_hash(token), "role": role}
         self.live: LiveSession | None = None
-        self.stale = False
+        self.stale = False  # last-seen is due to be written (a write does, in its transaction)
 
     @property
     def user_id(self) -> int:
@@ -214,10 +213,9 @@ class Session:
         if idle_ms > self._policy.idle_s * 1000 + self._policy.touch_interval_ms or \
                 now - row.session_created_ms > self._policy.max_s * 1000:
             raise UnauthenticatedError("session expired; log in again")
-        stale = idle_ms >= self._policy.touch_interval_ms
-        self.stale = stale  # (a write touches it in its transaction, which an error rolls back)
-        self.live = LiveSession(row.session_id, row.session_user_id, stale and not self._touch)
-        if stale and self._touch:
+        self.stale = idle_ms >= self._policy.touch_interval_ms
+        self.live = LiveSession(row.session_id, row.session_user_id)
+        if self.stale and self._touch:
             touch_session(self._tx, self.live)
         return self.live
 
@@ -257,23 +255,25 @@ class SessionGate:
 
         try:
             result = self.db.run(transaction, write=write)
-        except ProtocolError:
-            self._touch_after_failure(sessions_seen[-1] if sessions_seen else None)
+        except ProtocolError:  # activity too; a write's own touch was rolled back with it
+            self._touch_if_due(sessions_seen, best_effort=True)
             raise
-        live = sessions_seen[-1].live if sessions_seen else None
-        if live is not None and live.stale:
-            self.db.run(lambda tx: touch_session(tx, live))
+        if not write:  # a write touched it in its transaction
+            self._touch_if_due(sessions_seen)
         return result
 
-    def _touch_after_failure(self, session: Session | None) -> None:
-        """A request that failed after its token passed is activity too (its touch, if any, was
-        rolled back): write last-seen on its own, if due. Best effort: the error stands."""
+    def _touch_if_due(self, sessions_seen: list[Session], best_effort: bool = False) -> None:
+        """Write last-seen in a transaction of its own, if due for the session whose token
+        passed; `best_effort` (after a failed request): log a failure, the error stands."""
+        session = sessions_seen[-1] if sessions_seen else None
         if session is None or session.live is None or not session.stale:
             return
         live = session.live
         try:
             self.db.run(lambda tx: touch_session(tx, live))
         except ProtocolError:
+            if not best_effort:
+                raise
             log.warning("could not record a failed request's session activity")
 
 

@@ -161,10 +161,9 @@ def display_items(tx: Connection, session: Session, limit: int, cursor: str | No
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
 
-_ITEM_FOR_SESSION = Prepared(with_session(*ITEM_COLUMNS, joined=items,
-                                          on=items.c.item_id == bindparam("item_id")))
-_ITEM_FOR_SESSION_LOCKED = Prepared(with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id
-                                                 == bindparam("item_id")).with_for_update())
+_ITEM_AND_SESSION = with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
+_ITEM_FOR_SESSION = Prepared(_ITEM_AND_SESSION)
+_ITEM_FOR_SESSION_LOCKED = Prepared(_ITEM_AND_SESSION.with_for_update())
 
 
 def get_item(tx: Connection, session: Session, item_id: int) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from db.schema import (
     sessions,
     users,
 )
+from wire import Connection
 from wire.config import Settings
 from wire.errors import BadRequestError, ConflictError, NotFoundError, UnauthenticatedError
 
@@ -138,28 +139,36 @@ def test_a_session_ends_at_its_absolute_limit(database: Database) -> None:
             buyer.call("display_cart")
 
 
+def new_account(conn: Connection) -> str:
+    """A new buyer account's username (not logged in)."""
+    name = unique_name()
+    conn.call("create_account", {"username": name, "password": PASSWORD, "name": name})
+    return name
+
+
+def fail_login(conn: Connection, name: str, password: str = "guess guess") -> None:
+    with pytest.raises(UnauthenticatedError, match="wrong username or password"):
+        conn.call("login", {"username": name, "password": password})
+
+
 def test_failed_logins_are_slowed_down_but_never_lock_out_for_good(database: Database) -> None:
     settings = Settings(role="buyer", login_free_failures=3, login_max_delay_s=2)
     with running_market(database, settings) as market:
         conn = market.connect("buyer")
-        name = unique_name()
-        conn.call("create_account", {"username": name, "password": PASSWORD, "name": name})
+        name = new_account(conn)
         for _ in range(3):
-            with pytest.raises(UnauthenticatedError, match="wrong username or password"):
-                conn.call("login", {"username": name, "password": "guess guess"})
+            fail_login(conn, name)
         # the next attempt must wait, even with the right password, and says so
         with pytest.raises(UnauthenticatedError, match="too many failed logins"):
             conn.call("login", {"username": name, "password": PASSWORD})
         time.sleep(1.1)
-        with pytest.raises(UnauthenticatedError, match="wrong username or password"):
-            conn.call("login", {"username": name, "password": "guess again"})
+        fail_login(conn, name, "guess again")
         with pytest.raises(UnauthenticatedError, match="too many failed logins"):
             conn.call("login", {"username": name, "password": PASSWORD})
         time.sleep(2.1)  # the wait never exceeds login_max_delay_s
         assert conn.call("login", {"username": name, "password": PASSWORD})["token"]
         for _ in range(3):  # a success clears the count
-            with pytest.raises(UnauthenticatedError, match="wrong username or password"):
-                conn.call("login", {"username": name, "password": "guess guess"})
+            fail_login(conn, name)
 
 
 def test_thousands_of_failed_logins_still_wait_at_most_the_longest_delay(database: Database) -> None:
@@ -167,10 +176,8 @@ def test_thousands_of_failed_logins_still_wait_at_most_the_longest_delay(databas
     settings = Settings(role="buyer", login_free_failures=5, login_max_delay_s=1)
     with running_market(database, settings) as market:
         conn = market.connect("buyer")
-        name = unique_name()
-        conn.call("create_account", {"username": name, "password": PASSWORD, "name": name})
-        with pytest.raises(UnauthenticatedError, match="wrong username or password"):
-            conn.call("login", {"username": name, "password": "guess guess"})
+        name = new_account(conn)
+        fail_login(conn, name)
         with database.engine.begin() as tx:  # as if a guesser had kept at it for weeks
             tx.execute(login_failures.update().where(login_failures.c.username == name).values(failures=5000))
         with pytest.raises(UnauthenticatedError, match="too many failed logins.* 1 s"):

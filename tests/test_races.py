@@ -37,6 +37,15 @@ def codes(results: list[Any]) -> Counter[str]:
     return Counter(r.code if isinstance(r, ProtocolError) else "OK" for r in results)
 
 
+def twins_of(market: Market, conn: Connection, count: int) -> list[Connection]:
+    """`conn` and count - 1 more connections with its token: one session, many requests at once."""
+    twins = [conn] + [Connection(*market.buyer_server.address) for _ in range(count - 1)]
+    for twin in twins[1:]:
+        twin.token = conn.token
+        market.connections.append(twin)
+    return twins
+
+
 def test_fifty_buyers_race_for_ten_units(market: Market) -> None:
     seller = market.user("seller")
     item_id = market.item(seller, quantity=10)
@@ -69,10 +78,7 @@ def test_multi_item_carts_race_without_deadlock_or_overselling(market: Market) -
 def test_the_same_idempotency_key_sent_twice_at_once_buys_once(market: Market) -> None:
     seller, buyer = market.user("seller"), market.user("buyer")
     item_id = market.item(seller, quantity=100)
-    twins = [buyer] + [Connection(*market.buyer_server.address) for _ in range(5)]
-    for conn in twins[1:]:
-        conn.token = buyer.token
-        market.connections.append(conn)
+    twins = twins_of(market, buyer, 6)
     for round_ in range(5):  # the window between two requests is narrow: try a few times
         buyer.call("add_to_cart", {"item_id": item_id, "quantity": 3})
         args = {**CARD, "idempotency_key": f"checkout-{round_}"}
@@ -88,10 +94,7 @@ def test_one_vote_per_purchased_item_under_a_race(market: Market) -> None:
     item_id = market.item(seller, quantity=1)
     buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
     buyer.call("make_purchase", CARD)
-    voters = [buyer] + [Connection(*market.buyer_server.address) for _ in range(9)]
-    for conn in voters[1:]:
-        conn.token = buyer.token
-        market.connections.append(conn)
+    voters = twins_of(market, buyer, 10)
     results = race([lambda c=c, n=n: c.call("provide_feedback", {"item_id": item_id,
                                                                  "vote": "up" if n % 2 else "down"})
                     for n, c in enumerate(voters)])
@@ -150,15 +153,6 @@ def test_a_reader_during_a_race_sees_every_purchase_and_vote_whole(market: Marke
     assert len(snapshots) >= 3 and [v for v in snapshots if v] == []
     assert snapshot_violations(market.db) == []
     assert len(buyers[0].call("get_purchase_history")["purchases"]) >= 12
-
-
-def twins_of(market: Market, conn: Connection, count: int) -> list[Connection]:
-    """`conn` and count - 1 more connections with its token: one session, many requests at once."""
-    twins = [conn] + [Connection(*market.buyer_server.address) for _ in range(count - 1)]
-    for twin in twins[1:]:
-        twin.token = conn.token
-        market.connections.append(twin)
-    return twins
 
 
 def test_one_session_adding_to_its_cart_on_many_connections_loses_nothing(market: Market) -> None:

@@ -271,6 +271,13 @@ def unread_big_answers(server: Server, count: int) -> socket.socket:
     return sock
 
 
+def wait_for_connections(server: Server, count: int, within: float = 5.0) -> None:
+    """Wait (at most `within` s) until the server holds no more than `count` connections."""
+    deadline = time.monotonic() + within
+    while server.connection_count > count and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def waiting_to_write(server: Server) -> int:
     """Connections whose answer waits for their client to read (the loop's own state)."""
     return sum(1 for conn in list(server._connections) if conn.writing)
@@ -286,9 +293,7 @@ def test_clients_that_do_not_read_their_answers_hold_no_thread(serve: Any) -> No
     other = Connection(*server.address, timeout=1.0)
     for _ in range(20):
         assert other.call("ping") == {"pong": True}
-    deadline = time.monotonic() + 5
-    while server.connection_count > 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for_connections(server, 1)
     assert server.connection_count == 1  # nothing read for 1.5 s: closed; `other` is left
     assert other.call("ping") == {"pong": True}
     other.close()

@@ -138,7 +138,7 @@ def test_the_simulator_trusts_the_systems_cas_with_tls(tmp_path: Path, certifica
 
 
 def test_tls_clients_that_read_late_or_never_hold_no_thread(certificate: tuple[str, str]) -> None:
-    from test_server_loop import BIG, tiny_app, waiting_to_write
+    from test_server_loop import BIG, tiny_app, wait_for_connections, waiting_to_write
 
     from wire.framing import FrameDecoder
     from wire.server import ServerLimits
@@ -163,9 +163,7 @@ def test_tls_clients_that_read_late_or_never_hold_no_thread(certificate: tuple[s
             answers.extend(decoder.messages())
         assert [a["id"] for a in answers] == list(range(60))
         assert all(a["result"]["text"] == BIG for a in answers)
-        deadline = time.monotonic() + 5
-        while server.connection_count > 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for_connections(server, 2)
         assert server.connection_count == 2  # `never` read nothing for 1.5 s: closed
         other.close()
         for sock in socks:

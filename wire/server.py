@@ -133,7 +133,7 @@ class _Outbox:
         self._pending = bytearray()  # touched by one thread at a time: the answering one, or the leader
 
     def send_nowait(self, sock: socket.socket, data: bytes) -> bool:
-        """Send what the socket takes now; False if some is left to send."""
+        """Send what the socket takes now; False if some is left to send (the socket is full)."""
         if not self._pending:
             try:
                 sent = sock.send(data, socket.MSG_DONTWAIT)
@@ -143,7 +143,7 @@ class _Outbox:
                 return True
             data = data[sent:]
         self._pending += data
-        return self.flush_nowait(sock)
+        return False
 
     def flush_nowait(self, sock: socket.socket) -> bool:
         """Send what is left without waiting; True once nothing is."""
