@@ -133,8 +133,15 @@ def _feedback_rules(tx: Connection) -> Iterator[str]:
 
 
 def _acknowledged_rules(tx: Connection, acked: list[AckedOrder]) -> Iterator[str]:
-    for start in range(0, len(acked), _CHUNK):
-        chunk = {order.order_id: order for order in acked[start:start + _CHUNK]}
+    unique: dict[int, AckedOrder] = {}
+    for order in acked:
+        first = unique.setdefault(order.order_id, order)
+        if first != order:  # the same purchase told twice (an idempotent retry) is no violation
+            yield (f"acknowledged order {order.order_id}: told to buyer {first.buyer_id} as {first.lines}"
+                   f" and to buyer {order.buyer_id} as {order.lines}")
+    orders_told = list(unique.values())
+    for start in range(0, len(orders_told), _CHUNK):
+        chunk = {order.order_id: order for order in orders_told[start:start + _CHUNK]}
         buyers = dict(tx.execute(select(orders.c.order_id, orders.c.buyer_id)
                                  .where(orders.c.order_id.in_(chunk))).all())
         lines: dict[int, dict[int, int]] = {}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from db.audit import AckedOrder
-from wire import Connection
+from wire import Connection, ConnectionLostError
 from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
 
 KEYWORDS = ("lamp", "desk", "chair", "book", "phone", "shirt", "shoe", "bike",
@@ -40,7 +40,9 @@ class Call:
 
 @dataclass
 class Outcome:
-    """How one call went: "ok", "conflict", or the error code (CONNECTION for a lost socket)."""
+    """How one call went: "ok", "conflict", or the error code: CONNECTION for a lost socket,
+    RESENT for a call answered only when the connection sent it again after losing it (it
+    has its result, but the server dropped a connection: counted as an error)."""
 
     kind: str
     latency_s: float
@@ -82,7 +84,7 @@ class Actor:
 
     def perform(self, conn: Connection, call: Call) -> Outcome:
         """Make the call, time it, and learn from the answer."""
-        start = time.perf_counter()
+        start, resends = time.perf_counter(), conn.resends
         try:
             result = conn.call(call.op, call.args)
         except ProtocolError as exc:
@@ -106,6 +108,9 @@ class Actor:
         seen = getattr(self, f"_saw_{call.op}", None)
         if seen:
             seen(call, result)
+        if conn.resends > resends:
+            lost = ConnectionLostError(f"connection lost during {call.op}; answered when sent again")
+            return Outcome("RESENT", latency, result=result, error=lost)
         return Outcome("ok", latency, result=result)
 
     def refused(self, call: Call, error: ProtocolError) -> None:

@@ -31,6 +31,10 @@ class SimulationError(RuntimeError):
     """A simulated user could not set up (account, login, seeding) or crashed."""
 
 
+class SetupUnfinished(SimulationError):
+    """The users did not all reach the start: one failed, or set-up outlasted SETUP_TIMEOUT_S."""
+
+
 @dataclass
 class OpLog:
     """What one op did in one run: every latency (seconds), and how many calls went wrong."""
@@ -89,6 +93,9 @@ class SimulatedUser(threading.Thread):
             try:
                 self.barrier.wait(SETUP_TIMEOUT_S)
             except threading.BrokenBarrierError:
+                self.failure = SetupUnfinished(
+                    f"{self.actor.username}: the users did not all finish setting up within"
+                    f" {SETUP_TIMEOUT_S:g} s")
                 return
             # what rng.choices(self.ops, cum_weights=...) does, the same draws, without its
             # Python-level set-up on every call
@@ -104,7 +111,7 @@ class SimulatedUser(threading.Thread):
 
     def _setup(self, conn: Connection, call: Call) -> None:
         outcome = self.actor.perform(conn, call)
-        if outcome.kind != "ok":
+        if outcome.result is None:  # answered, if only when sent again: set up all the same
             raise SimulationError(f"{self.actor.username}: {call.op} failed: {outcome.error}")
 
     def _record(self, conn: Connection, call: Call) -> None:
@@ -134,6 +141,7 @@ def run_once(mix: Mix, users: int, calls: int, buyer: Address, seller: Address, 
         thread.start()
     wait_for(threads, lambda: on_progress(sum(thread.done for thread in threads)))
     failures = [thread.failure for thread in threads if thread.failure]
+    failures.sort(key=lambda failure: isinstance(failure, SetupUnfinished))  # the cause first
     if failures:
         raise SimulationError(f"{len(failures)} simulated users failed; first: {failures[0]!r}")
     return _collect(mix, users, run, start[0], threads)

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from sqlalchemy import text
 import simulation.__main__ as sim
 from db import Database
 from db.audit import AckedOrder, audit
+from simulation import scenario
 from simulation.behaviour import Buyer, make_actor
 from simulation.mixes import DEFAULT
 from simulation.scenario import wait_for
@@ -140,6 +142,15 @@ def test_the_audit_misses_no_acknowledged_order(database: Database) -> None:
         "acknowledged order 99: missing from the orders table"]
 
 
+def test_the_audit_catches_one_order_id_acknowledged_for_two_purchases(market: Market) -> None:
+    item_id, order = _shop(market)
+    other = AckedOrder(order.order_id, order.buyer_id, {item_id + 1: 2})
+    for acknowledged in ([order, other], [other, order]):  # either order of the two answers
+        assert any(f"acknowledged order {order.order_id}: told to buyer" in violation
+                   for violation in audit(market.db, acknowledged)), acknowledged
+    assert audit(market.db, [order, order]) == []  # an idempotent retry told the same purchase twice
+
+
 @pytest.mark.parametrize("corruption", [
     "DELETE FROM item_keyword_pairs WHERE first_keyword = 'b'",  # a pair lost
     "UPDATE item_keyword_pairs SET second_keyword = 'd' WHERE first_keyword = 'a' AND second_keyword = 'c'",
@@ -185,10 +196,11 @@ def test_a_login_lost_to_a_dropped_connection_is_tried_again() -> None:
 
 class AnswerDropper:
     """A TCP relay to a server that, once armed, hangs up instead of passing on the next
-    answer: the server did the work, the client never hears of it."""
+    answer: the server did the work, the client never hears of it. With `delay_s`, it holds
+    the first answer it sees that long."""
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream, self.armed = upstream, threading.Event()
+    def __init__(self, upstream: tuple[str, int], delay_s: float = 0.0) -> None:
+        self.upstream, self.armed, self.delay_s = upstream, threading.Event(), delay_s
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = self.listener.getsockname()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -209,6 +221,9 @@ class AnswerDropper:
                 if answers and self.armed.is_set():
                     self.armed.clear()
                     break
+                if answers and self.delay_s:
+                    time.sleep(self.delay_s)
+                    self.delay_s = 0.0
                 sink.sendall(data)
         except OSError:
             pass  # the other direction hung up first
@@ -246,6 +261,29 @@ def test_a_logout_done_but_its_answer_lost_is_followed_by_a_login(market: Market
         kinds = [buyer.perform(conn, buyer.next_call("display_cart")).kind for _ in range(3)]
         assert kinds == ["ok", "ok", "ok"]
         assert conn.token not in (None, dead)
+
+
+def test_a_read_answered_only_when_sent_again_counts_as_an_error(market: Market) -> None:
+    """The connection hides a lost connection by sending a read again: the simulator still
+    sees it, so "no errors" also means no connection was dropped."""
+    with logged_in_buyer(market, "resent") as (buyer, conn, relay):
+        relay.armed.set()
+        outcome = buyer.perform(conn, buyer.next_call("display_cart"))
+        assert not relay.armed.is_set(), "the relay dropped the answer"
+        assert outcome.kind == "RESENT" and outcome.result is not None and "cart" in outcome.result
+        assert buyer.perform(conn, buyer.next_call("display_cart")).kind == "ok"
+
+
+@SQLITE_ONLY
+def test_a_run_whose_set_up_outlasts_the_barrier_fails_instead_of_counting_nothing(
+        market: Market, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seller waits at the start 0.3 s, the buyer's first answer comes after 1 s: the run
+    raises, where it used to return an empty run of 0 calls that the report took as passed."""
+    monkeypatch.setattr(scenario, "SETUP_TIMEOUT_S", 0.3)
+    relay = AnswerDropper(market.buyer_server.address, delay_s=1.0)
+    with pytest.raises(scenario.SimulationError, match="did not all finish setting up within 0.3 s"):
+        scenario.run_once(DEFAULT, 1, 5, relay.address, market.seller_server.address)
+    relay.close()
 
 
 def test_an_unauthenticated_answer_is_counted_once_then_a_login_follows(market: Market) -> None:

@@ -36,6 +36,7 @@ class Connection:
         self.tls = tls
         self.token: str | None = None
         self.reconnects = 0  # new sockets opened after the first
+        self.resends = 0  # requests sent again after their connection failed
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder(max_frame, strict=False)
         self._next_id = 0
@@ -112,6 +113,7 @@ class Connection:
                 pause = next(pauses, None)
                 if pause is None:
                     raise
+                self.resends += 1
                 time.sleep(pause)  # behind a balancer, give it time to see the instance is gone
 
 
