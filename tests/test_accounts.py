@@ -221,6 +221,21 @@ def test_a_folded_read_says_unauthenticated_before_anything_else(market: Market,
         user.call(op, {**args, "limit": -1})
 
 
+def test_a_bad_envelope_on_a_private_op_comes_after_the_token_check(market: Market) -> None:
+    """PROTOCOL.md orders UNAUTHENTICATED before BAD_REQUEST, for the envelope's fields too."""
+    buyer = market.user("buyer")
+    conn = market.connect("buyer")
+    bad = [{"args": []}, {"id": True}, {"arg": {}}]
+    for fields in bad:
+        conn.send({"op": "display_cart", "token": buyer.token, **fields})
+        error = conn.receive()["error"]
+        assert error["code"] == "BAD_REQUEST" and error["message"].startswith(next(iter(fields))), error
+    buyer.call("logout")
+    for fields in bad:
+        conn.send({"op": "display_cart", "token": buyer.token, **fields})
+        assert conn.receive()["error"]["code"] == "UNAUTHENTICATED", fields
+
+
 def test_a_folded_read_answers_for_the_caller_and_finds_what_exists(market: Market) -> None:
     seller, other, buyer = market.user("seller"), market.user("seller"), market.user("buyer")
     assert seller.call("display_items") == {"items": [], "next_cursor": None}

@@ -121,6 +121,12 @@ def test_ids_are_echoed_and_an_id_of_another_type_is_a_bad_request(serve: Any) -
     ({"op": "ping", "arg": {}}, "BAD_REQUEST", "arg"),
     ({"op": "private"}, "UNAUTHENTICATED", None),
     ({"op": "private", "args": {"bad": 1}}, "UNAUTHENTICATED", None),
+    # the contract's order holds for the envelope's fields too: UNKNOWN_OP, UNAUTHENTICATED first
+    ({"op": "nope", "args": []}, "UNKNOWN_OP", None),
+    ({"op": "nope", "id": True, "arg": {}}, "UNKNOWN_OP", None),
+    ({"op": "private", "args": []}, "UNAUTHENTICATED", None),
+    ({"op": "private", "token": 5}, "UNAUTHENTICATED", None),
+    ({"op": "private", "token": ""}, "UNAUTHENTICATED", None),
 ])
 def test_request_errors_keep_the_connection_open(serve: Any, message: dict, code: str,
                                                  field: str | None) -> None:

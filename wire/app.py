@@ -1,16 +1,18 @@
 """Dispatch of one request: op lookup, token check, argument check, handler.
 
 Checks run in the order PROTOCOL.md fixes: UNKNOWN_OP, then UNAUTHENTICATED, then
-BAD_REQUEST, then the op's own errors. A private op runs inside the transaction
-that checked its token (the gate), so a call costs one transaction.
+BAD_REQUEST (the envelope's other fields, then the args), then the op's own errors; only
+an `op` that is not a string comes first, as BAD_REQUEST, having no op to look up. A
+private op runs inside the transaction that checked its token (the gate), so a call costs
+one transaction.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .envelope import ok_response, parse_request
-from .errors import UnauthenticatedError, UnknownOpError
+from .envelope import ok_response, parse_request, request_id
+from .errors import BadRequestError, UnauthenticatedError, UnknownOpError
 from .ops import OpSpec
 
 Handler = Callable[..., dict[str, Any]]
@@ -37,15 +39,21 @@ class App:
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         """The response to one request message (errors are raised, not returned)."""
-        request = parse_request(message)
-        spec = self.specs.get(request.op)
+        op = message.get("op")
+        if not isinstance(op, str):
+            raise BadRequestError("op: required, must be a string")
+        spec = self.specs.get(op)
         if spec is None:
-            raise UnknownOpError(f"no op {request.op!r} on this server")
-        handler = self.handlers[request.op]
+            raise UnknownOpError(f"no op {op!r} on this server")
+        handler = self.handlers[op]
         if spec.public:
+            request = parse_request(message)
             return ok_response(request.id, handler(**spec.validate(request.args)))
-        if not request.token:
-            raise UnauthenticatedError(f"{request.op} needs a token; log in first")
-        result = self.gate.run(request.token, spec.writes,
-                               lambda tx, session: handler(tx, session, **spec.validate(request.args)))
-        return ok_response(request.id, result)
+        token = message.get("token")
+        if not token or not isinstance(token, str):
+            raise UnauthenticatedError(f"{op} needs a token; log in first")
+
+        def work(tx: Any, session: Any) -> dict[str, Any]:
+            return handler(tx, session, **spec.validate(parse_request(message).args))
+
+        return ok_response(request_id(message), self.gate.run(token, spec.writes, work))

@@ -1,7 +1,8 @@
 """The request and response envelopes of PROTOCOL.md.
 
-parse_request checks the envelope's shape only; the op's arguments are checked by
-values.validate_args once the op is known (UNKNOWN_OP comes first).
+parse_request checks the envelope's shape only, once the op is known and its token seen
+(UNKNOWN_OP and UNAUTHENTICATED come first); the op's arguments are checked after it by
+values.validate_args.
 """
 from __future__ import annotations
 
