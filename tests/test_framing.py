@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wire.errors import BadFrameError, FrameTooLargeError, ProtocolError
-from wire.framing import FrameDecoder, decode_body, encode_frame
+from wire.framing import MAX_NESTING, FrameDecoder, _check_no_lone_surrogates, decode_body, encode_frame
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=20)
@@ -105,6 +105,40 @@ def test_strict_json_rejects(body: bytes) -> None:
 
 def test_surrogate_pairs_are_fine() -> None:
     assert decode_body(b'{"a": "\\ud83d\\ude00"}') == {"a": "😀"}
+
+
+def test_the_surrogate_check_takes_any_depth() -> None:
+    """Python 3.12's parser accepts nesting deeper than the recursion limit: a recursive
+    check raised RecursionError there, which stopped the whole server."""
+    deep: list = ["\ud800"]
+    for _ in range(50_000):
+        deep = [deep]
+    with pytest.raises(BadFrameError, match="lone surrogate"):
+        _check_no_lone_surrogates({"args": deep})
+    deep[0] = {"k": "😀"}
+    _check_no_lone_surrogates(deep)  # a valid string at any depth passes
+
+
+@pytest.mark.parametrize("lists", [MAX_NESTING - 1, MAX_NESTING, 900, 1200, 3000, 20_000])
+@pytest.mark.parametrize("text", ["\\ud83d\\ude00", "plain"])
+def test_nesting_past_the_limit_is_a_bad_frame_on_every_python(lists: int, text: str) -> None:
+    """The frame's object and `lists` arrays inside it: at most MAX_NESTING levels decode,
+    deeper ones are BAD_FRAME, whatever depth this interpreter's own parser reaches."""
+    body = ('{"op": "ping", "x": ' + "[" * lists + f'"{text}"' + "]" * lists + "}").encode()
+    if lists + 1 <= MAX_NESTING:
+        assert decode_body(body)["op"] == "ping"
+    else:
+        with pytest.raises(BadFrameError):
+            decode_body(body)
+
+
+def test_nesting_is_measured_in_objects_too() -> None:
+    deep: dict = {"k": 1}
+    for _ in range(MAX_NESTING - 1):
+        deep = {"k": deep}
+    assert decode_body(json.dumps(deep).encode()) == deep
+    with pytest.raises(BadFrameError, match=f"nested deeper than {MAX_NESTING}"):
+        decode_body(json.dumps({"k": deep}).encode())
 
 
 def test_encode_never_writes_nan_or_infinity() -> None:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from wire import Connection, OpSpec
+from wire import Connection, OpSpec, framing
 from wire.app import App
-from wire.framing import FrameDecoder, encode_frame
+from wire.framing import FrameDecoder, decode_body, encode_frame
 from wire.server import Server, ServerLimits, serve_until_signal
 
 BIG = "x" * 500_000  # an answer the socket buffers cannot hold many of
@@ -157,6 +157,29 @@ def test_frame_errors_answer_once_then_close(serve: Any, frame: bytes, code: str
     assert error == {"id": None, "ok": False,
                      "error": {"code": code, "message": error["error"]["message"], "retryable": False}}
     assert closed_by_server(sock)
+
+
+def test_a_frame_the_decoder_fails_on_costs_its_connection_not_the_server(
+        serve: Any, caplog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug while decoding one client's bytes (an exception that is no ProtocolError: the
+    RecursionError Python 3.12 once gave) used to stop the whole server."""
+    def fragile(body: bytes) -> dict[str, Any]:
+        if b"crash" in body:
+            raise RecursionError("maximum recursion depth exceeded")
+        return decode_body(body)
+
+    monkeypatch.setattr(framing, "decode_body", fragile)  # used by each new connection's decoder
+    caplog.set_level(logging.ERROR)
+    server = serve()
+    bystander = raw(server)
+    sock = raw(server)
+    sock.sendall(encode_frame({"id": 1, "op": "crash"}))
+    assert read_messages(sock, 1)[0]["error"]["code"] == "BAD_FRAME"
+    assert closed_by_server(sock)
+    assert "RecursionError" in caplog.text
+    for conn in (bystander, raw(server)):  # an open connection and a new one are served
+        conn.sendall(encode_frame({"id": 2, "op": "ping"}))
+        assert read_messages(conn, 1)[0]["ok"]
 
 
 def test_internal_errors_leak_nothing_and_are_logged(serve: Any, caplog: Any) -> None:

@@ -2,7 +2,8 @@
 
 FrameDecoder takes bytes in any chunking and yields messages; it checks the length
 header before buffering a frame's body, so a hostile length allocates nothing.
-JSON is parsed strictly: no NaN/Infinity, no duplicate keys, no lone surrogates.
+JSON is parsed strictly: no NaN/Infinity, no duplicate keys, no lone surrogates, no
+nesting deeper than MAX_NESTING.
 A client reading its server's answers may skip the duplicate-key check (strict=False)
 and parse with orjson, about four times faster on a page of items. Frames are
 encoded with orjson too (UTF-8, compact; the same bytes the standard library wrote
@@ -21,6 +22,9 @@ from .errors import BadFrameError, FrameTooLargeError
 
 HEADER = struct.Struct(">I")
 DEFAULT_MAX_FRAME = 1 << 20
+# JSON nested deeper than this is BAD_FRAME (RFC 8259 lets a parser set the limit): the same
+# answer on every Python, whose own parsers stop at different depths (3.11 near 1,000).
+MAX_NESTING = 128
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
@@ -45,18 +49,32 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _check_no_lone_surrogates(value: Any) -> None:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadFrameError("lone surrogate in JSON string") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_no_lone_surrogates(key)
-            _check_no_lone_surrogates(item)
-    elif isinstance(value, list):
-        for item in value:
-            _check_no_lone_surrogates(item)
+    """BadFrameError if any string in value holds a lone surrogate. A loop, not recursion:
+    the JSON parser of Python 3.12 and later accepts nesting deeper than the recursion limit."""
+    pending = [value]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadFrameError("lone surrogate in JSON string") from None
+        elif isinstance(value, dict):
+            pending.extend(value)
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+
+
+def _check_nesting(value: Any) -> None:
+    """BadFrameError if value nests arrays and objects deeper than MAX_NESTING (a loop)."""
+    pending = [(value, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if depth > MAX_NESTING:
+            raise BadFrameError(f"JSON nested deeper than {MAX_NESTING} levels")
+        children = value.values() if isinstance(value, dict) else value
+        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
 def decode_trusted_body(body: bytes) -> dict[str, Any]:
@@ -85,6 +103,8 @@ def decode_body(body: bytes) -> dict[str, Any]:
         raise BadFrameError(f"frame is not UTF-8 JSON: {type(exc).__name__}") from None
     if not isinstance(value, dict):
         raise BadFrameError("frame is not a JSON object")
+    if body.count(b"[") + body.count(b"{") > MAX_NESTING:  # else it cannot be that deep
+        _check_nesting(value)
     if _SURROGATE_ESCAPE.search(text):
         _check_no_lone_surrogates(value)
     return value

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .envelope import error_response, request_id
-from .errors import BusyError, InternalError, ProtocolError
+from .errors import BadFrameError, BusyError, InternalError, ProtocolError
 from .framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
 from .tls import TlsChannel
 
@@ -328,6 +328,9 @@ class Server:
                 messages.append(message)
         except ProtocolError as exc:
             messages.append(exc)
+        except Exception:  # a bug in decoding one client's bytes costs that connection only
+            log.exception("could not decode a frame; answering BAD_FRAME and closing")
+            messages.append(BadFrameError("frame could not be decoded"))
         if not messages:
             return 0
         if isinstance(messages[-1], ProtocolError):
