@@ -59,8 +59,9 @@ def test_usernames_rejected(name: object) -> None:
 
 
 def test_person_names_must_be_printable() -> None:
-    assert v.person_name("name", "Zoë O'Neil") == "Zoë O'Neil"
-    for bad in ("", "x" * 33, "a\nb", "a\x00b"):
+    for good in ("Zoë O'Neil", "Jean\u00a0Luc", "می\u200cخواهم", "👩\u200d💻 Ada", "李小龍", "a b"):
+        assert v.person_name("name", good) == good
+    for bad in ("", "x" * 33, "a\nb", "a\x00b", "a\u2028b", "ab\u202ecod.exe", "\u2067x", " ", "\u00a0 "):
         with pytest.raises(BadRequestError, match="^name: "):
             v.person_name("name", bad)
 

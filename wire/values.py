@@ -10,6 +10,7 @@ import base64
 import binascii
 import re
 import time
+import unicodedata
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,8 @@ MAX_CENTS = 100_000_000
 _USERNAME = re.compile(r"[A-Za-z0-9_.\-]{3,32}")
 _MONEY = re.compile(r"([0-9]{1,9})(?:\.([0-9]{1,2}))?")
 _EXPIRY = re.compile(r"([0-9]{2})/([0-9]{2})")
+_BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")
+_NOT_TEXT = frozenset({"Cc", "Cs", "Zl", "Zp"})  # controls, surrogates, line/paragraph separators
 
 
 def integer(low: int, high: int) -> Validator:
@@ -43,12 +46,22 @@ def text(low: int, high: int, *, printable: bool = False, pattern: re.Pattern[st
             raise BadRequestError(f"{name}: must be a string")
         if not low <= len(value) <= high:
             raise BadRequestError(f"{name}: must be {low} to {high} characters")
-        if printable and not value.isprintable():
-            raise BadRequestError(f"{name}: must be printable text")
+        if printable and not _printable(value):
+            raise BadRequestError(f"{name}: must be printable text, not only spaces")
         if pattern is not None and not pattern.fullmatch(value):
             raise BadRequestError(f"{name}: must be {what}")
         return value
     return check
+
+
+def _printable(value: str) -> bool:
+    """Text a person would write: no control characters, line or paragraph separators, or
+    bidirectional overrides (they make a name read as another), and not only spaces. Unlike
+    str.isprintable, spaces such as U+00A0 and joiners (U+200C in Persian, U+200D in emoji
+    sequences) are text."""
+    if value.isspace() or _BIDI_CONTROLS.search(value):
+        return False
+    return value.isprintable() or all(unicodedata.category(char) not in _NOT_TEXT for char in value)
 
 
 def choice(*options: str) -> Validator:
