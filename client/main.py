@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -15,17 +16,22 @@ import time
 from typing import Any
 
 from wire import Connection, ProtocolError
-from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, add_tls_arguments, env, positive_int
+from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, add_tls_arguments, env, port_setting, positive_int
+from wire.runner import die_with_parent
 from wire.tls import optional_client_context
 
 from .shell import open_shell
+
+PORT_SETTINGS = {"buyer": "MARKET_BUYER_PORT", "seller": "MARKET_SELLER_PORT"}
 
 
 def serve(args: argparse.Namespace) -> int:
     """Run the buyer and seller servers until Ctrl-C or SIGTERM, or until one of them stops
     (then the other is stopped too: half a marketplace is no use)."""
     extra = ["--db-url", args.db_url, "--host", args.host]
-    procs = {role: subprocess.Popen([sys.executable, "-m", f"{role}_server", *extra, "--port", str(port)])
+    parent = os.getpid()  # the servers stop with it, even when it is killed outright
+    procs = {role: subprocess.Popen([sys.executable, "-m", f"{role}_server", *extra, "--port", str(port)],
+                                    preexec_fn=lambda: die_with_parent(parent))
              for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port))}
     stopping = False
 
@@ -86,11 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The `market` argument parser."""
     parser = argparse.ArgumentParser(prog="market", description="The marketplace command.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for role in ("buyer", "seller"):
+    for role, variable in PORT_SETTINGS.items():
         p = sub.add_parser(role, help=f"the {role} shell (interactive, or a script with -c/stdin)")
         p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
-        p.add_argument("--port", type=int,
-                       default=int(env(f"MARKET_{role.upper()}_PORT", DEFAULT_PORTS[role])))
+        p.add_argument("--port", type=port_setting(variable), default=env(variable, str(DEFAULT_PORTS[role])))
         add_tls_arguments(p)
         p.add_argument("-c", "--command", dest="script", metavar="COMMANDS",
                        help="run these `;`-separated commands without prompts, then exit")
@@ -98,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run both servers in the foreground")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
     p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
-    p.add_argument("--buyer-port", type=int, default=int(env("MARKET_BUYER_PORT", 7001)))
-    p.add_argument("--seller-port", type=int, default=int(env("MARKET_SELLER_PORT", 7002)))
+    for role, variable in PORT_SETTINGS.items():
+        p.add_argument(f"--{role}-port", type=port_setting(variable),
+                       default=env(variable, str(DEFAULT_PORTS[role])))
     p.set_defaults(func=serve)
     p = sub.add_parser("seed", help="bulk-load sellers and items into an idle database")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))

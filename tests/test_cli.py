@@ -513,6 +513,35 @@ def test_serve_fails_when_one_server_stops_cleanly_on_its_own(tmp_path: Path) ->
     assert not _answers(buyer_port)
 
 
+def test_serve_killed_outright_takes_both_servers_with_it(tmp_path: Path) -> None:
+    buyer_port, seller_port = free_port(), free_port()
+    serve = _serve(tmp_path, buyer_port, seller_port)
+    try:
+        _wait_until_both_answer(serve, buyer_port, seller_port)
+        serve.kill()  # SIGKILL, or the OOM killer: no chance to stop its servers itself
+        serve.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while (_answers(buyer_port) or _answers(seller_port)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _answers(buyer_port) and not _answers(seller_port), "a server outlived market serve"
+    finally:
+        for pattern in (f"--port {buyer_port}", f"--port {seller_port}"):  # if the test failed
+            subprocess.run(["pkill", "-f", "--", pattern], check=False)
+
+
+def test_a_bad_port_setting_is_one_usage_error_and_spares_the_other_commands(
+        tmp_path: Path, market: Market) -> None:
+    env = {**os.environ, "MARKET_SELLER_PORT": "7002x"}
+    serve = subprocess.run([MARKET, "serve", "--db-url", f"sqlite:///{tmp_path / 'x.db'}"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert serve.returncode == 2 and "Traceback" not in serve.stderr
+    assert "'7002x' is not a port from 1 to 65535 (flag or MARKET_SELLER_PORT)" in serve.stderr
+    host, port = market.buyer_server.address
+    health = subprocess.run([MARKET, "health", f"{host}:{port}"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert health.returncode == 0, health.stderr  # it reads no port setting: unaffected
+
+
 def test_the_terminal_output_prints_names_as_typed() -> None:
     # rich turns ":fire:" into an emoji unless told not to; tables (Text) never did, lines did
     from client.render import Output

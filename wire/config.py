@@ -10,6 +10,7 @@ import argparse
 import functools
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -61,6 +62,16 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
     return value
+
+
+def port_setting(variable: str) -> Callable[[str], int]:
+    """An argparse type for a port that `variable` may also set: 1-65535, or a usage error
+    naming both (a flag's default from the environment is converted only when it is used)."""
+    def port(text: str) -> int:
+        if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port from 1 to 65535 (flag or {variable})")
+        return int(text)
+    return port
 
 
 def add_tls_arguments(parser: argparse.ArgumentParser) -> None:

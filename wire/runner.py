@@ -156,7 +156,7 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int,
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
-        _die_with_parent(parent)
+        die_with_parent(parent)
         code = 0
         try:
             _serve(settings, build_app, port, tls, reuse_port=True, ready=lambda _: _signal_ready(ready_w))
@@ -179,8 +179,8 @@ def _stop_all(pids: set[int]) -> None:
         os.waitpid(pid, 0)
 
 
-def _die_with_parent(parent: int) -> None:
-    """SIGTERM this worker when the supervisor dies, even by SIGKILL (Linux prctl)."""
+def die_with_parent(parent: int) -> None:
+    """SIGTERM this process when its parent (the supervisor) dies, even by SIGKILL (Linux prctl)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):  # not Linux: the supervisor's SIGTERM still reaches us
