@@ -135,6 +135,22 @@ def test_the_balancer_spreads_connections_over_healthy_instances(balanced: Balan
             conn.close()
 
 
+def test_a_start_that_fails_leaves_no_process_behind(tmp_path: Path) -> None:
+    """HAProxy cannot bind (the buyer port is taken) after the instances have started: they
+    used to run on, and a second start overwrote their pid files."""
+    if not shutil.which("haproxy"):
+        unavailable("haproxy is not installed (apt-get install haproxy)")
+    db_url = f"sqlite:///{tmp_path / 'market.db'}"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        started = script("servers.sh", "start", "--dir", str(tmp_path), "--db-url", db_url, "--buyers", "1",
+                         "--sellers", "1", "--buyer-port", str(taken.getsockname()[1]),
+                         "--seller-port", str(free_port()))
+    assert started.returncode != 0 and "start failed; stopping what it started" in started.stderr
+    assert (tmp_path / "buyer-1.port").exists(), "the instances had started"
+    left = subprocess.run(["pgrep", "-f", "--", db_url], capture_output=True, text=True).stdout.split()
+    assert left == [] and not list(tmp_path.glob("*.pid")), left
+
+
 def test_stop_ends_every_process_it_started(tmp_path: Path) -> None:
     setup = start_servers(tmp_path, f"sqlite:///{tmp_path / 'market.db'}", "--buyers", "1", "--sellers", "1")
     pids = [setup.pid(name) for name in ("buyer-1", "seller-1")]

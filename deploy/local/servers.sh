@@ -96,9 +96,23 @@ sys.exit(0 if states and all(state == "UP" for state in states) else 1)
 PY
 }
 
+# undo_failed_start: on the way out of a start that failed, stop what it had started (else
+# the instances would run on, and a second start would overwrite their pid files).
+undo_failed_start() {
+  local status=$?
+  [ "$status" -eq 0 ] && return
+  echo "$(basename "$0"): start failed; stopping what it started" >&2
+  stop >/dev/null 2>&1 || true
+  exit "$status"
+}
+
 start() {
   mkdir -p "$DIR"
-  alive "$DIR/haproxy.pid" && die "already running in $DIR (stop it first)"
+  local file
+  for file in "$DIR"/haproxy.pid "$DIR"/buyer-*.pid "$DIR"/seller-*.pid; do
+    alive "$file" && die "already running in $DIR (stop it first)"
+  done
+  trap undo_failed_start EXIT
   [ -n "$DB_URL" ] || DB_URL="sqlite:///$DIR/market.db"
   {
     haproxy_defaults "stats socket $DIR/haproxy.sock mode 600 level admin"
@@ -114,6 +128,7 @@ start() {
       || die "no healthy server behind 127.0.0.1:$port"
   done
   wait_for 20 all_checked "$DIR/haproxy.sock" || die "not every instance passed its health check"
+  trap - EXIT
   echo "buyer 127.0.0.1:$BUYER_PORT ($BUYERS instances), seller 127.0.0.1:$SELLER_PORT ($SELLERS instances)"
 }
 
