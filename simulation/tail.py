@@ -20,8 +20,9 @@ for how much of their time two or more hashing calls were.
 
     python -m simulation.tail TRACE_DIR [--skip N]
 
---skip leaves out the set-up calls that come before a simulator run's measured ones: every
-call in the trace less users x calls x 2 (700 for `-n 100 -k 300` on a fresh database).
+--skip leaves out the set-up calls that come before each simulator's measured ones (per
+client process, one trace file each): its calls less users x calls x 2 (700 for one
+simulator of `-n 100 -k 300` on a fresh database; 175 for each of four of `-n 25`).
 """
 from __future__ import annotations
 
@@ -53,19 +54,33 @@ class Call:
         return (self.done - self.start) / 1e6
 
 
-def read_trace(folder: Path) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """The client and the server records of every file in folder, by request id."""
-    clients: dict[str, list[str]] = {}
+def read_trace(folder: Path) -> tuple[list[dict[str, list[str]]], dict[str, list[str]]]:
+    """The client records of each file in folder (one per process), and the server records
+    of them all, by request id."""
+    clients: list[dict[str, list[str]]] = []
     servers: dict[str, list[str]] = {}
     for path in sorted(folder.glob("*.tsv")):
+        own: dict[str, list[str]] = {}
         for line in path.read_text().splitlines():
             kind, rid, *rest = line.split("\t")
-            (clients if kind == "C" else servers)[rid] = rest
+            (own if kind == "C" else servers)[rid] = rest
+        if own:
+            clients.append(own)
     return clients, servers
 
 
-def join(clients: dict[str, list[str]], servers: dict[str, list[str]], skip: int = 0) -> list[Call]:
-    """Calls in the order they started, the first `skip` left out (a run's set-up)."""
+def join(clients: list[dict[str, list[str]]], servers: dict[str, list[str]], skip: int = 0) -> list[Call]:
+    """Calls in the order they started, the first `skip` of each client process left out (its
+    set-up: several simulators at once share no barrier, so one's set-up may come after
+    another's first measured calls)."""
+    calls = []
+    for own in clients:
+        calls.extend(sorted(_joined(own, servers), key=lambda call: call.start)[skip:])
+    calls.sort(key=lambda call: call.start)
+    return calls
+
+
+def _joined(clients: dict[str, list[str]], servers: dict[str, list[str]]) -> list[Call]:
     calls = []
     for rid, (op, *client) in clients.items():
         if rid not in servers:
@@ -75,8 +90,7 @@ def join(clients: dict[str, list[str]], servers: dict[str, list[str]], skip: int
         marks = (start, sending, read, answering, answered, first_byte, done)
         gaps = (later - earlier for earlier, later in itertools.pairwise(marks))
         calls.append(Call(op, start, done, tuple(gap / 1e6 for gap in gaps)))
-    calls.sort(key=lambda call: call.start)
-    return calls[skip:]
+    return calls
 
 
 class Hashing:
@@ -150,7 +164,8 @@ def _group_line(label: str, group: list[Call], hashing: Hashing) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulation.tail", description=__doc__.split("\n")[0])
     parser.add_argument("trace_dir", type=Path)
-    parser.add_argument("--skip", type=int, default=0, help="calls to leave out at the start (set-up)")
+    parser.add_argument("--skip", type=int, default=0,
+                        help="calls to leave out at the start of each client process (set-up)")
     args = parser.parse_args(argv)
     clients, servers = read_trace(args.trace_dir)
     calls = join(clients, servers, args.skip)

@@ -72,12 +72,25 @@ def test_join_leaves_out_the_set_up_and_calls_the_server_never_saw() -> None:
     clients = {"a": ["ping", "0", "1", "5", "6"], "b": ["login", "10", "11", "40", "41"],
                "c": ["ping", "50", "51", "60", "61"]}
     servers = {"a": ["ping", "2", "3", "4"], "b": ["login", "20", "21", "39"]}
-    calls = tail.join(clients, servers, skip=1)
+    calls = tail.join([clients], servers, skip=1)
     assert [call.op for call in calls] == ["login"]
     assert calls[0].segments == pytest.approx(tuple(ms / 1e6 for ms in (1, 9, 1, 18, 1, 1)))
     hashing = tail.Hashing(servers)
     assert hashing.overlap_ms(calls[0].start, calls[0].done) == pytest.approx(18 / 1e6)
     assert hashing.two_or_more_ns(0, 100) == 0
+
+
+def test_join_leaves_out_each_client_processes_own_set_up() -> None:
+    """Two simulators without a common barrier: the second's set-up (s1, s2) comes after the
+    first's first measured call (m1). Skipping two calls per process keeps m1 and m2."""
+    first = {"s0": ["login", "0", "1", "4", "5"], "s3": ["login", "1", "2", "5", "6"],
+             "m1": ["ping", "20", "21", "24", "25"]}
+    second = {"s1": ["login", "30", "31", "34", "35"], "s2": ["login", "31", "32", "35", "36"],
+              "m2": ["ping", "50", "51", "54", "55"]}
+    servers = {rid: [record[0], "0", str(int(record[2]) + 1), str(int(record[2]) + 2)]
+               for rid, record in {**first, **second}.items()}
+    calls = tail.join([first, second], servers, skip=2)
+    assert [(call.op, call.start) for call in calls] == [("ping", 20), ("ping", 50)]
 
 
 def test_hashing_counts_the_time_two_hashes_overlap() -> None:
