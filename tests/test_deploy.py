@@ -5,6 +5,7 @@ against the code, and the container's own command line is run against MariaDB.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shlex
@@ -346,6 +347,7 @@ def test_start_and_test_scripts_taking_turns_install_once_each(tmp_path: Path) -
     python = tmp_path / ".venv" / "bin" / "python"  # stands in for pip: records each install
     python.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'installs'}\n")
     python.chmod(0o755)
+    (tmp_path / ".venv" / "bin" / "pip").symlink_to(python)  # a venv with pip is whole
 
     def venv(extra: str) -> list[str]:
         subprocess.run(["bash", "-c", f"source scripts/_venv.sh {extra}"], cwd=tmp_path, check=True)
@@ -358,6 +360,50 @@ def test_start_and_test_scripts_taking_turns_install_once_each(tmp_path: Path) -
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")
     assert len(venv("dev")) == 3  # a changed pyproject.toml installs again
     assert sorted(p.name.rsplit("-", 1)[1] for p in (tmp_path / ".venv").glob(".installed-*")) == ["dev"]
+
+
+def test_a_half_made_venv_is_made_again(tmp_path: Path) -> None:
+    """python3 -m venv without Debian's python3-venv leaves .venv/bin/python and no pip: every
+    later start.sh and test.sh failed on it, even once python3-venv was installed."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "_venv.sh").write_text((ROOT / "scripts" / "_venv.sh").read_text())
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    half_made = tmp_path / ".venv" / "bin"
+    half_made.mkdir(parents=True)
+    (half_made / "python").symlink_to(sys.executable)
+    (tmp_path / ".venv" / "left-over").touch()
+    python3 = tmp_path / "python3"  # `python3 -m venv .venv`, as with python3-venv missing: no pip
+    python3.write_text("#!/bin/sh\nmkdir -p .venv/bin && ln -sf /bin/true .venv/bin/python && exit 1\n")
+    python3.chmod(0o755)
+
+    def venv() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", "source scripts/_venv.sh dev"], cwd=tmp_path,
+                              capture_output=True, text=True, env={**os.environ, "PYTHON": str(python3)})
+
+    missing = venv()
+    assert missing.returncode == 1 and "apt-get install python3-venv" in missing.stderr, missing.stderr
+    assert not (tmp_path / ".venv").exists(), "a half-made .venv left to fail the next run the same way"
+    # python3-venv installed now: venv makes python and pip (stand-ins that record the install)
+    python3.write_text("#!/bin/sh\nmkdir -p .venv/bin && "
+                       f"printf '#!/bin/sh\\necho \"$*\" >> {tmp_path}/log\\n'"
+                       " > .venv/bin/python && chmod +x .venv/bin/python && ln -s python .venv/bin/pip\n")
+    half_made.mkdir(parents=True)
+    (half_made / "python").symlink_to(sys.executable)
+    made = venv()
+    assert made.returncode == 0, made.stderr
+    assert "-m pip install --quiet -e .[dev]" in (tmp_path / "log").read_text()
+
+
+def test_the_servers_containers_get_no_mysql_password_but_their_url() -> None:
+    """env_file: .env gives every variable of .env to the servers' containers, MySQL's root
+    password too; the shared environment blanks those it does not need."""
+    services = compose()["services"]
+    names = set(env_example())
+    for name in ("buyer", "seller", "sim"):
+        environment = services[name]["environment"]
+        secrets = {key for key in names if key.startswith("MYSQL_") and "PASSWORD" in key}
+        assert secrets and all(environment.get(key) == "" for key in secrets), (name, environment)
+        assert "MARKET_DB_URL" in environment
 
 
 def test_shell_scripts_pass_shellcheck() -> None:
@@ -405,3 +451,206 @@ def test_systemd_units_pass_systemd_analyze_verify() -> None:
     problems = [line for line in (result.stdout + result.stderr).splitlines()
                 if line.strip() and not INSTALLED_ON_THE_VM.search(line)]
     assert not problems, "\n".join(problems)
+
+
+# ---- the GCP scripts against a fake gcloud ----
+
+GCP = ROOT / "deploy" / "gcp"
+FAKE_GCLOUD = '''\
+# A fake gcloud: answers from a JSON state, changes it as create and delete would, and logs each
+# call (its arguments, stdin when it reads it, the variables that turn gcloud's logs off).
+import json, os, sys
+
+args = sys.argv[1:]
+state_path = os.environ["FAKE_GCLOUD_STATE"]
+with open(state_path) as f:
+    state = json.load(f)
+words = []  # the command, and the name it acts on
+for arg in args:
+    if arg.startswith("-"):
+        break
+    words.append(arg)
+command = " ".join(words)
+stdin = sys.stdin.read() if "--data-file=-" in args or "--flags-file=-" in args else None
+with open(os.environ["FAKE_GCLOUD_LOG"], "a") as f:
+    f.write(json.dumps({"args": args, "stdin": stdin, "env": {
+        name: os.environ.get(name) for name in
+        ("CLOUDSDK_CORE_DISABLE_FILE_LOGGING", "CLOUDSDK_CORE_LOG_HTTP")}}) + "\\n")
+resources, secrets, peerings = state["resources"], state["secrets"], state["peerings"]
+network = "compute networks " + state["network"]
+
+
+def done(code=0, lines=()):
+    with open(state_path, "w") as f:
+        json.dump(state, f)
+    sys.stdout.write("".join(line + "\\n" for line in lines))
+    sys.exit(code)
+
+
+if any(command.startswith(refused) for refused in state.get("refuse", [])):
+    sys.stderr.write("ERROR: Producer services (e.g. CloudSQL) are still using this connection.\\n")
+    done(1)
+if command.startswith("compute regions describe"):
+    done(0, state["regions"][words[3]]) if words[3] in state["regions"] else done(1)
+if command.startswith("compute networks peerings delete"):
+    if words[4] not in peerings:
+        done(1)
+    peerings.remove(words[4])
+    done()
+if command.startswith("services vpc-peerings list"):
+    done(0, peerings)
+if command.startswith("services vpc-peerings delete"):
+    peerings.clear()
+    done()
+if command.startswith("secrets versions access"):
+    name = next(a.split("=", 1)[1] for a in args if a.startswith("--secret="))
+    done(0, [secrets[name]]) if name in secrets else done(1)
+if command.startswith("secrets versions add"):
+    secrets[words[3]] = stdin.rstrip("\\n")
+    done()
+if command.startswith("sql users list"):
+    done(0, state["sql_users"])
+if command.startswith(("sql users create", "sql users set-password")):
+    state["sql_users"].append(words[3])
+    done()
+for verb in ("describe", "delete", "create"):
+    if verb in words[:-1]:
+        i = words.index(verb)
+        key = " ".join(words[:i] + words[i + 1:i + 2])
+        if verb == "describe":
+            if key not in resources:
+                done(1)
+            done(0, peerings if key == network and "--flatten=peerings" in args else [])
+        if verb == "delete":
+            if key not in resources or (key == network and peerings):
+                done(1)
+            resources.remove(key)
+        else:
+            resources.append(key)
+            if words[:2] == ["secrets", "create"]:
+                secrets[words[2]] = stdin.rstrip("\\n")
+        done()
+done()
+'''
+EVERYTHING = ["compute instances market-vm", "compute addresses market-ip", "iam service-accounts "
+              "market-vm@p.iam.gserviceaccount.com", "secrets market-env", "sql instances market-sql",
+              "compute firewall-rules market-net-allow-market", "compute addresses market-sql-peering",
+              "compute networks subnets market-subnet", "compute networks market-net"]
+
+
+class FakeGcloud:
+    """deploy/gcp scripts run with a fake gcloud first on PATH, project `p`."""
+
+    def __init__(self, tmp_path: Path, **state: Any) -> None:
+        bin_dir = tmp_path / "fake-bin"
+        bin_dir.mkdir()
+        gcloud = bin_dir / "gcloud"
+        gcloud.write_text(f"#!{sys.executable}\n{FAKE_GCLOUD}")
+        gcloud.chmod(0o755)
+        self.state_path, self.log_path = tmp_path / "state.json", tmp_path / "calls.jsonl"
+        self.state = {"network": "market-net", "peerings": [], "resources": [], "secrets": {},
+                      "sql_users": [],
+                      "regions": {"us-central1": ["us-central1-c", "us-central1-a", "us-central1-b"],
+                                  "europe-west1": ["europe-west1-d", "europe-west1-b", "europe-west1-c"]},
+                      **state}
+        self.state_path.write_text(json.dumps(self.state))
+        self.env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PROJECT": "p",
+                    "HOME": str(tmp_path), "FAKE_GCLOUD_STATE": str(self.state_path),
+                    "FAKE_GCLOUD_LOG": str(self.log_path)}
+
+    def run(self, script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        self.log_path.unlink(missing_ok=True)
+        return subprocess.run(["bash", str(GCP / script), *args], env={**self.env, **env}, cwd=ROOT,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+
+    def calls(self) -> list[dict[str, Any]]:
+        if not self.log_path.exists():
+            return []
+        return [json.loads(line) for line in self.log_path.read_text().splitlines()]
+
+    def commands(self) -> list[str]:
+        return [" ".join(call["args"]) for call in self.calls()]
+
+    def current(self) -> dict[str, Any]:
+        return json.loads(self.state_path.read_text())
+
+
+def test_teardown_deletes_the_network_while_cloud_sql_still_holds_the_peering(tmp_path: Path) -> None:
+    # before: `gcloud services vpc-peerings delete`, refused for days after the instance is
+    # deleted, stopped the script; the range, subnet and network stayed, and a re-run failed alike
+    fake = FakeGcloud(tmp_path, resources=EVERYTHING, peerings=["servicenetworking-googleapis-com"],
+                      refuse=["services vpc-peerings delete"])
+    result = fake.run("teardown.sh", YES="1")
+    assert result.returncode == 0, result.stderr
+    assert ("compute networks peerings delete servicenetworking-googleapis-com --network=market-net "
+            "--project p --quiet") in fake.commands()
+    assert fake.current()["resources"] == [] and fake.current()["peerings"] == []
+    again = fake.run("teardown.sh", YES="1")
+    assert again.returncode == 0, again.stderr
+    assert not [c for c in fake.commands() if " delete " in f" {c} "], "nothing left to delete"
+
+
+def test_cloudsql_keeps_the_password_off_command_lines_and_out_of_gcloud_log_files(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path, resources=["sql instances market-sql"])
+    result = fake.run("cloudsql.sh")
+    assert result.returncode == 0, result.stderr
+    settings = fake.current()["secrets"]["market-env"]
+    password = re.search(r"^MARKET_DB_URL=mysql://market:(\w+)@127\.0\.0\.1:3306/market$", settings,
+                         re.M)[1]
+    assert len(password) == 48
+    calls = fake.calls()
+    assert not [c["args"] for c in calls if password in " ".join(c["args"])], "password on a command line"
+    assert password not in result.stdout + result.stderr
+    seeing = [c for c in calls if password in (c["stdin"] or "")]
+    assert {" ".join(c["args"][:3]) for c in seeing} == {"sql users create", "secrets create market-env"}
+    assert all(c["env"] == {"CLOUDSDK_CORE_DISABLE_FILE_LOGGING": "1", "CLOUDSDK_CORE_LOG_HTTP": "false"}
+               for c in seeing)
+    user = next(c for c in seeing if c["args"][:2] == ["sql", "users"])
+    assert "--flags-file=-" in user["args"] and yaml.safe_load(user["stdin"]) == {"--password": password}
+
+
+def test_cloudsql_rerun_with_other_ports_writes_them_into_the_secret_and_keeps_the_password(
+        tmp_path: Path) -> None:
+    # before: the secret was written only when created, so the servers kept the old ports while
+    # network.sh moved the firewall to the new ones
+    fake = FakeGcloud(tmp_path, resources=["sql instances market-sql"])
+    assert fake.run("cloudsql.sh").returncode == 0
+    state = fake.current()
+    first = state["secrets"]["market-env"]
+    state["secrets"]["market-env"] = first.replace("MARKET_THREADS=16", "MARKET_THREADS=32")  # an edit
+    fake.state_path.write_text(json.dumps(state))
+    result = fake.run("cloudsql.sh", BUYER_PORT="8001", SELLER_PORT="8002")
+    assert result.returncode == 0, result.stderr
+    second = fake.current()["secrets"]["market-env"]
+    assert second == (first.replace("MARKET_THREADS=16", "MARKET_THREADS=32")
+                      .replace("MARKET_BUYER_PORT=7001", "MARKET_BUYER_PORT=8001")
+                      .replace("MARKET_SELLER_PORT=7002", "MARKET_SELLER_PORT=8002"))
+    assert not [c for c in fake.commands() if c.startswith("sql users")], "the password was changed"
+    assert fake.run("cloudsql.sh", BUYER_PORT="8001", SELLER_PORT="8002").returncode == 0
+    assert not [c for c in fake.commands() if c.startswith("secrets versions add")], "nothing changed"
+
+
+@pytest.mark.parametrize("region, zone", [("europe-west1", "europe-west1-b"),
+                                          ("us-central1", "us-central1-a")])
+def test_the_default_zone_is_the_first_of_the_region(tmp_path: Path, region: str, zone: str) -> None:
+    # before: ZONE was REGION-a, and europe-west1 has no zone a
+    fake = FakeGcloud(tmp_path)
+    result = subprocess.run(["bash", "-c", f'source {GCP / "config.sh"}; need_zone; echo "$ZONE"'],
+                            env={**fake.env, "REGION": region}, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, f"{zone}\n"), result.stderr
+
+
+def test_a_zone_outside_the_region_stops_network_sh_before_it_creates_anything(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path)
+    result = fake.run("network.sh", REGION="europe-west1", ZONE="europe-west1-a")
+    assert result.returncode == 2
+    assert "ZONE=europe-west1-a is not a zone of REGION=europe-west1" in result.stderr
+    assert not [c for c in fake.commands() if " create" in c], fake.commands()
+
+
+def test_the_docs_copy_the_settings_secret_only_into_a_private_temporary_file() -> None:
+    # before: `> market.env` in the working directory: readable by all, and in a checkout, in
+    # git's view and in the Docker build context
+    docs = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    copies = re.findall(r"gcloud secrets versions access latest --secret=market-env\s*>\s*(\S+)", docs)
+    assert copies == ['"$f"'] and 'f=$(mktemp)' in docs and 'rm -f "$f"' in docs

@@ -6,12 +6,13 @@ set -euo pipefail
 
 PROJECT=${PROJECT:-$(gcloud config get-value project 2>/dev/null)}
 REGION=${REGION:-us-central1}
-ZONE=${ZONE:-${REGION}-a}
+ZONE=${ZONE:-}  # the VM's zone; empty: the first of REGION's zones (need_zone, below)
 
 NETWORK=${NETWORK:-market-net}
 SUBNET=${SUBNET:-market-subnet}
 SUBNET_RANGE=${SUBNET_RANGE:-10.20.0.0/24}
 PEERING_RANGE=${PEERING_RANGE:-market-sql-peering}  # private services access: Cloud SQL's private IP
+SQL_PEERING=servicenetworking-googleapis-com          # the network peering that access makes
 CLIENT_RANGES=${CLIENT_RANGES:-0.0.0.0/0}            # who may reach the two ports; narrow it
 BUYER_PORT=${BUYER_PORT:-7001}
 SELLER_PORT=${SELLER_PORT:-7002}
@@ -45,3 +46,21 @@ fi
 
 # True when a `gcloud ... describe` (the arguments) finds the resource.
 exists() { "$@" >/dev/null 2>&1; }
+
+# Sets ZONE, when empty, to the first of REGION's zones, and checks that it is one of them;
+# exits otherwise. Not every region has a zone "-a" (europe-west1 and us-east1 have b, c and d).
+# Asks Compute Engine, so its API must be enabled (network.sh enables it).
+need_zone() {
+  local zones
+  if ! zones=$(gcloud compute regions describe "$REGION" --project "$PROJECT" --flatten=zones \
+      --format='value(zones.basename())') || [ -z "$zones" ]; then
+    echo "cannot list the zones of REGION=$REGION (gcloud compute regions list shows the regions)" >&2
+    exit 2
+  fi
+  zones=$(sort <<<"$zones" | sed '/^$/d')
+  ZONE=${ZONE:-${zones%%$'\n'*}}
+  if [ -z "$ZONE" ] || ! grep -qxF -- "$ZONE" <<<"$zones"; then
+    echo "ZONE=$ZONE is not a zone of REGION=$REGION; its zones: ${zones//$'\n'/ }" >&2
+    exit 2
+  fi
+}

@@ -7,6 +7,7 @@ source "$(dirname "$0")/config.sh"
 
 gcloud services enable compute.googleapis.com sqladmin.googleapis.com servicenetworking.googleapis.com \
   secretmanager.googleapis.com storage.googleapis.com iam.googleapis.com --project "$PROJECT"
+need_zone  # a ZONE that vm.sh cannot use stops here, before anything is created
 
 if ! exists gcloud compute networks describe "$NETWORK" --project "$PROJECT"; then
   gcloud compute networks create "$NETWORK" --project "$PROJECT" --subnet-mode=custom

@@ -2,9 +2,11 @@
 # Delete everything up.sh created: the VM and its IP, the bucket, the service account, the
 # secret, the Cloud SQL instance (and its data!), the firewall rules and the network.
 # Asks first unless YES=1. A deleted Cloud SQL instance's name stays taken for about a week.
+# Run it with the settings (REGION, ZONE, names) up.sh ran with. Safe to run again.
 set -euo pipefail
 # shellcheck source=deploy/gcp/config.sh
 source "$(dirname "$0")/config.sh"
+need_zone
 
 if [ "${YES:-}" != 1 ]; then
   read -r -p "Delete the marketplace in project $PROJECT, database included? [y/N] " answer
@@ -38,10 +40,14 @@ for rule in "$FIREWALL_RULE" "$IAP_SSH_RULE"; do
     gcloud compute firewall-rules delete "$rule" --project "$PROJECT" --quiet
   fi
 done
-if gcloud services vpc-peerings list --network="$NETWORK" --project "$PROJECT" --format='value(peering)' \
-    2>/dev/null | grep -q .; then
-  gcloud services vpc-peerings delete --service=servicenetworking.googleapis.com --network="$NETWORK" \
-    --project "$PROJECT" --quiet
+# Private services access: the network's peering with Cloud SQL's. `gcloud services vpc-peerings
+# delete` is refused for hours or days after the instance is deleted ("Producer services ... are
+# still using this connection"), so the peering is removed from this network's side, as the
+# console does; then the range, the subnet and the network can go.
+peerings=$(gcloud compute networks describe "$NETWORK" --project "$PROJECT" --flatten=peerings \
+  --format='value(peerings.name)' 2>/dev/null || true)
+if grep -qxF "$SQL_PEERING" <<<"$peerings"; then
+  gcloud compute networks peerings delete "$SQL_PEERING" --network="$NETWORK" --project "$PROJECT" --quiet
 fi
 if exists gcloud compute addresses describe "$PEERING_RANGE" --global --project "$PROJECT"; then
   gcloud compute addresses delete "$PEERING_RANGE" --global --project "$PROJECT" --quiet

@@ -6,6 +6,7 @@
 set -euo pipefail
 # shellcheck source=deploy/gcp/config.sh
 source "$(dirname "$0")/config.sh"
+need_zone
 
 if ! exists gcloud iam service-accounts describe "$VM_SA" --project "$PROJECT"; then
   gcloud iam service-accounts create "$VM_SA_NAME" --project "$PROJECT" --display-name="Marketplace VM"
@@ -48,6 +49,7 @@ fi
 
 ip=$(gcloud compute addresses describe "$VM_ADDRESS" --region "$REGION" --project "$PROJECT" \
   --format='value(address)')
+echo "VM:            $VM_NAME in zone $ZONE"
 echo "buyer server:  $ip:$BUYER_PORT"
 echo "seller server: $ip:$SELLER_PORT"
 echo "check:         market health $ip:$BUYER_PORT && market health $ip:$SELLER_PORT"
