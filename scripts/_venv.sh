@@ -4,8 +4,15 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
+# A .venv without pip is half made (python3-venv missing on Debian or Ubuntu: venv made the
+# folder, then ensurepip failed): make it again rather than fail the same way every time.
+if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/pip ]; then
+  rm -rf .venv
+  if ! "$PYTHON" -m venv .venv || [ ! -x .venv/bin/pip ]; then
+    rm -rf .venv
+    echo "error: '$PYTHON -m venv' could not make .venv with pip (Debian, Ubuntu: apt-get install python3-venv)" >&2
+    exit 1
+  fi
 fi
 project=$(sha256sum pyproject.toml | cut -c1-16)
 stamp=.venv/.installed-$project-$1
