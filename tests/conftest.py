@@ -10,10 +10,11 @@ import contextlib
 import itertools
 import os
 import secrets
+import shutil
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -48,14 +49,27 @@ def _mysql_reachable() -> str | None:
         return f"no MariaDB/MySQL server answers at {url.host}:{url.port or 3306} ({exc})"
 
 
+def missing(what: str, reason: str) -> NoReturn:
+    """Skip for want of `what`, or fail under CI=true, where every test must run."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true requires {what}: {reason}")
+    pytest.skip(reason)
+
+
+def require_tool(name: str, package: str | None = None) -> str:
+    """The program's path; skip without it, except under CI=true, where it must be there."""
+    path = shutil.which(name)
+    if path is None:
+        missing(name, f"{name} is not installed (apt-get install -y {package or name})")
+    return path
+
+
 @pytest.fixture(scope="session")
 def mysql_server() -> str:
     """The admin URL of a reachable MariaDB; skip (or fail under CI=true) otherwise."""
     problem = _mysql_reachable()
     if problem:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true requires MariaDB: {problem}")
-        pytest.skip(problem)
+        missing("MariaDB", problem)
     return MYSQL_ADMIN_URL
 
 

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import fresh_mysql_database
+from conftest import fresh_mysql_database, require_tool
 from sqlalchemy import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,17 +143,6 @@ def unit(name: str) -> dict[str, list[str]]:
 def shell_scripts() -> list[Path]:
     scripts = [*sorted((ROOT / "deploy").rglob("*.sh")), *sorted((ROOT / "scripts").glob("*.sh"))]
     return [*scripts, ROOT / ".ci" / "run"]
-
-
-def require_tool(name: str) -> str:
-    """The tool's path; skip without it, except under CI=true, where it must be there."""
-    path = shutil.which(name)
-    if path is None:
-        reason = f"{name} is not installed (apt-get install -y {name})"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true requires {name}: {reason}")
-        pytest.skip(reason)
-    return path
 
 
 # ---- .env.example against the code ----
@@ -440,9 +428,7 @@ def test_cloud_sql_proxy_unit_runs_as_the_dedicated_user() -> None:
 
 
 def test_systemd_units_pass_systemd_analyze_verify() -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
+    analyze = require_tool("systemd-analyze", "systemd")
     units = sorted(map(str, UNITS.glob("*.service")))
     result = subprocess.run([analyze, "verify", "--man=no", *units], capture_output=True, text=True,
                             timeout=60)

@@ -207,6 +207,7 @@ def test_purchases_whose_clients_hang_up_are_whole_or_not_at_all(market: Market)
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads), "a client is stuck"
     assert not errors, errors[:3]
     market.buyer_server.shutdown()  # finishes what is in flight
     assert audit(market.db) == []

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_tool
 
 from simulation import tail
 
@@ -29,8 +30,7 @@ with Connection("127.0.0.1", int(sys.argv[1]), timeout=10) as conn:
 
 @pytest.fixture
 def patched_copy(tmp_path: Path) -> Path:
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed: the patch is applied with git apply")
+    require_tool("git")  # the patch is applied with git apply
     copy = tmp_path / "code"
     for package in ("wire", "db", "buyer_server"):
         shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
