@@ -185,23 +185,27 @@ def test_one_session_cannot_hold_more_than_is_on_sale_by_adding_at_once(market: 
 
 
 def test_two_sessions_of_one_buyer_saving_at_once_keep_one_saved_cart(market: Market) -> None:
+    """Six sessions of one buyer, each cart of another item, save at once, round after round:
+    the saved cart is always one of them (before: on MariaDB a third of the rounds saved a
+    mix of two, both DELETEs of the old lines locking nothing at READ COMMITTED)."""
     seller, buyer = market.user("seller"), market.user("buyer")
-    items = [market.item(seller, quantity=10) for _ in range(3)]
     sessions = [buyer] + [market.connect("buyer") for _ in range(5)]
     for n, conn in enumerate(sessions):  # every cart differs and none is empty
         if n:
             conn.token = conn.call("login", {"username": buyer.username, "password": PASSWORD})["token"]
-        conn.call("add_to_cart", {"item_id": items[n % 3], "quantity": n + 1})
-    for _ in range(10):  # the first round saves over an empty saved cart, the others over one
+        conn.call("add_to_cart", {"item_id": market.item(seller, quantity=10), "quantity": n + 1})
+    carts = [cart_lines(s) for s in sessions]
+    for round_ in range(30):  # the first round saves over an empty saved cart, the others over one
         results = race([lambda c=c: c.call("save_cart") for c in sessions])
         assert codes(results) == Counter({"OK": 6}), [getattr(r, "message", "") for r in results]
-    fresh = market.connect("buyer")
-    fresh.token = fresh.call("login", {"username": buyer.username, "password": PASSWORD})["token"]
-    saved = fresh.call("display_cart")["cart"]["items"]
-    assert saved, "the saved cart was lost"
-    assert [(line["item_id"], line["quantity"]) for line in saved] in [
-        [(line["item_id"], line["quantity"]) for line in s.call("display_cart")["cart"]["items"]]
-        for s in sessions]
+        fresh = market.connect("buyer")
+        fresh.token = fresh.call("login", {"username": buyer.username, "password": PASSWORD})["token"]
+        assert cart_lines(fresh) in carts, f"round {round_}: a saved cart of no session"
+        fresh.call("logout")
+
+
+def cart_lines(conn: Any) -> list[tuple[int, int]]:
+    return [(line["item_id"], line["quantity"]) for line in conn.call("display_cart")["cart"]["items"]]
 
 
 def innodb_deadlocks(database: Database) -> int:
