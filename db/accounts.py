@@ -89,19 +89,18 @@ def create_account(db: Database, role: str, username: str, password: str, name: 
 
 def login(db: Database, role: str, policy: SessionPolicy, username: str, password: str) -> dict[str, Any]:
     """A new session; the same UNAUTHENTICATED message for a wrong username or password."""
-    found = db.run(lambda tx: _find_user_if_allowed(tx, role, policy, username), write=False)
+    found = db.run(lambda tx: _claim_attempt_and_find_user(tx, role, policy, username))
     if not verify_password(found[1] if found else None, password) or found is None:
-        db.run(lambda tx: login_throttle.record_failure(tx, role, username))
-        raise UnauthenticatedError(WRONG_CREDENTIALS)
+        raise UnauthenticatedError(WRONG_CREDENTIALS)  # counted as a failure already
     user_id = found[0]
     token = secrets.token_urlsafe(32)
     db.run(lambda tx: _open_session(tx, role, user_id, username, token_hash(token), policy))
     return {"token": token, "user_id": user_id, "idle_timeout_s": policy.idle_s}
 
 
-def _find_user_if_allowed(tx: Connection, role: str, policy: SessionPolicy,
-                          username: str) -> tuple[int, str] | None:
-    login_throttle.check_allowed(tx, policy.throttle, role, username)
+def _claim_attempt_and_find_user(tx: Connection, role: str, policy: SessionPolicy,
+                                 username: str) -> tuple[int, str] | None:
+    login_throttle.claim_attempt(tx, policy.throttle, role, username)
     return _find_user(tx, role, username)
 
 
@@ -131,7 +130,9 @@ def _end_expired_sessions(tx: Connection, user_id: int, policy: SessionPolicy, n
         sessions.c.user_id == user_id,
         (sessions.c.last_seen_ms < now - (policy.idle_s * 1000 + policy.touch_interval_ms))
         | (sessions.c.created_ms < now - policy.max_s * 1000))
-    ids = tx.execute(expired).scalars().all()
+    # locked, and at READ COMMITTED the condition is checked again on what a request in
+    # flight on one of them commits: a session just used is not ended, nor its cart line lost
+    ids = tx.execute(expired.with_for_update()).scalars().all()
     if ids:
         tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
         tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
@@ -139,8 +140,9 @@ def _end_expired_sessions(tx: Connection, user_id: int, policy: SessionPolicy, n
 
 def logout(tx: Connection, session: Session) -> dict[str, Any]:
     """End the session at once; its cart goes with it."""
-    tx.execute(delete(cart_lines).where(cart_lines.c.session_id == session.session_id))
-    tx.execute(delete(sessions).where(sessions.c.session_id == session.session_id))
+    session_id = session.lock().session_id  # after any cart change of the session in flight
+    tx.execute(delete(cart_lines).where(cart_lines.c.session_id == session_id))
+    tx.execute(delete(sessions).where(sessions.c.session_id == session_id))
     return {}
 
 
@@ -149,6 +151,7 @@ SESSION_COLUMNS = (sessions.c.session_id, sessions.c.user_id.label("session_user
                    sessions.c.last_seen_ms.label("session_last_seen_ms"))
 _TOKEN_MATCHES = (sessions.c.token_hash == bindparam("token_hash")) & (sessions.c.role == bindparam("role"))
 _SESSION_BY_TOKEN = Prepared(select(*SESSION_COLUMNS).where(_TOKEN_MATCHES))
+_LOCKED_SESSION_BY_TOKEN = Prepared(select(*SESSION_COLUMNS).where(_TOKEN_MATCHES).with_for_update())
 _TOUCH = Prepared(update(sessions).where(sessions.c.session_id == bindparam("id"))
                   .values(last_seen_ms=bindparam("now")))
 
@@ -190,6 +193,19 @@ class Session:
         """The live session, checking the token now if no query has yet; else UNAUTHENTICATED."""
         if self.live is None:
             self.accept(_SESSION_BY_TOKEN.first(self._tx, self.check_params))
+        assert self.live is not None
+        return self.live
+
+    def lock(self) -> LiveSession:
+        """The live session, as require(), its row locked FOR UPDATE to the transaction's end.
+
+        For a write that changes the session's cart or ends the session: such writes of one
+        session, even on several connections, then take turns (add_to_cart and
+        remove_from_cart lock the row in their own query). The session row comes first in
+        every write that locks it, before the buyer's row and the items'.
+        """
+        assert self.live is None, "lock the session before any other use of it"
+        self.accept(_LOCKED_SESSION_BY_TOKEN.first(self._tx, self.check_params))
         assert self.live is not None
         return self.live
 

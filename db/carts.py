@@ -102,13 +102,14 @@ def display_cart(tx: Connection, session: Session) -> dict[str, Any]:
 
 def clear_cart(tx: Connection, session: Session) -> dict[str, Any]:
     """Empty the session's cart (the saved cart stays)."""
-    _EMPTY.defer(tx, {"session_id": session.session_id})
+    _EMPTY.defer(tx, {"session_id": session.lock().session_id})
     return {"cart": {"items": [], "total": "0.00"}}
 
 
 def save_cart(tx: Connection, session: Session) -> dict[str, Any]:
     """Make the session's cart the buyer's saved cart."""
-    who = {"buyer_id": session.user_id, "session_id": session.session_id}
+    live = session.lock()  # a logout in flight cannot empty the cart under the copy
+    who = {"buyer_id": live.user_id, "session_id": live.session_id}
     _LOCK_BUYER.defer(tx, who)
     _FORGET_SAVED.defer(tx, who)
     _SAVE.defer(tx, who)

@@ -4,7 +4,8 @@ server process sees the same count.
 After `free_failures` consecutive failed logins for one username (existing or not,
 so the answer reveals nothing), each further attempt must wait 1, 2, 4, ... seconds
 after the last failure, up to `max_delay_s`; until then even the right password is
-refused, without checking it. A successful login clears the count. Nobody is locked
+refused, without checking it. Every attempt counts as a failure before its password is
+checked (so that attempts made at once take turns); a successful login clears the count. Nobody is locked
 out for longer than `max_delay_s` after their last failed attempt.
 """
 from __future__ import annotations
@@ -36,32 +37,32 @@ class ThrottlePolicy:
 
 
 _FAILURES = select(lf.c.failures, lf.c.last_failure_ms).where(
-    lf.c.role == bindparam("role"), lf.c.username == bindparam("username"))
+    lf.c.role == bindparam("role"), lf.c.username == bindparam("username")).with_for_update()
 
 
-def check_allowed(tx: Connection, policy: ThrottlePolicy, role: str, username: str) -> None:
-    """UNAUTHENTICATED (with the wait) while this username must wait before another try."""
-    row = tx.execute(_FAILURES, {"role": role, "username": username}).first()
+def claim_attempt(tx: Connection, policy: ThrottlePolicy, role: str, username: str) -> None:
+    """Count this attempt as a failure before its password is checked (a successful login
+    clears the count), or UNAUTHENTICATED, with the wait, while the username must wait.
+
+    Counted first, under the row's lock, so that attempts made at once take turns: checked
+    first and counted after the hash, a hundred guesses sent together all passed the check.
+    """
+    key = {"role": role, "username": username}
+    row = tx.execute(_FAILURES, key).first()
+    now = now_ms()
     if row is None:
+        try:
+            tx.execute(insert(lf).values(**key, failures=1, last_failure_ms=now))
+        except IntegrityError:
+            raise RetryTransaction from None  # another attempt counted itself at the same moment
         return
-    wait_ms = row.last_failure_ms + policy.delay_ms(row.failures) - now_ms()
+    wait_ms = row.last_failure_ms + policy.delay_ms(row.failures) - now
     if wait_ms > 0:
         raise UnauthenticatedError(
             f"too many failed logins for this username; try again in {wait_ms / 1000:.0f} s"
             if wait_ms >= 1000 else "too many failed logins for this username; try again in 1 s")
-
-
-def record_failure(tx: Connection, role: str, username: str) -> None:
-    """Count one more failed login."""
-    key = (lf.c.role == role) & (lf.c.username == username)
-    now = now_ms()
-    if tx.execute(update(lf).where(key).values(failures=lf.c.failures + 1,
-                                               last_failure_ms=now)).rowcount:
-        return
-    try:
-        tx.execute(insert(lf).values(role=role, username=username, failures=1, last_failure_ms=now))
-    except IntegrityError:
-        raise RetryTransaction from None  # another process counted one at the same moment
+    tx.execute(update(lf).where((lf.c.role == role) & (lf.c.username == username))
+               .values(failures=lf.c.failures + 1, last_failure_ms=now))
 
 
 def clear_failures(tx: Connection, role: str, username: str) -> None:

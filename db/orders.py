@@ -72,6 +72,9 @@ _ORDER_LINES = Prepared(select(order_lines.c.item_id, order_lines.c.name, order_
 def make_purchase(tx: Connection, session: Session, card_name: str, card_number: str,
                   card_expiry: str, idempotency_key: str | None, *, charge: Charge) -> dict[str, Any]:
     """Buy the whole cart or nothing."""
+    # The session's row first: a cart change of the session on another connection waits for
+    # the purchase, and is not emptied with the bought lines without being bought.
+    session.lock()
     if idempotency_key is not None:
         done = _order_by_key(tx, session.user_id, idempotency_key)
         if done is not None:

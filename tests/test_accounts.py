@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 import pytest
 from conftest import CARD, PASSWORD, Market, running_market, unique_name
 from sqlalchemy import select
+from test_races import race
 
 from db import Database, passwords
 from db.accounts import token_hash
@@ -223,6 +225,20 @@ def test_a_folded_read_says_unauthenticated_before_anything_else(market: Market,
         user.call(op, args)
     with pytest.raises(UnauthenticatedError):  # bad arguments too: the token is checked first
         user.call(op, {**args, "limit": -1})
+
+
+def test_guesses_sent_at_once_take_turns_with_the_backoff(database: Database) -> None:
+    """Before: every guess in flight passed the check before any was counted, so twenty sent
+    together all had their password checked; now each counts itself first."""
+    with running_market(database, Settings(role="buyer", login_free_failures=2)) as market:
+        name = new_account(market.connect("buyer"))
+        guessers = [market.connect("buyer") for _ in range(20)]
+        results = race([lambda c=c: c.call("login", {"username": name, "password": "guess guess"})
+                        for c in guessers])
+        messages = Counter(r.message for r in results)
+        checked = messages["wrong username or password"]
+        assert 2 <= checked <= 3 and checked + sum(
+            n for m, n in messages.items() if m.startswith("too many failed logins")) == 20, messages
 
 
 def test_a_bad_envelope_on_a_private_op_comes_after_the_token_check(market: Market) -> None:

@@ -208,6 +208,67 @@ def cart_lines(conn: Any) -> list[tuple[int, int]]:
     return [(line["item_id"], line["quantity"]) for line in conn.call("display_cart")["cart"]["items"]]
 
 
+ROUNDS = 30  # each race below is narrow: it must come out right round after round
+
+
+def test_an_add_during_a_purchase_of_the_same_session_is_bought_or_stays_in_the_cart(market: Market) -> None:
+    """Before: the purchase's DELETE of the session's cart took a line added on another
+    connection while it ran, neither bought nor kept."""
+    seller = market.user("seller")
+    buying, adding = twins_of(market, market.user("buyer"), 2)
+    for round_ in range(ROUNDS):
+        bought_item, added_item = market.item(seller, quantity=5), market.item(seller, quantity=5)
+        buying.call("add_to_cart", {"item_id": bought_item, "quantity": 1})
+        add = {"item_id": added_item, "quantity": 1}
+        results = race([lambda: buying.call("make_purchase", CARD),
+                        lambda a=add: adding.call("add_to_cart", a)])
+        assert codes(results) == Counter({"OK": 2}), results
+        bought = {line["item_id"] for line in results[0]["lines"]}
+        kept = {item_id for item_id, _ in cart_lines(buying)}
+        assert bought_item in bought, (round_, bought)
+        assert (added_item in bought) != (added_item in kept), (round_, bought, kept)
+        buying.call("clear_cart")
+
+
+def test_a_save_racing_a_logout_saves_the_cart_or_is_unauthenticated(market: Market) -> None:
+    """Four saves and a logout of one session at once. Before: the logout emptied the cart
+    under a save's copy, which answered OK and left an empty saved cart."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    for round_ in range(ROUNDS):
+        conn = market.connect("buyer")
+        conn.token = conn.call("login", {"username": buyer.username, "password": PASSWORD})["token"]
+        conn.call("clear_cart")
+        conn.call("add_to_cart", {"item_id": market.item(seller, quantity=ROUNDS), "quantity": round_ + 1})
+        cart = cart_lines(conn)
+        *saving, leaving = twins_of(market, conn, 5)
+        *saves, logout = race([lambda s=s: s.call("save_cart") for s in saving]
+                              + [lambda le=leaving: le.call("logout")])
+        assert logout == {}, logout
+        assert all(save.code == "UNAUTHENTICATED" for save in saves if isinstance(save, ProtocolError)), saves
+        fresh = market.connect("buyer")
+        fresh.token = fresh.call("login", {"username": buyer.username, "password": PASSWORD})["token"]
+        if codes(saves)["OK"]:
+            assert cart_lines(fresh) == cart, f"round {round_}: saved, but not the cart"
+        fresh.call("logout")
+
+
+def test_a_logout_racing_an_add_of_the_same_session_never_fails(market: Market) -> None:
+    """Before: the logout's DELETE of the session could follow the add's new line and fail on
+    its foreign key: INTERNAL, and the session lived on."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    for round_ in range(ROUNDS):
+        conn = market.connect("buyer")
+        conn.token = conn.call("login", {"username": buyer.username, "password": PASSWORD})["token"]
+        adding, leaving = twins_of(market, conn, 2)
+        args = {"item_id": market.item(seller, quantity=5), "quantity": 1}
+        add, logout = race([lambda a=adding, x=args: a.call("add_to_cart", x),
+                            lambda le=leaving: le.call("logout")])
+        assert logout == {} and (not isinstance(add, ProtocolError) or add.code == "UNAUTHENTICATED"), \
+            (round_, add, logout)
+        with pytest.raises(ProtocolError, match="log in again"):
+            adding.call("display_cart")
+
+
 def innodb_deadlocks(database: Database) -> int:
     with database.engine.connect() as conn:
         return int(conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'").one()[1])
