@@ -62,9 +62,19 @@ def _wait_listening(process: subprocess.Popen[str], role: str, log_path: Path) -
     reader.join(START_TIMEOUT_S)
     if not found:
         said = _last_line(log_path)
-        raise ServerStartError(f"the {role} server did not print 'listening on' (exit code {process.poll()})"
+        code = process.poll() if reader.is_alive() else _exit_code(process)
+        raise ServerStartError(f"the {role} server did not print 'listening on' (exit code {code})"
                                + (f", and said: {said}" if said else "") + f"; see {log_path}")
     return found[0]
+
+
+def _exit_code(process: subprocess.Popen[str]) -> int | None:
+    """The status of a server whose output has ended: it is exiting, give it a moment (read
+    at once, it was now and then still None)."""
+    try:
+        return process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _last_line(path: Path) -> str:
