@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
     p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
     for role, variable in PORT_SETTINGS.items():
-        p.add_argument(f"--{role}-port", type=port_setting(variable),
+        p.add_argument(f"--{role}-port", type=port_setting(variable, lowest=0),  # 0: a free port
                        default=env(variable, str(DEFAULT_PORTS[role])))
     p.set_defaults(func=serve)
     p = sub.add_parser("seed", help="bulk-load sellers and items into an idle database")

@@ -46,6 +46,8 @@ def claim_attempt(tx: Connection, policy: ThrottlePolicy, role: str, username: s
 
     Counted first, under the row's lock, so that attempts made at once take turns: checked
     first and counted after the hash, a hundred guesses sent together all passed the check.
+    The price: an attempt in flight counts, so past the free failures a right login made at
+    the same moment as another may be told to wait.
     """
     key = {"role": role, "username": username}
     row = tx.execute(_FAILURES, key).first()

@@ -41,8 +41,9 @@ class Call:
 @dataclass
 class Outcome:
     """How one call went: "ok", "conflict", or the error code: CONNECTION for a lost socket,
-    RESENT for a call answered only when the connection sent it again after losing it (it
-    has its result, but the server dropped a connection: counted as an error)."""
+    RESENT for a call answered only when the connection tried it again after its connection
+    failed, in flight or at connect (it has its result, but a server dropped or refused a
+    connection: counted as an error)."""
 
     kind: str
     latency_s: float

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
 
@@ -143,6 +144,39 @@ def test_a_session_ends_at_its_absolute_limit(database: Database) -> None:
                 buyer.call("display_cart")
                 time.sleep(0.3)
         assert 1.9 <= time.monotonic() - logged_in <= 5
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)  # SQLite's writers take turns already
+def test_a_login_leaves_alone_a_session_whose_request_is_in_flight(database: Database) -> None:
+    """A login ends its user's expired sessions. One of them, at its idle limit, has a request
+    in flight (here a transaction holding its row and writing its last-seen, as a request's
+    does): before, the login read it as expired without a lock and deleted it once the
+    request had committed."""
+    with running_market(database, Settings(role="buyer", session_idle_s=1)) as market:
+        buyer = market.user("buyer")
+        with database.engine.connect() as conn:
+            session_id = conn.execute(select(sessions.c.session_id)
+                                      .where(sessions.c.token_hash == token_hash(buyer.token))).scalar_one()
+        time.sleep(1.3)  # past the idle limit (1 s and the 0.1 s between last-seen writes)
+        logins: list[dict] = []
+        with database.engine.connect() as request:
+            with request.begin():
+                request.execute(select(sessions.c.session_id).where(sessions.c.session_id == session_id)
+                                .with_for_update())
+                request.execute(sessions.update().where(sessions.c.session_id == session_id)
+                                .values(last_seen_ms=int(time.time() * 1000)))
+                other = market.connect("buyer")
+                login = threading.Thread(target=lambda: logins.append(
+                    other.call("login", {"username": buyer.username, "password": PASSWORD})))
+                login.start()
+                time.sleep(0.5)  # the login waits for the row (before: for its DELETE of it)
+        login.join(30)
+        assert logins, "the login did not finish"
+        with database.engine.connect() as conn:
+            left = conn.execute(select(sessions.c.session_id)
+                                .where(sessions.c.session_id == session_id)).all()
+        assert left, "the login ended a session whose request had just renewed it"
+        buyer.call("display_cart")  # and it still serves
 
 
 def new_account(conn: Connection) -> str:

@@ -20,6 +20,7 @@ import pytest
 from conftest import CARD, PASSWORD, Market, running_market, unique_name
 from sqlalchemy import text
 
+from client.main import build_parser
 from db import Database
 from wire.config import Settings
 
@@ -535,7 +536,8 @@ def test_a_bad_port_setting_is_one_usage_error_and_spares_the_other_commands(
     serve = subprocess.run([MARKET, "serve", "--db-url", f"sqlite:///{tmp_path / 'x.db'}"], env=env,
                            capture_output=True, text=True, timeout=60)
     assert serve.returncode == 2 and "Traceback" not in serve.stderr
-    assert "'7002x' is not a port from 1 to 65535 (flag or MARKET_SELLER_PORT)" in serve.stderr
+    assert "'7002x' is not a port from 0 to 65535 (flag or MARKET_SELLER_PORT)" in serve.stderr
+    assert build_parser().parse_args(["serve", "--buyer-port", "0"]).buyer_port == 0  # a free port, as before
     host, port = market.buyer_server.address
     health = subprocess.run([MARKET, "health", f"{host}:{port}"], env=env, capture_output=True, text=True,
                             timeout=60)

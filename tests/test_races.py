@@ -184,7 +184,7 @@ def test_one_session_cannot_hold_more_than_is_on_sale_by_adding_at_once(market: 
     assert buyer.call("display_cart")["cart"]["items"][0]["quantity"] == 5
 
 
-def test_two_sessions_of_one_buyer_saving_at_once_keep_one_saved_cart(market: Market) -> None:
+def test_six_sessions_of_one_buyer_saving_at_once_keep_one_saved_cart(market: Market) -> None:
     """Six sessions of one buyer, each cart of another item, save at once, round after round:
     the saved cart is always one of them (before: on MariaDB a third of the rounds saved a
     mix of two, both DELETEs of the old lines locking nothing at READ COMMITTED)."""

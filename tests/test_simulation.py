@@ -281,9 +281,11 @@ def test_a_run_whose_set_up_outlasts_the_barrier_fails_instead_of_counting_nothi
     raises, where it used to return an empty run of 0 calls that the report took as passed."""
     monkeypatch.setattr(scenario, "SETUP_TIMEOUT_S", 0.3)
     relay = AnswerDropper(market.buyer_server.address, delay_s=1.0)
-    with pytest.raises(scenario.SimulationError, match="did not all finish setting up within 0.3 s"):
-        scenario.run_once(DEFAULT, 1, 5, relay.address, market.seller_server.address)
-    relay.close()
+    try:
+        with pytest.raises(scenario.SimulationError, match="did not all finish setting up within 0.3 s"):
+            scenario.run_once(DEFAULT, 1, 5, relay.address, market.seller_server.address)
+    finally:
+        relay.close()
 
 
 def test_an_unauthenticated_answer_is_counted_once_then_a_login_follows(market: Market) -> None:

@@ -61,7 +61,8 @@ def test_usernames_rejected(name: object) -> None:
 def test_person_names_must_be_printable() -> None:
     for good in ("Zoë O'Neil", "Jean\u00a0Luc", "می\u200cخواهم", "👩\u200d💻 Ada", "李小龍", "a b"):
         assert v.person_name("name", good) == good
-    for bad in ("", "x" * 33, "a\nb", "a\x00b", "a\u2028b", "ab\u202ecod.exe", "\u2067x", " ", "\u00a0 "):
+    for bad in ("", "x" * 33, "a\nb", "a\x00b", "a\u2028b", "ab\u202ecod.exe", "\u2067x", " ", "\u00a0 ",
+                "\u200b", "\ufeff", "\u200d\u200d", "\u00ad", "a\u200bb"):  # invisible ones too
         with pytest.raises(BadRequestError, match="^name: "):
             v.person_name("name", bad)
 

@@ -36,7 +36,7 @@ class Connection:
         self.tls = tls
         self.token: str | None = None
         self.reconnects = 0  # new sockets opened after the first
-        self.resends = 0  # requests sent again after their connection failed
+        self.resends = 0  # requests tried again after their connection failed (in flight or at connect)
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder(max_frame, strict=False)
         self._next_id = 0

@@ -64,12 +64,14 @@ def positive_int(text: str) -> int:
     return value
 
 
-def port_setting(variable: str) -> Callable[[str], int]:
-    """An argparse type for a port that `variable` may also set: 1-65535, or a usage error
-    naming both (a flag's default from the environment is converted only when it is used)."""
+def port_setting(variable: str, lowest: int = 1) -> Callable[[str], int]:
+    """An argparse type for a port that `variable` may also set: lowest-65535 (0: a free one,
+    for servers), or a usage error naming both (a flag's default from the environment is
+    converted only when it is used)."""
     def port(text: str) -> int:
-        if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a port from 1 to 65535 (flag or {variable})")
+        if not text.strip().isdigit() or not lowest <= int(text) <= 65535:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a port from {lowest} to 65535 (flag or {variable})")
         return int(text)
     return port
 

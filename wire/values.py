@@ -23,8 +23,8 @@ MAX_CENTS = 100_000_000
 _USERNAME = re.compile(r"[A-Za-z0-9_.\-]{3,32}")
 _MONEY = re.compile(r"([0-9]{1,9})(?:\.([0-9]{1,2}))?")
 _EXPIRY = re.compile(r"([0-9]{2})/([0-9]{2})")
-_BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")
 _NOT_TEXT = frozenset({"Cc", "Cs", "Zl", "Zp"})  # controls, surrogates, line/paragraph separators
+_JOINERS = frozenset("\u200c\u200d")  # the only format characters (Cf) a name may hold
 
 
 def integer(low: int, high: int) -> Validator:
@@ -55,13 +55,17 @@ def text(low: int, high: int, *, printable: bool = False, pattern: re.Pattern[st
 
 
 def _printable(value: str) -> bool:
-    """Text a person would write: no control characters, line or paragraph separators, or
-    bidirectional overrides (they make a name read as another), and not only spaces. Unlike
-    str.isprintable, spaces such as U+00A0 and joiners (U+200C in Persian, U+200D in emoji
-    sequences) are text."""
-    if value.isspace() or _BIDI_CONTROLS.search(value):
-        return False
-    return value.isprintable() or all(unicodedata.category(char) not in _NOT_TEXT for char in value)
+    """Text a person would write: no control or invisible format characters but the two
+    joiners (U+200C in Persian, U+200D in emoji sequences), no line or paragraph separators,
+    and something visible (not only spaces and joiners). Unlike str.isprintable, spaces such
+    as U+00A0 are text; bidirectional overrides are not (they make a name read as another)."""
+    visible = False
+    for char in value:
+        kind = unicodedata.category(char)
+        if kind in _NOT_TEXT or (kind == "Cf" and char not in _JOINERS):
+            return False
+        visible = visible or kind not in ("Zs", "Cf")
+    return visible
 
 
 def choice(*options: str) -> Validator:
