@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
 
 from wire.errors import ConflictError, NotFoundError
 from wire.values import format_money
@@ -63,9 +63,15 @@ def _in_cart(tx: Connection, session: Session, item_id: int) -> int:
     return int(rows[0].held) if rows else 0
 
 
+# A cart holds at most this many different items: every cart answer and receipt then stays
+# far under the 1 MiB frame (100 lines of the longest names and prices: about 30 KB).
+MAX_CART_LINES = 100
+_LINES = cart_lines.alias("lines")
 _STOCK_AND_HELD = Prepared(
-    with_session(items.c.quantity, cart_lines.c.quantity.label("held"), joined=items,
-                 on=items.c.item_id == bindparam("item_id"))
+    with_session(items.c.quantity, cart_lines.c.quantity.label("held"),
+                 select(func.count()).where(_LINES.c.session_id == sessions.c.session_id)
+                 .scalar_subquery().label("lines"),
+                 joined=items, on=items.c.item_id == bindparam("item_id"))
     .outerjoin(cart_lines, (cart_lines.c.session_id == sessions.c.session_id)
                & (cart_lines.c.item_id == items.c.item_id)).with_for_update())
 
@@ -79,6 +85,9 @@ def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -
     if held + quantity > available:
         raise ConflictError(f"item {item_id}: only {available} left"
                             + (f", {held} already in your cart" if held else ""))
+    if not held and rows[0].lines >= MAX_CART_LINES:
+        raise ConflictError(f"your cart holds {MAX_CART_LINES} different items, the most it may;"
+                            " buy or remove some first")
     line = {"session_id": session.session_id, "item_id": item_id, "quantity": held + quantity}
     (_SET_LINE if held else _ADD_LINE).defer(tx, line)  # sent with the cart's query
     return cart_to_wire(tx, session, last=True)

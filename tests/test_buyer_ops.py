@@ -10,6 +10,7 @@ from conftest import CARD, PASSWORD, Market, running_market
 from sqlalchemy import select
 
 from db.audit import audit
+from db.carts import MAX_CART_LINES
 from db.schema import item_keywords, items
 from wire import Connection
 from wire.config import Settings
@@ -262,6 +263,21 @@ def test_cart_add_remove_and_limits(market: Market) -> None:
     assert buyer.call("remove_from_cart", {"item_id": item_id, "quantity": 1})["cart"]["total"] == "2.50"
     assert buyer.call("remove_from_cart", {"item_id": item_id + 99, "quantity": 1})["cart"]["total"] == "2.50"
     assert buyer.call("remove_from_cart", {"item_id": item_id, "quantity": 9})["cart"]["items"] == []
+
+
+def test_a_cart_holds_at_most_a_hundred_different_items(market: Market) -> None:
+    """Unbounded, a cart of thousands of lines made every cart answer (and the receipt) larger
+    than the 1 MiB frame a client reads: the buyer could no longer see the cart."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    items = [market.item(seller, quantity=3) for _ in range(MAX_CART_LINES + 1)]
+    for item_id in items[:MAX_CART_LINES]:
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+    with pytest.raises(ConflictError, match="holds 100 different items"):
+        buyer.call("add_to_cart", {"item_id": items[-1], "quantity": 1})
+    cart = buyer.call("add_to_cart", {"item_id": items[0], "quantity": 2})["cart"]  # more of one held
+    assert len(cart["items"]) == MAX_CART_LINES and cart["items"][0]["quantity"] == 3
+    buyer.call("remove_from_cart", {"item_id": items[0], "quantity": 3})
+    assert len(buyer.call("add_to_cart", {"item_id": items[-1], "quantity": 1})["cart"]["items"]) == 100
 
 
 def test_a_sold_out_item_cannot_go_in_a_cart(market: Market) -> None:
