@@ -80,7 +80,7 @@ def save(shell: Shell, args: dict[str, Any]) -> None:
 
 
 @BUYER.command("buy", "Buy everything in your cart.",
-               Arg("card_name", "--card-name"), Arg("card_number", "--card-number"),
+               Arg("card_name", "--card-name"), Arg("card_number", "--card-number", secret=True),
                Arg("card_expiry", "--expiry"), aliases=("make_purchase",))
 def buy(shell: Shell, args: dict[str, Any]) -> None:
     """make_purchase, under a new idempotency key."""

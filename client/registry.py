@@ -68,9 +68,21 @@ class Command:
         return " ".join([self.name, *(arg.usage() for arg in self.args)])
 
     def parse(self, words: list[str]) -> dict[str, str | list[str] | None]:
-        """The raw (unconverted) values of the words; UsageError if they do not fit."""
-        namespace = _parser(self).parse_intermixed_args(words)
+        """The raw (unconverted) values of the words; UsageError if they do not fit.
+
+        Options and positional words may be intermixed; after `--` every word is positional.
+        """
+        options, rest = _split_at_dashes(words)
+        namespace, extra = _parser(self).parse_known_intermixed_args(options)  # it ignores `--`
+        extra += _fill_positionals(self.args, namespace, rest)
+        if extra:
+            raise UsageError(self._unrecognized(extra))
         return {arg.name: getattr(namespace, arg.name) for arg in self.args}
+
+    def _unrecognized(self, words: list[str]) -> str:
+        if any(arg.secret for arg in self.args):  # a stray word may be the secret typed in the open
+            return f"{len(words)} unexpected word(s)"
+        return f"unrecognized arguments: {' '.join(words)}"
 
     def values(self, words: list[str], ask: Ask | None) -> dict[str, Any]:
         """Converted values; a missing required one is asked for, or without `ask` an error."""
@@ -93,6 +105,28 @@ def _value(arg: Arg, raw: Any, ask: Ask | None) -> Any:
         return arg.convert(raw)
     except ValueError as exc:
         raise UsageError(f"{arg.label}: {exc}") from None
+
+
+def _split_at_dashes(words: list[str]) -> tuple[list[str], list[str]]:
+    if "--" not in words:
+        return words, []
+    at = words.index("--")
+    return words[:at], words[at + 1:]
+
+
+def _fill_positionals(args: tuple[Arg, ...], namespace: argparse.Namespace, words: list[str]) -> list[str]:
+    """Give the words after `--` to the positional arguments still free; the words left over."""
+    left = list(words)
+    for arg in args:
+        if arg.flag or not left:
+            continue
+        value = getattr(namespace, arg.name)
+        if arg.many:
+            setattr(namespace, arg.name, [*(value or []), *left])
+            left = []
+        elif value is None:
+            setattr(namespace, arg.name, left.pop(0))
+    return left
 
 
 class _QuietParser(argparse.ArgumentParser):
@@ -167,9 +201,14 @@ def whole_number(text: str) -> int:
 
 
 def word_list(text: str | list[str]) -> list[str]:
-    """Words given apart or joined by commas: `desk,light` or `desk light`."""
+    """Words given apart or joined by commas: `desk,light` or `desk light`; a word given again,
+    in any case, is dropped (the server compares keywords ignoring case and refuses repeats)."""
     joined = ",".join(text) if isinstance(text, list) else text
-    return [word for word in joined.replace(" ", ",").split(",") if word]
+    first_spellings: dict[str, str] = {}
+    for word in joined.replace(" ", ",").split(","):
+        if word:
+            first_spellings.setdefault(word.lower(), word)
+    return list(first_spellings.values())
 
 
 def one_of(*options: str) -> Callable[[str], str]:

@@ -5,7 +5,9 @@ tab-separated lines in script mode, so scripts can cut and grep them.
 """
 from __future__ import annotations
 
+import os
 import sys
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -26,6 +28,10 @@ class Table:
     empty: str
 
 
+class OutputClosed(Exception):
+    """Standard output is a pipe whose reader has gone (`market buyer -c ... | head -1`)."""
+
+
 class Output:
     """Prints lines, notes, errors and tables, rich in a terminal or plain in scripts."""
 
@@ -37,7 +43,7 @@ class Output:
         """One line of ordinary output."""
         text = printable(text)
         if self.plain:
-            print(text, flush=True)
+            _print(text)
         else:
             self.console.print(text, markup=False)
 
@@ -55,9 +61,18 @@ class Output:
             self.say(table.empty)
         elif self.plain:
             for row in [table.columns, *table.rows]:
-                print("\t".join(printable(cell) for cell in row), flush=True)
+                _print("\t".join(printable(cell) for cell in row))
         else:
             self.console.print(_rich(table))
+
+
+def _print(line: str) -> None:
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        # what is still buffered would fail again as Python exits, with a message on stderr
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise OutputClosed from None
 
 
 def _rich(table: Table) -> RichTable:
@@ -70,8 +85,19 @@ def _rich(table: Table) -> RichTable:
 
 
 def printable(text: str) -> str:
-    """Text safe to show: control characters (escapes, tabs, newlines) become `?`."""
-    return "".join(char if char.isprintable() else "?" for char in text)
+    """Text safe to show: what could upset a terminal becomes `?`: control characters (escapes,
+    tabs, newlines), surrogates, line and paragraph separators, and invisible format characters
+    such as bidirectional overrides, but for the two joiners (as the server's names allow them)."""
+    return "".join("?" if _unsafe(char) else char for char in text)
+
+
+def _unsafe(char: str) -> bool:
+    kind = unicodedata.category(char)
+    return kind in _NOT_TEXT or (kind == "Cf" and char not in _JOINERS)
+
+
+_NOT_TEXT = frozenset({"Cc", "Cs", "Zl", "Zp"})
+_JOINERS = frozenset("\u200c\u200d")
 
 
 _NUMERIC = {"id", "item", "order", "category", "price", "qty", "up", "down", "subtotal",

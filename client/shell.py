@@ -10,7 +10,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,11 @@ from wire.errors import UnauthenticatedError
 from wire.tls import optional_client_context
 
 from .registry import Arg, Command, Registry, UsageError
-from .render import Output, Table
+from .render import Output, OutputClosed, Table
+
+# The exit status when the reader of the output went away (`| head -1`): a command killed by
+# SIGPIPE has 141 in sh; the commands after the one cut short have not run.
+OUTPUT_CLOSED = 141
 
 
 @dataclass
@@ -64,6 +68,9 @@ class Shell:
             result = self.conn.call(op, args)
         except OSError:
             self.lost = True
+            raise
+        except KeyboardInterrupt:
+            self.conn.close()  # a half-sent or half-read request must not confuse the next one
             raise
         if self.lost or self.conn.reconnects > before:
             self.out.say(f"(reconnected to the {self.role} server at {self.address})")
@@ -104,7 +111,7 @@ class Shell:
         """Run the `;`-separated commands of a line; False at the first that fails."""
         self.misread = False
         try:
-            commands = split_commands(line)
+            commands = split_commands(utf8_text(line))
         except ValueError as exc:
             self.out.error(f"cannot read the line: {exc}")
             self.misread = True
@@ -121,7 +128,7 @@ class Shell:
             self.out.error(f"{exc} (usage: {command.usage})" if command else str(exc))
             self.misread = True
         except UnauthenticatedError as exc:
-            self._unauthenticated(command, exc)
+            self._unauthenticated(exc)
         except ProtocolError as exc:
             self.out.error(f"{exc.code}: {exc.message}")
         except ConnectionLostError as exc:
@@ -130,7 +137,6 @@ class Shell:
             self.out.error(f"cannot reach the {self.role} server at {self.address}: "
                            f"{exc.strerror or exc}")
         except (KeyboardInterrupt, EOFError):
-            self.conn.close()  # a half-sent or half-read request must not confuse the next one
             self.out.error("cancelled")
         return False
 
@@ -142,8 +148,10 @@ class Shell:
         values = command.values(words, self.ask if self.interactive else None)
         command.handler(self, values)
 
-    def _unauthenticated(self, command: Command | None, exc: ProtocolError) -> None:
-        if command is None or not command.login or self.username is None:
+    def _unauthenticated(self, exc: ProtocolError) -> None:
+        # `login` ends any session before it asks, so a session is only on hand when a request
+        # made in it (`more`'s too) was refused: it has expired or ended
+        if self.username is None:
             self.out.error(f"{exc.code}: {exc.message}")
             return
         name = self.username
@@ -166,14 +174,23 @@ class Shell:
         self.conn.close()
 
 
+def utf8_text(line: str) -> str:
+    """The line, if it came from UTF-8 bytes (else the bytes that were not are surrogates in it)."""
+    try:
+        line.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"it is not UTF-8 text (character {exc.start + 1})") from None
+    return line
+
+
 def split_commands(line: str) -> list[list[str]]:
     """The commands of a line: shell-like words, `;` between commands, `#` starts a comment."""
-    lexer = shlex.shlex(without_comment(line), posix=True, punctuation_chars=";")
+    lexer = shlex.shlex(with_backslash_commands(without_comment(line)), posix=True, punctuation_chars=";")
     lexer.whitespace_split, lexer.commenters = True, ""
     commands: list[list[str]] = [[]]
     for word in lexer:
-        if word == ";":
-            commands.append([])
+        if word and word == ";" * len(word):  # shlex makes `;;` one word
+            commands.extend([] for _ in word)
         else:
             commands[-1].append(word)
     return [words for words in commands if words]
@@ -184,19 +201,41 @@ def without_comment(line: str) -> str:
 
     (shlex's own comments also begin inside a word, and would make `c#` a `c`.)
     """
+    previous = -1
+    for index in _bare(line):
+        if line[index] == "#" and (index == 0 or (previous == index - 1 and line[previous] in _WORD_ENDS)):
+            return line[:index]
+        previous = index
+    return line
+
+
+def with_backslash_commands(line: str) -> str:
+    """The line with a backslash doubled where a command is `\\q`, which shlex would make `q`."""
+    bare = set(_bare(line))
+    for match in reversed(list(_BACKSLASH_COMMAND.finditer(line))):
+        backslash = match.start(2)
+        if backslash in bare and (not match.group(1) or match.start(1) in bare):
+            line = line[:backslash] + "\\" + line[backslash:]
+    return line
+
+
+_WORD_ENDS = frozenset(" \t\n\r\f\v;")
+_BACKSLASH_COMMAND = re.compile(r"(^|;)\s*(\\)q(?=[\s;]|$)")
+
+
+def _bare(line: str) -> Iterator[int]:
+    """Where the characters outside quotes and not escaped by a backslash are."""
     quote, escaped = "", False
     for index, char in enumerate(line):
         if escaped:
             escaped = False
-        elif char == "\\" and quote != "'":
-            escaped = True
         elif quote:
             quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char == "#" and (index == 0 or line[index - 1].isspace() or line[index - 1] == ";"):
-            return line[:index]
-    return line
+            escaped = char == "\\" and quote == '"'
+        else:
+            yield index
+            escaped = char == "\\"
+            quote = char if char in "'\"" else ""
 
 
 _SECRET = re.compile(r"(^|\s)['\"]?(-p|--password|--card-number)")
@@ -210,6 +249,7 @@ class SecretFreeHistory(FileHistory):
     """
 
     _held: str | None = None
+    _unwritable = False
 
     def store_string(self, string: str) -> None:
         """Hold the line until `settle` (prompt_toolkit calls this as Enter is pressed)."""
@@ -218,8 +258,14 @@ class SecretFreeHistory(FileHistory):
     def settle(self, understood: bool) -> None:
         """Write the held line to the file if the shell understood every command in it."""
         held, self._held = self._held, None
-        if held is not None and understood:
+        if held is None or not understood or self._unwritable:
+            return
+        try:
             super().store_string(held)
+        except OSError as exc:  # no such folder, read-only, disk full: the session matters more
+            self._unwritable = True
+            print(f"warning: cannot write the history file {os.fsdecode(self.filename)}: "
+                  f"{exc.strerror or exc}; going on without saving history", file=sys.stderr, flush=True)
 
 
 def run_interactive(shell: Shell, history_file: str) -> int:
@@ -255,12 +301,15 @@ def _greet(shell: Shell) -> None:
 def run_script(shell: Shell, lines: Iterable[str]) -> int:
     """Run lines without prompts; stop with exit status 1 at the first failure."""
     status = 0
-    for line in lines:
-        if not shell.running:
-            break
-        if not shell.run_line(line):
-            status = 1
-            break
+    try:
+        for line in lines:
+            if not shell.running:
+                break
+            if not shell.run_line(line):
+                status = 1
+                break
+    except OutputClosed:
+        status = OUTPUT_CLOSED
     shell.close()
     return status
 
@@ -278,7 +327,12 @@ def open_shell(args: argparse.Namespace) -> int:
 
     interactive = args.script is None and sys.stdin.isatty()
     registry = COMMON | (BUYER if args.role == "buyer" else SELLER)
-    conn = Connection(args.host, args.port, tls=optional_client_context(args.tls_ca, args.tls))
+    try:
+        tls = optional_client_context(args.tls_ca, args.tls)
+    except OSError as exc:  # ssl.SSLError among them: not a PEM file
+        print(f"error: cannot use the TLS CA file {args.tls_ca}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    conn = Connection(args.host, args.port, tls=tls)
     shell = Shell(args.role, conn, registry, Output(not interactive), interactive)
     if interactive:
         history = os.path.expanduser(env("MARKET_HISTORY_FILE", "~/.market_history"))  # .env leaves ~ as is

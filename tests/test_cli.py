@@ -3,6 +3,7 @@ and as scripts (-c and standard input), against real servers over an SQLite file
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pexpect
 import pytest
@@ -293,6 +295,12 @@ def test_a_history_file_under_the_home_folder_may_be_written_with_a_tilde(market
     (r"search \#tag 'a # b'", [["search", "#tag", "a # b"]]),
     ("cart;# the rest", [["cart"]]),
     ("   # only a comment", []),
+    (r"sell Lamp\ #2 --qty 1", [["sell", "Lamp #2", "--qty", "1"]]),  # an escaped space ends no word
+    ("ping;;ping", [["ping"], ["ping"]]),  # shlex reads `;;` as one word
+    ("cart ;;; ping;", [["cart"], ["ping"]]),
+    (r"ping; \q", [["ping"], ["\\q"]]),  # shlex alone makes it `q`
+    (r"  \q", [["\\q"]]),
+    (r"search \q '\q' ';\q'", [["search", "q", "\\q", ";\\q"]]),  # only a command keeps it
 ])
 def test_a_comment_begins_at_a_hash_that_begins_a_word(line: str, commands: list[list[str]]) -> None:
     from client.shell import split_commands
@@ -307,10 +315,20 @@ def test_a_script_line_may_end_with_a_comment(market: Market, home: Path) -> Non
     assert "The buyer server" in done.stdout
 
 
-def test_an_expired_session_says_so_and_asks_to_log_in_again(tmp_path: Path, home: Path) -> None:
+@contextlib.contextmanager
+def market_with_short_sessions(tmp_path: Path) -> Iterator[Market]:
+    """Servers whose sessions end after 1 s without a request."""
     db = Database(f"sqlite:///{tmp_path / 'expiry.db'}", pool_size=4)
     db.create_schema()
-    with running_market(db, Settings(role="buyer", session_idle_s=1)) as short:
+    try:
+        with running_market(db, Settings(role="buyer", session_idle_s=1)) as short:
+            yield short
+    finally:
+        db.close()
+
+
+def test_an_expired_session_says_so_and_asks_to_log_in_again(tmp_path: Path, home: Path) -> None:
+    with market_with_short_sessions(tmp_path) as short:
         buyer = spawn("buyer", short.buyer_server.address[1], home)
         name = unique_name()
         run(buyer, f"signup {name} --name X -p '{PASSWORD}'", f"{name}@buyer> ")
@@ -323,7 +341,6 @@ def test_an_expired_session_says_so_and_asks_to_log_in_again(tmp_path: Path, hom
         assert "Your cart is empty." in run(buyer, "cart", f"{name}@buyer> ")
         buyer.sendline("quit")
         buyer.expect(pexpect.EOF)
-        db.close()
 
 
 def test_script_mode_prints_plain_text_and_stops_at_the_first_error(market: Market, home: Path) -> None:
@@ -370,11 +387,17 @@ def test_more_pages_through_a_long_list(market: Market, home: Path) -> None:
     assert done.stdout.rstrip().endswith("Nothing more to show.")
 
 
+def search_as_a_new_buyer(market: Market, home: Path, search: str,
+                          **item: Any) -> subprocess.CompletedProcess[str]:
+    """List an item, then sign up a buyer and run `search` in script mode."""
+    market.item(market.user("seller"), **item)
+    return script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name B", search,
+                  MARKET_PASSWORD=PASSWORD)
+
+
 def test_names_cannot_break_the_output(market: Market, home: Path) -> None:
-    seller = market.user("seller")
-    market.item(seller, name="Tab\there\x1b[2J", category=6, keywords=["odd"])
-    done = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name O",
-                  "search odd --category 6", MARKET_PASSWORD=PASSWORD)
+    done = search_as_a_new_buyer(market, home, "search odd --category 6", name="Tab\there\x1b[2J",
+                                 category=6, keywords=["odd"])
     assert done.returncode == 0, done.stderr
     row = done.stdout.splitlines()[-1].split("\t")
     assert len(row) == 10 and row[1] == "Tab?here?[2J" and "\x1b" not in done.stdout
@@ -553,3 +576,140 @@ def test_the_terminal_output_prints_names_as_typed() -> None:
         out.say("Listed item 1: Lamp :fire: [b]x[/b]")
         out.error("keyword ':smile:' is given twice")
     assert captured.get() == "Listed item 1: Lamp :fire: [b]x[/b]\nerror: keyword ':smile:' is given twice\n"
+
+
+def test_a_history_file_that_cannot_be_written_is_one_warning(market: Market, home: Path) -> None:
+    # before: a traceback after the first command, and the session (and its cart) gone
+    buyer = spawn("buyer", port_of(market, "buyer"), home, MARKET_HISTORY_FILE=str(home / "no" / "hist"))
+    out = run(buyer, "ping", "buyer> ") + run(buyer, "ping", "buyer> ")
+    assert out.count("warning: cannot write the history file") == 1 and "Traceback" not in out
+    assert out.count("answers") == 2
+    buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+    buyer.close()
+    assert buyer.exitstatus == 0
+
+
+def test_a_script_line_that_is_not_utf8_is_one_error(market: Market, home: Path) -> None:
+    lines = f"signup {unique_name()} --name U -p '{PASSWORD}'\nsearch caf\xe9\nping\n".encode("latin-1")
+    done = subprocess.run([MARKET, "buyer", "--port", str(port_of(market, "buyer"))], input=lines,
+                          capture_output=True, timeout=60, env=shell_env(home))
+    assert done.returncode == 1
+    assert done.stderr == b"error: cannot read the line: it is not UTF-8 text (character 11)\n"
+    assert b"answers" not in done.stdout  # the script stopped there
+
+
+@pytest.mark.parametrize("ca", ["/nonexistent", "not PEM"])
+def test_a_tls_ca_file_that_cannot_be_used_is_one_line(home: Path, ca: str) -> None:
+    if ca == "not PEM":
+        (home / "ca.pem").write_text("not a certificate\n")
+        ca = str(home / "ca.pem")
+    done = subprocess.run([MARKET, "buyer", "-c", "ping"], capture_output=True, text=True, timeout=60,
+                          env=shell_env(home, MARKET_TLS_CA=ca))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: cannot use the TLS CA file {ca}: ")
+    assert len(done.stderr.splitlines()) == 1
+
+
+def test_backslash_q_quits(market: Market, home: Path) -> None:
+    port = port_of(market, "buyer")
+    done = subprocess.run([MARKET, "buyer", "--port", str(port), "-c", r"ping; \q; ping"],
+                          capture_output=True, text=True, timeout=60, env=shell_env(home))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("answers") == 1
+    buyer = spawn("buyer", port, home)
+    buyer.sendline("\\q")
+    buyer.expect(pexpect.EOF)
+    assert "unknown command" not in str(buyer.before)
+
+
+def test_names_keep_their_spaces_and_joiners_but_not_what_upsets_a_terminal() -> None:
+    from client.render import printable
+
+    for name in ("Tea\u00a0set", "東京\u3000タワー", "👩\u200d💻 kit", "ﾒﾆｭｰ\u200c", "Café"):
+        assert printable(name) == name
+    assert printable("a\u202eb\u2028c\u2029d\u200be\ud800f\x1bg\th\x85i") == "a?b?c?d?e?f?g?h?i"
+
+
+def test_a_closed_output_pipe_ends_the_shell_quietly(market: Market, home: Path) -> None:
+    # the reader goes after one line (as `| head -1` does); the commands after it do not run,
+    # and the exit status is 141, as for a command killed by SIGPIPE in sh
+    proc = subprocess.Popen([MARKET, "buyer", "--port", str(port_of(market, "buyer"))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=shell_env(home))
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write("ping\n")
+    proc.stdin.flush()
+    assert "answers" in proc.stdout.readline()
+    proc.stdout.close()
+    proc.stdin.write("help\nhelp\n")
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 141
+    assert proc.stderr.read() == ""
+
+
+def test_the_card_number_asked_for_is_not_echoed_nor_kept(market: Market, home: Path) -> None:
+    buyer = spawn("buyer", port_of(market, "buyer"), home)
+    name = unique_name()
+    run(buyer, f"signup {name} --name C -p '{PASSWORD}'", f"{name}@buyer> ")
+    buyer.sendline("buy")
+    answer(buyer, "card name: ", "C Buyer")
+    answer(buyer, "card number: ", "4111111111111111")
+    out = wait(buyer, "card expiry: ")
+    buyer.sendline("12/39")
+    out += wait(buyer, f"{name}@buyer> ")
+    assert "error:" in out and "4111111111111111" not in out  # the cart is empty
+    buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+    assert "4111111111111111" not in str(buyer.before) + (home / "history").read_text()
+
+
+def test_ctrl_c_at_a_question_does_not_drop_the_connection(market: Market, home: Path) -> None:
+    buyer = spawn("buyer", port_of(market, "buyer"), home)
+    name = unique_name()
+    run(buyer, f"signup {name} --name K -p '{PASSWORD}'", f"{name}@buyer> ")
+    buyer.sendline("add")
+    buyer.expect_exact("item id: ")
+    keys(buyer, "\x03")
+    assert "error: cancelled" in wait(buyer, f"{name}@buyer> ")
+    out = run(buyer, "ping", f"{name}@buyer> ")
+    assert "answers" in out and "reconnected" not in out
+    buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+
+
+def test_words_after_double_dash_are_never_options(market: Market, home: Path) -> None:
+    done = script("seller", port_of(market, "seller"), home, f"signup {unique_name()} --name D",
+                  "sell --category 1 --condition new --price 1 --qty 1 -- -Dash-", MARKET_PASSWORD=PASSWORD)
+    assert done.returncode == 0, done.stderr
+    assert "Listed item" in done.stdout and ": -Dash-, 1 at 1.00." in done.stdout
+
+
+def test_a_stray_word_after_a_secret_command_is_not_repeated(market: Market, home: Path) -> None:
+    done = script("buyer", port_of(market, "buyer"), home, "login bob hunter2hunter2 again")
+    assert done.returncode == 1
+    assert "hunter2hunter2" not in done.stderr and "2 unexpected word(s)" in done.stderr
+
+
+def test_a_keyword_given_again_in_another_case_is_dropped(market: Market, home: Path) -> None:
+    done = search_as_a_new_buyer(market, home, "search --category 5 Twice twice,TWICE", name="Twice",
+                                 category=5, keywords=["twice"])
+    assert done.returncode == 0, done.stderr
+    assert "\tTwice\t" in done.stdout
+
+
+def test_more_after_the_session_expired_asks_to_log_in_again(tmp_path: Path, home: Path) -> None:
+    with market_with_short_sessions(tmp_path) as short:
+        seller = short.user("seller")
+        for n in range(2):
+            short.item(seller, name=f"Paged {n}", category=3, keywords=["paged"])
+        buyer = spawn("buyer", short.buyer_server.address[1], home)
+        name = unique_name()
+        out = run(buyer, f"signup {name} --name X -p '{PASSWORD}'; search paged --limit 1", f"{name}@buyer> ")
+        assert "There is more" in out
+        time.sleep(2.5)  # past the idle timeout of 1 s
+        out = run(buyer, "more", "buyer> ")  # before: still `{name}@buyer> `
+        assert "session has expired" in out and f"log in again: login {name}" in out
+        assert "you are not logged in" in run(buyer, "cart", "buyer> ")  # logged out here too
+        buyer.sendline("quit")
+        buyer.expect(pexpect.EOF)
