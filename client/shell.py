@@ -184,16 +184,20 @@ def utf8_text(line: str) -> str:
 
 
 def split_commands(line: str) -> list[list[str]]:
-    """The commands of a line: shell-like words, `;` between commands, `#` starts a comment."""
-    lexer = shlex.shlex(with_backslash_commands(without_comment(line)), posix=True, punctuation_chars=";")
+    """The commands of a line: shell-like words, `;` between commands, `#` starts a comment.
+
+    The line is cut at each `;` outside quotes (a quoted `";"` is a word, as in sh), and each
+    piece split into words; empty pieces (`;;`) are skipped."""
+    text = with_backslash_commands(without_comment(line))
+    cuts = [index for index in _bare(text) if text[index] == ";"]
+    pieces = [text[start + 1:end] for start, end in zip([-1, *cuts], [*cuts, len(text)], strict=True)]
+    return [words for words in map(_words, pieces) if words]
+
+
+def _words(piece: str) -> list[str]:
+    lexer = shlex.shlex(piece, posix=True)
     lexer.whitespace_split, lexer.commenters = True, ""
-    commands: list[list[str]] = [[]]
-    for word in lexer:
-        if word and word == ";" * len(word):  # shlex makes `;;` one word
-            commands.extend([] for _ in word)
-        else:
-            commands[-1].append(word)
-    return [words for words in commands if words]
+    return list(lexer)
 
 
 def without_comment(line: str) -> str:

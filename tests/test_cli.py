@@ -301,6 +301,8 @@ def test_a_history_file_under_the_home_folder_may_be_written_with_a_tilde(market
     (r"ping; \q", [["ping"], ["\\q"]]),  # shlex alone makes it `q`
     (r"  \q", [["\\q"]]),
     (r"search \q '\q' ';\q'", [["search", "q", "\\q", ";\\q"]]),  # only a command keeps it
+    ('search ";" x; ping', [["search", ";", "x"], ["ping"]]),  # a quoted `;` is a word, as in sh
+    (r"search a\;b;ping", [["search", "a;b"], ["ping"]]),
 ])
 def test_a_comment_begins_at_a_hash_that_begins_a_word(line: str, commands: list[list[str]]) -> None:
     from client.shell import split_commands
