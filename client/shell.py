@@ -166,6 +166,9 @@ class Shell:
                 self.conn.call("logout")
             except (OSError, ProtocolError):
                 pass
+            except KeyboardInterrupt:
+                self.conn.close()  # its answer must not be read as the next request's
+                raise
         self.log_out()
 
     def close(self) -> None:
@@ -223,7 +226,7 @@ def with_backslash_commands(line: str) -> str:
     return line
 
 
-_WORD_ENDS = frozenset(" \t\n\r\f\v;")
+_WORD_ENDS = frozenset(" \t\n\r;")  # shlex's whitespace (not \f or \v), and `;`
 _BACKSLASH_COMMAND = re.compile(r"(^|;)\s*(\\)q(?=[\s;]|$)")
 
 
@@ -242,7 +245,17 @@ def _bare(line: str) -> Iterator[int]:
             quote = char if char in "'\"" else ""
 
 
-_SECRET = re.compile(r"(^|\s)['\"]?(-p|--password|--card-number)")
+_SECRET_FLAGS = ("--password", "--card-number")
+
+
+def carries_a_secret(line: str) -> bool:
+    """Whether a word of the line, as the shell reads it (quotes and backslashes undone), is a
+    password or card-number flag (`-p`, `-pSECRET`, `--password=...`); an unreadable line too."""
+    try:
+        words = [word for command in split_commands(line) for word in command]
+    except ValueError:
+        return True
+    return any(word.startswith("-p") or word.startswith(_SECRET_FLAGS) for word in words)
 
 
 class SecretFreeHistory(FileHistory):
@@ -257,7 +270,7 @@ class SecretFreeHistory(FileHistory):
 
     def store_string(self, string: str) -> None:
         """Hold the line until `settle` (prompt_toolkit calls this as Enter is pressed)."""
-        self._held = None if _SECRET.search(string) else string
+        self._held = None if carries_a_secret(string) else string
 
     def settle(self, understood: bool) -> None:
         """Write the held line to the file if the shell understood every command in it."""
@@ -320,7 +333,12 @@ def run_script(shell: Shell, lines: Iterable[str]) -> int:
 
 def script_lines(command: str | None) -> Iterable[str]:
     """The lines of script mode: `-c` text, else standard input."""
-    return [command] if command is not None else sys.stdin
+    if command is not None:
+        return [command]
+    # bytes that are not UTF-8 reach run_line as surrogates, which it refuses in one line (in a
+    # UTF-8 locale standard input is strict, and iterating over it raised)
+    sys.stdin.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
+    return sys.stdin
 
 
 def open_shell(args: argparse.Namespace) -> int:

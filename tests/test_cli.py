@@ -288,6 +288,18 @@ def test_a_history_file_under_the_home_folder_may_be_written_with_a_tilde(market
     assert "+ping" in (home / ".market_history").read_text()
 
 
+@pytest.mark.parametrize(("line", "secret"), [
+    ("login bob -p hunter2", True), ("login bob -phunter2", True), ("login bob --password=hunter2", True),
+    (r"login bob \--password hunter2", True), (r"login bob -\p hunter2", True),
+    ('login bob -"p" hunter2', True),
+    (r"buy --card-name B \--card-number 4111", True), ("login bob 'unterminated", True),
+    ("login bob", False), ("sell Lamp --price 3", False), ("search -- -x", False),
+])
+def test_a_line_with_a_password_or_card_flag_is_found_however_it_is_quoted(line: str, secret: bool) -> None:
+    from client.shell import carries_a_secret
+    assert carries_a_secret(line) is secret  # such a line is never written to the history file
+
+
 @pytest.mark.parametrize(("line", "commands"), [
     ("add 1 2   # item 1, two of them", [["add", "1", "2"]]),
     ("search c# --category 1", [["search", "c#", "--category", "1"]]),
@@ -302,6 +314,7 @@ def test_a_history_file_under_the_home_folder_may_be_written_with_a_tilde(market
     (r"  \q", [["\\q"]]),
     (r"search \q '\q' ';\q'", [["search", "q", "\\q", ";\\q"]]),  # only a command keeps it
     ('search ";" x; ping', [["search", ";", "x"], ["ping"]]),  # a quoted `;` is a word, as in sh
+    ("search a\x0b#b", [["search", "a\x0b#b"]]),  # a vertical tab ends no word (for shlex either)
     (r"search a\;b;ping", [["search", "a;b"], ["ping"]]),
 ])
 def test_a_comment_begins_at_a_hash_that_begins_a_word(line: str, commands: list[list[str]]) -> None:
@@ -592,10 +605,12 @@ def test_a_history_file_that_cannot_be_written_is_one_warning(market: Market, ho
     assert buyer.exitstatus == 0
 
 
-def test_a_script_line_that_is_not_utf8_is_one_error(market: Market, home: Path) -> None:
+@pytest.mark.parametrize("stdin_encoding", ["", "utf-8:strict"])  # the C locale, and a UTF-8 one
+def test_a_script_line_that_is_not_utf8_is_one_error(market: Market, home: Path, stdin_encoding: str) -> None:
     lines = f"signup {unique_name()} --name U -p '{PASSWORD}'\nsearch caf\xe9\nping\n".encode("latin-1")
+    env = shell_env(home, PYTHONIOENCODING=stdin_encoding) if stdin_encoding else shell_env(home)
     done = subprocess.run([MARKET, "buyer", "--port", str(port_of(market, "buyer"))], input=lines,
-                          capture_output=True, timeout=60, env=shell_env(home))
+                          capture_output=True, timeout=60, env=env)
     assert done.returncode == 1
     assert done.stderr == b"error: cannot read the line: it is not UTF-8 text (character 11)\n"
     assert b"answers" not in done.stdout  # the script stopped there
