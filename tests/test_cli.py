@@ -514,7 +514,8 @@ def test_serve_runs_both_servers_until_ctrl_c_then_stops_both(tmp_path: Path) ->
     try:
         _wait_until_both_answer(serve, buyer_port, seller_port)
         serve.send_signal(signal.SIGINT)
-        assert serve.wait(timeout=30) == 0
+        _, err = serve.communicate(timeout=30)
+        assert serve.returncode == 0, err[-3000:]  # what the servers said, should it fail again
     finally:
         serve.kill()
     assert not _answers(buyer_port) and not _answers(seller_port)
