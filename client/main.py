@@ -30,9 +30,7 @@ def serve(args: argparse.Namespace) -> int:
     (then the other is stopped too: half a marketplace is no use)."""
     extra = ["--db-url", args.db_url, "--host", args.host]
     parent = os.getpid()  # the servers stop with it, even when it is killed outright
-    procs = {role: subprocess.Popen([sys.executable, "-m", f"{role}_server", *extra, "--port", str(port)],
-                                    preexec_fn=lambda: die_with_parent(parent))
-             for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port))}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
 
     def stop(_signum: int, _frame: Any) -> None:
@@ -41,8 +39,13 @@ def serve(args: argparse.Namespace) -> int:
         for proc in procs.values():
             proc.terminate()
 
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, stop)  # before any server starts: a Ctrl-C meanwhile stops them all
     signal.signal(signal.SIGINT, stop)
+    for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port)):
+        if not stopping:
+            procs[role] = _start_server(role, [*extra, "--port", str(port)], parent)
+    if stopping:  # a signal between a start and its entry in procs
+        stop(signal.SIGTERM, None)
     while not stopping and all(proc.poll() is None for proc in procs.values()):
         time.sleep(0.2)
     ended = [(role, proc.returncode) for role, proc in procs.items() if proc.returncode is not None]
@@ -55,6 +58,12 @@ def serve(args: argparse.Namespace) -> int:
     codes = [proc.wait() for proc in procs.values()]
     failed = next((code if code > 0 else 1 for code in codes if code != 0), 0)
     return failed or int(on_its_own)
+
+
+def _start_server(role: str, args: list[str], parent: int) -> subprocess.Popen[bytes]:
+    """`python -m ROLE_server ARGS`, stopped by the kernel should `parent` die."""
+    return subprocess.Popen([sys.executable, "-m", f"{role}_server", *args],
+                            preexec_fn=lambda: die_with_parent(parent))
 
 
 def health(args: argparse.Namespace) -> int:

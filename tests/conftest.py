@@ -35,6 +35,13 @@ CARD = {"card_name": "A Buyer", "card_number": "4111111111111111", "card_expiry"
 _names = itertools.count(1)
 
 
+def free_port() -> int:
+    """A port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def unique_name(prefix: str = "user") -> str:
     """A username no other test uses."""
     return f"{prefix}{next(_names)}_{secrets.token_hex(3)}"

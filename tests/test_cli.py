@@ -19,7 +19,7 @@ from typing import Any
 
 import pexpect
 import pytest
-from conftest import CARD, PASSWORD, Market, running_market, unique_name
+from conftest import CARD, PASSWORD, Market, free_port, running_market, unique_name
 from sqlalchemy import text
 
 from client.main import build_parser
@@ -416,13 +416,6 @@ def test_names_cannot_break_the_output(market: Market, home: Path) -> None:
     assert done.returncode == 0, done.stderr
     row = done.stdout.splitlines()[-1].split("\t")
     assert len(row) == 10 and row[1] == "Tab?here?[2J" and "\x1b" not in done.stdout
-
-
-def free_port() -> int:
-    """A port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_server(port: int, db_url: str) -> subprocess.Popen[str]:

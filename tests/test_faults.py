@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import CARD, PASSWORD, Market, running_market, start_market, unique_name
+from conftest import CARD, PASSWORD, Market, free_port, running_market, start_market, unique_name
 from sqlalchemy import create_engine, func, select, text
 from test_processes import ServerProcess
 
@@ -34,13 +34,6 @@ from wire.framing import encode_frame
 
 T = TypeVar("T")
 RETRY_FOR_S = 60.0
-
-
-def free_port() -> int:
-    """A port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def until_done(call: Callable[[], T], retry_on: tuple[type[BaseException], ...] = (OSError,)) -> T:

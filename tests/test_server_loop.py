@@ -20,7 +20,7 @@ import pytest
 from wire import Connection, OpSpec, framing
 from wire.app import App
 from wire.framing import FrameDecoder, decode_body, encode_frame
-from wire.server import Server, ServerLimits, serve_until_signal
+from wire.server import Server, ServerLimits, StopSignals
 
 BIG = "x" * 500_000  # an answer the socket buffers cannot hold many of
 
@@ -444,7 +444,7 @@ def test_a_signal_the_kernel_gives_a_worker_thread_still_stops_the_server() -> N
 
     handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
-        serve_until_signal(server, ready=signal_a_worker)
+        StopSignals().serve(server, ready=signal_a_worker)
         returned.set()
     finally:
         signal.signal(signal.SIGTERM, handlers[0])

@@ -17,17 +17,18 @@ import ssl
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from .app import App
 from .config import Settings, server_settings
-from .server import Server, ServerLimits, reserve_port, serve_until_signal
+from .server import Server, ServerLimits, StopRequested, StopSignals, reserve_port
 from .tls import server_context
 
 log = logging.getLogger("market.runner")
 BuildApp = Callable[[Settings, Any], App]
 T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 class CannotListen(OSError):
@@ -55,11 +56,20 @@ def limits_of(settings: Settings) -> ServerLimits:
 
 def main(role: str, build_app: BuildApp, argv: list[str] | None = None) -> int:
     """Parse settings, prepare the database, and serve until stopped."""
-    from db import Database, DatabaseUnusable  # the one place the protocol package meets the data layer
-
     settings = server_settings(role, argv)
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s {role} %(process)d %(levelname)s %(name)s: %(message)s")
+    stops = StopSignals()  # from here on SIGTERM and Ctrl-C stop the server cleanly, even mid-start
+    try:
+        return _start(role, build_app, settings, stops)
+    except StopRequested:
+        log.info("stopped before serving")
+        return 0
+
+
+def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignals) -> int:
+    from db import Database, DatabaseUnusable  # the one place the protocol package meets the data layer
+
     schema_db = Database(settings.db_url, pool_size=1)
     try:
         schema_db.create_schema()
@@ -77,7 +87,7 @@ def main(role: str, build_app: BuildApp, argv: list[str] | None = None) -> int:
         return 2
     try:
         if settings.workers <= 1:
-            _serve(settings, build_app, settings.port, tls, ready=_announce)
+            _serve(settings, build_app, settings.port, tls, stops, ready=_announce)
             return 0
         return _supervise(settings, build_app, tls)
     except (CannotListen, WorkerFailed) as exc:
@@ -92,23 +102,20 @@ def _announce(server: Server) -> None:
 
 
 def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
-           ready: Callable[[Server], None], reuse_port: bool = False) -> None:
+           stops: StopSignals, ready: Callable[[Server], None], reuse_port: bool = False) -> None:
     """One server process: its own database pool, App and loop."""
     from db import Database
 
+    stops.hold()  # threads start from here: a signal must not cut that short
     database = Database(settings.db_url, pool_size=settings.threads)
-    app = build_app(settings, database)
     try:
+        app = build_app(settings, database)
         server = _bound(settings.host, port, lambda: Server(app, settings.host, port, limits_of(settings),
                                                             reuse_port=reuse_port, tls=tls))
-    except CannotListen:
-        database.close()
-        raise
-    # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
-    # long as the process: keep it out of the collector's full passes, which scanned it all.
-    gc.freeze()
-    try:
-        serve_until_signal(server, ready)
+        # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
+        # long as the process: keep it out of the collector's full passes, which scanned it all.
+        gc.freeze()
+        stops.serve(server, ready)
     finally:
         database.close()
 
@@ -117,12 +124,7 @@ def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | No
     """Fork the workers, announce the port once they listen, restart any that dies."""
     reserved = _bound(settings.host, settings.port, lambda: reserve_port(settings.host, settings.port))
     port = reserved.getsockname()[1]
-    started = [_fork_worker(settings, build_app, port, tls) for _ in range(settings.workers)]
-    reserved.close()
-    workers = {pid for pid, _ in started}
-    if not all(ready for _, ready in started):
-        _stop_all(workers)
-        raise WorkerFailed("a worker process could not start (its error is above)")
+    workers: set[int] = set()
     stopping = False
 
     def stop(signum: int, _frame: Any) -> None:
@@ -131,10 +133,23 @@ def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | No
         for pid in workers:
             _signal(pid, signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, stop)
+    def start_worker() -> bool:
+        pid, listening = _fork_worker(settings, build_app, port, tls)
+        workers.add(pid)
+        if stopping:  # the signal came while it started: it was not among those told
+            _signal(pid, signal.SIGTERM)
+        return listening
+
+    signal.signal(signal.SIGTERM, stop)  # before the first worker listens
     signal.signal(signal.SIGINT, stop)
-    log.info("%d worker processes share the port", settings.workers)
-    print(f"listening on {settings.host}:{port}", flush=True)
+    started = [start_worker() for _ in range(settings.workers) if not stopping]
+    reserved.close()
+    if not stopping and not all(started):
+        _stop_all(workers)
+        raise WorkerFailed("a worker process could not start (its error is above)")
+    if not stopping:
+        log.info("%d worker processes share the port", settings.workers)
+        print(f"listening on {settings.host}:{port}", flush=True)
     failed = False
     while workers:
         pid, status = os.wait()
@@ -142,7 +157,7 @@ def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | No
         if not stopping:
             log.error("worker %d exited (status %d); starting another", pid, status)
             time.sleep(0.5)
-            workers.add(_fork_worker(settings, build_app, port, tls)[0])
+            start_worker()
         elif os.waitstatus_to_exitcode(status) != 0:
             failed = True
     return 1 if failed else 0
@@ -153,22 +168,34 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int,
     """A worker process serving `port`, and whether it listens: returns once it does, or has died."""
     ready_r, ready_w = os.pipe()
     parent = os.getpid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # none reaches the child before its handlers
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
-        die_with_parent(parent)
-        code = 0
-        try:
-            _serve(settings, build_app, port, tls, reuse_port=True, ready=lambda _: _signal_ready(ready_w))
-        except BaseException:
-            log.exception("worker failed")
-            code = 1
-        finally:
-            os._exit(code)
+        _run_worker(settings, build_app, port, tls, parent, ready_w)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     os.close(ready_w)
-    listening = os.read(ready_r, 1) == b"1"  # b"": it exited first
+    listening = os.read(ready_r, 1) == b"1"  # b"": it exited first (or was stopped while starting)
     os.close(ready_r)
     return pid, listening
+
+
+def _run_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
+                parent: int, ready_w: int) -> NoReturn:
+    """The forked worker's whole life."""
+    code = 0
+    try:
+        stops = StopSignals()  # its own handlers, not the supervisor's copied ones
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        die_with_parent(parent)
+        _serve(settings, build_app, port, tls, stops, reuse_port=True, ready=lambda _: _signal_ready(ready_w))
+    except StopRequested:
+        pass
+    except BaseException:
+        log.exception("worker failed")
+        code = 1
+    finally:
+        os._exit(code)
 
 
 def _stop_all(pids: set[int]) -> None:

@@ -517,19 +517,47 @@ def _refuse_busy(sock: socket.socket, plaintext: bool) -> None:
         sock.close()
 
 
-def serve_until_signal(server: Server, ready: Callable[[Server], None] = lambda _: None) -> None:
-    """Serve in the foreground until SIGTERM or Ctrl-C, then stop cleanly.
+class StopRequested(Exception):
+    """SIGTERM or Ctrl-C arrived before the server was serving: stop without serving."""
 
-    `ready` runs once the handlers are in place, so a SIGTERM sent as soon as the
-    server says it is listening still stops it cleanly."""
-    def stop(signum: int, _frame: Any) -> None:
+
+class StopSignals:
+    """SIGTERM and Ctrl-C as a clean stop, from the moment this is made.
+
+    Made before the server listens, so no signal finds the process listening but without
+    its handlers (the default action killed it there: exit status -15, or a traceback).
+    Until `hold`, a signal raises StopRequested out of whatever start-up was doing (waiting
+    for the database, say); from `hold` on, while threads are started, it is remembered,
+    and `serve` stops at once; once serving, it shuts the server down, which answers what
+    is in flight."""
+
+    def __init__(self) -> None:
+        self._server: Server | None = None
+        self._requested = False
+        self._interruptible = True
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+
+    def _stop(self, signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
-        server.shutdown(wait=False)
+        self._requested = True
+        if self._server is not None:
+            self._server.shutdown(wait=False)
+        elif self._interruptible:
+            raise StopRequested(signum)
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    ready(server)
-    server.serve_forever()
+    def hold(self) -> None:
+        """From here on a signal is remembered, not raised: nothing that must finish is cut short."""
+        self._interruptible = False
+
+    def serve(self, server: Server, ready: Callable[[Server], None] = lambda _: None) -> None:
+        """Serve in the foreground until SIGTERM or Ctrl-C, then stop cleanly; `ready` runs
+        once a signal would stop the server (it may already be stopping)."""
+        self._server = server
+        if self._requested:
+            server.shutdown(wait=False)
+        ready(server)
+        server.serve_forever()
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
