@@ -272,25 +272,24 @@ class SessionGate:
         try:
             result = self.db.run(transaction, write=write)
         except ProtocolError:  # activity too; a write's own touch was rolled back with it
-            self._touch_if_due(sessions_seen, best_effort=True)
+            self._touch_if_due(sessions_seen)
             raise
         if not write:  # a write touched it in its transaction
             self._touch_if_due(sessions_seen)
         return result
 
-    def _touch_if_due(self, sessions_seen: list[Session], best_effort: bool = False) -> None:
+    def _touch_if_due(self, sessions_seen: list[Session]) -> None:
         """Write last-seen in a transaction of its own, if due for the session whose token
-        passed; `best_effort` (after a failed request): log a failure, the error stands."""
+        passed. Best effort: should it fail (BUSY, say), the request's own answer stands, and
+        the session's next request tries again."""
         session = sessions_seen[-1] if sessions_seen else None
         if session is None or session.live is None or not session.stale:
             return
         live = session.live
         try:
             self.db.run(lambda tx: touch_session(tx, live))
-        except ProtocolError:
-            if not best_effort:
-                raise
-            log.warning("could not record a failed request's session activity")
+        except ProtocolError as exc:
+            log.warning("could not record a session's activity: %s", exc)
 
 
 def account_handlers(db: Database, role: str, policy: SessionPolicy, version: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import json
 import logging
 import queue
 import random
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,7 +28,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from wire.errors import BusyError, UnavailableError
 
-from .engine import PROGRESS_KEY, WRITE_KEY, is_sqlite, make_engine
+from .engine import LOCK_WAIT_S, PROGRESS_KEY, WRITE_KEY, is_sqlite, make_engine
 from .schema import (
     SCHEMA_VERSION,
     item_keyword_pairs,
@@ -42,14 +43,21 @@ from .schema import (
 T = TypeVar("T")
 log = logging.getLogger("market.db")
 MAX_ATTEMPTS = 8
-_RETRY_ERRNOS = {1205, 1213}  # lock wait timeout, deadlock (Galera certification failures too)
-# Cannot connect or lost the connection; and two from a Galera node outside its cluster's
+_DEADLOCK_ERRNOS = {1213}  # retried (Galera's certification failures arrive as these too)
+_LOCK_WAIT_ERRNOS = {1205}  # waited LOCK_WAIT_S already: BUSY, not another wait
+# Cannot connect or lost the connection; two from a Galera node outside its cluster's
 # primary component: 1047 (not ready for clients) and 1180 (a commit it could not replicate,
-# rolled back).
-_UNAVAILABLE_ERRNOS = {1040, 1047, 1053, 1180, 2002, 2003, 2005, 2006, 2013, 2055}
-# At start: no server at that address, no such host, access denied, no such database
-_UNUSABLE_ERRNOS = {1044, 1045, 1049, 1698, 2002, 2003, 2005}
+# rolled back); and a server in read-only mode (1290: a replica, say, during a failover).
+_UNAVAILABLE_ERRNOS = {1040, 1047, 1053, 1180, 1290, 2002, 2003, 2005, 2006, 2013, 2055}
+# At start: no server at that address, no such host, access denied, no such database,
+# no right to write (1142), a read-only server (1290)
+_UNUSABLE_ERRNOS = {1044, 1045, 1049, 1142, 1290, 1698, 2002, 2003, 2005}
+# SQLite: the disk is full, the file cannot be read, written or opened (SQLite has rolled
+# the transaction back: nothing was changed)
+_SQLITE_UNAVAILABLE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
+                       sqlite3.SQLITE_CANTOPEN}
 _ALL_IN_USE = "every database connection is in use; try again"
+_LOCK_WAITED = f"waited {LOCK_WAIT_S} s for a lock another request held; nothing was changed; try again"
 _OPENED_KEY = "market_opened"  # connection info: when its Connection was opened (monotonic)
 
 
@@ -110,7 +118,10 @@ class Database:
                 if _is_unavailable(exc):
                     log.warning("database unavailable: %s", exc.orig)
                     raise UnavailableError("the database cannot be reached; nothing was changed") from None
-                if not _is_retryable(exc):
+                if _is_lock_wait_timeout(exc):
+                    log.warning("waited %d s for a lock: %s", LOCK_WAIT_S, exc.orig)
+                    raise BusyError(_LOCK_WAITED) from None
+                if not _is_deadlock(exc):
                     raise
             time.sleep(random.uniform(0, 0.002 * 2**attempt))
         raise BusyError("the database is too busy to finish this; nothing was changed")
@@ -178,6 +189,8 @@ def _create_or_upgrade(conn: Connection) -> None:
         conn.execute(insert(schema_info).values(version=SCHEMA_VERSION))
     elif version != SCHEMA_VERSION:
         _upgrade(conn, version)
+    else:  # a write changing nothing: a database this server may not write is found now
+        conn.execute(update(schema_info).values(version=schema_info.c.version))
 
 
 def _locked_version(conn: Connection) -> int | None:
@@ -225,7 +238,7 @@ class _Connections:
 
     def give(self, conn: Connection) -> None:
         """Return a Connection taken for a call that has ended (committed or rolled back)."""
-        if conn.invalidated or conn.in_transaction():
+        if conn.invalidated or conn.in_transaction() or _left_open(conn):
             conn.close()
             self._slots.put(None)
         else:
@@ -311,20 +324,36 @@ def _compare_exactly(conn: Connection) -> None:
                           f"{column.type.compile(dialect=conn.dialect)} {null}"))
 
 
+def _left_open(conn: Connection) -> bool:
+    """An SQLite transaction SQLAlchemy took for ended: after a failed COMMIT it sends no
+    ROLLBACK, and were SQLite's own not done, the connection would keep the write lock."""
+    raw = conn.connection.dbapi_connection if not conn.invalidated else None
+    return isinstance(raw, sqlite3.Connection) and raw.in_transaction
+
+
 def _errno(exc: DBAPIError) -> int | None:
     return getattr(exc.orig, "errno", None)
 
 
-def _is_retryable(exc: DBAPIError) -> bool:
-    if _errno(exc) in _RETRY_ERRNOS:
-        return True
-    message = str(exc.orig).lower()
-    return "database is locked" in message or "deadlock" in message
+def _is_deadlock(exc: DBAPIError) -> bool:
+    return _errno(exc) in _DEADLOCK_ERRNOS or "deadlock" in str(exc.orig).lower()
+
+
+def _is_lock_wait_timeout(exc: DBAPIError) -> bool:
+    """MySQL's lock wait timeout, or SQLite's 'database is locked' once its busy timeout ran out."""
+    return _errno(exc) in _LOCK_WAIT_ERRNOS or "database is locked" in str(exc.orig)
+
+
+def _sqlite_error(exc: DBAPIError) -> int | None:
+    """SQLite's primary result code (SQLITE_IOERR for all its extended ones), if SQLite's."""
+    code = getattr(exc.orig, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
 
 
 def _is_unusable(exc: DBAPIError) -> bool:
-    return _errno(exc) in _UNUSABLE_ERRNOS or "unable to open database file" in str(exc.orig)
+    return _errno(exc) in _UNUSABLE_ERRNOS or _sqlite_error(exc) in _SQLITE_UNAVAILABLE
 
 
 def _is_unavailable(exc: DBAPIError) -> bool:
-    return exc.connection_invalidated or _errno(exc) in _UNAVAILABLE_ERRNOS
+    return exc.connection_invalidated or _errno(exc) in _UNAVAILABLE_ERRNOS or \
+        _sqlite_error(exc) in _SQLITE_UNAVAILABLE

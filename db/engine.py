@@ -32,7 +32,11 @@ try:  # the C extension of mysql-connector-python (pinned to a version whose ext
 except ImportError:  # pragma: no cover - then MySQL URLs fail at connect with a clear error
     CMySQLConnection = object  # type: ignore[misc,assignment]
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
+# How long a statement waits for a lock another transaction holds, on either database,
+# before the call is answered BUSY: well inside the client's 30 s, so the answer arrives.
+LOCK_WAIT_S = 15
+_POLL_LOCK_S = 5.0  # SQLite: BEGIN IMMEDIATE polled this long, then its busy handler waits the rest
+SQLITE_BUSY_TIMEOUT_MS = int((LOCK_WAIT_S - _POLL_LOCK_S) * 1000)
 WRITE_KEY = "market_write"  # connection info: the current call writes
 PROGRESS_KEY = "market_progress"  # connection info: [statements run] in the current call
 _MYSQL_DRIVER = "mysql+mysqlconnector"
@@ -101,9 +105,6 @@ def _sqlite_engine(url: str, pool_size: int) -> Engine:
     return engine
 
 
-_POLL_LOCK_S = 5.0  # then SQLite's own busy handler waits (busy_timeout), as before
-
-
 def _begin_immediate(conn: Any) -> None:
     """BEGIN IMMEDIATE, asking again every 0.1-1 ms while another writer holds the lock.
 
@@ -154,6 +155,7 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
             ClientFlag.MULTI_STATEMENTS
         conn = _QuietConnection(*cargs, **cparams)
         conn.cmd_query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        conn.cmd_query(f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_S}")  # default 50 s
         conn.batches = not _on_galera_node(conn)
         return conn
 

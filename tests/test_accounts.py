@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 from conftest import CARD, PASSWORD, Market, running_market, unique_name
 from sqlalchemy import select
 from test_races import race
 
+import db.engine as engine_module
 from db import Database, passwords
 from db.accounts import token_hash
 from db.schema import (
@@ -365,3 +368,31 @@ def test_hashing_leaves_a_core_to_the_other_requests() -> None:
     finally:
         for _ in range(allowed):
             passwords._slots.release()
+
+
+def test_a_read_is_answered_when_its_session_activity_cannot_be_written(tmp_path: Any,
+                                                                        monkeypatch: Any) -> None:
+    """A read whose last-seen is due writes it after the read; that write waiting out its
+    lock wait (another process holding SQLite's write lock) answered the read BUSY, its
+    result thrown away. Now the answer stands and the next request writes last-seen."""
+    monkeypatch.setattr(engine_module, "_POLL_LOCK_S", 0.05)
+    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 200)
+    path = tmp_path / "busy.db"
+    database = Database(f"sqlite:///{path}", pool_size=2)
+    database.create_schema()
+    with running_market(database, Settings(role="buyer", session_idle_s=5)) as market:
+        buyer = market.user("buyer")
+        time.sleep(0.6)  # last-seen is due (written at most every 0.5 s here)
+        holder = sqlite3.connect(path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            assert buyer.call("display_cart")["cart"]["items"] == []  # before: BUSY
+            holder.execute("ROLLBACK")
+            buyer.call("display_cart")
+        finally:
+            holder.close()
+        with database.engine.connect() as conn:
+            seen = conn.execute(select(sessions.c.last_seen_ms)
+                                .where(sessions.c.token_hash == token_hash(buyer.token))).scalar_one()
+        assert time.time() * 1000 - seen < 500  # written by the request after
+    database.close()

@@ -1,6 +1,7 @@
 """The engine factory: the MySQL driver is the C extension, and the dialect settings hold."""
 from __future__ import annotations
 
+import secrets
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 import db.engine as engine_module
-from db import Database
+from db import Database, DatabaseUnusable
 from db.engine import _QuietConnection, _template, driver_url
 from db.prepared import Prepared, PreparedRows, run_together
 from db.schema import login_failures
@@ -394,3 +395,107 @@ def test_outside_a_write_transaction_deferring_runs_at_once(database: Database) 
     # MySQL runs a read's statements in autocommit, so both stayed (none waited for a COMMIT
     # that a read never sends); SQLite's read transaction is rolled back, with any write in it
     assert _failures_of(database, "at once") == (None if database.is_sqlite else 6)
+
+
+def test_a_sqlite_writer_that_waited_its_whole_lock_wait_answers_busy_once(tmp_path: Any,
+                                                                          monkeypatch: Any) -> None:
+    # before: 'database is locked' was retried, 8 waits of 5 s + 30 s in all: the client's
+    # 30 s ran out long before, and the call might still commit after it had given up
+    monkeypatch.setattr(engine_module, "_POLL_LOCK_S", 0.05)
+    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 200)
+    path = tmp_path / "held.db"
+    database = Database(f"sqlite:///{path}", pool_size=1)
+    database.create_schema()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a writer that does not let go
+    attempts = [0]
+
+    def write(tx: Any) -> None:
+        attempts[0] += 1
+        _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "never", "n": 1})
+
+    try:
+        with pytest.raises(BusyError, match=r"waited \d+ s for a lock another request held; nothing was"):
+            database.run(write)
+        assert attempts == [0]  # the BEGIN waited, once; the work never ran
+        holder.execute("ROLLBACK")
+        database.run(write)  # and the connection serves the next call
+        assert _failures_of(database, "never") == 1
+    finally:
+        holder.close()
+        database.close()
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_a_mariadb_lock_wait_timeout_answers_busy_once(database: Database) -> None:
+    assert database.run(lambda tx: tx.exec_driver_sql("SELECT @@innodb_lock_wait_timeout").scalar(),
+                        write=False) == engine_module.LOCK_WAIT_S  # not the server's 50 s
+    one = Database(database.url, pool_size=1)
+    one.run(lambda tx: tx.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1"), write=False)
+    database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "held", "n": 1}))
+    attempts = [0]
+
+    def bump(tx: Any) -> None:
+        attempts[0] += 1
+        _BUMP.execute(tx, {"username": "held"})
+
+    try:
+        with database.engine.connect() as holder, holder.begin():
+            holder.execute(select(login_failures).where(login_failures.c.username == "held")
+                           .with_for_update())
+            with pytest.raises(BusyError, match="waited"):  # before: retried 8 times, then BUSY
+                one.run(bump)
+        assert attempts == [1]
+        one.run(bump)
+        assert _failures_of(database, "held") == 2
+    finally:
+        one.close()
+
+
+def test_a_connection_given_back_inside_a_transaction_sqlalchemy_missed_is_closed(tmp_path: Any) -> None:
+    """After a failed COMMIT SQLAlchemy sends no ROLLBACK; were the transaction left open,
+    the pooled connection would keep SQLite's write lock from every other process."""
+    path = tmp_path / "left.db"
+    database = Database(f"sqlite:///{path}", pool_size=1)
+    database.create_schema()
+    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        database.run(lambda tx: tx.connection.dbapi_connection.execute("BEGIN IMMEDIATE"), write=False)
+        other.execute("BEGIN IMMEDIATE")  # before: 'database is locked'
+        other.execute("ROLLBACK")
+        assert database.run(lambda tx: tx.exec_driver_sql("SELECT 1").scalar(), write=False) == 1
+    finally:
+        other.close()
+        database.close()
+
+
+def test_a_database_the_server_may_only_read_is_refused_at_start(database: Database) -> None:
+    """Before, a server started on it and answered every write INTERNAL."""
+    if database.is_sqlite:
+        path = database.engine.url.database
+        read_only = Database(f"sqlite:///file:{path}?mode=ro&uri=true", pool_size=1)
+        reason = "attempt to write a readonly database"
+    else:
+        user = f"ro_{secrets.token_hex(4)}"
+        name = database.engine.url.database
+        with database.engine.connect() as admin:
+            for host in ("%", "localhost"):
+                admin.exec_driver_sql(f"CREATE USER '{user}'@'{host}' IDENTIFIED BY 'pw'")
+                admin.exec_driver_sql(f"GRANT SELECT ON {name}.* TO '{user}'@'{host}'")
+        url = driver_url(database.url).set(username=user, password="pw")
+        read_only = Database(url.render_as_string(hide_password=False), pool_size=1)
+        reason = "UPDATE command denied"
+    try:
+        with pytest.raises(DatabaseUnusable, match=reason):
+            read_only.create_schema()
+        if database.is_sqlite:  # a write, should one be tried (a full disk too): not INTERNAL
+            with pytest.raises(UnavailableError):
+                read_only.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "x",
+                                                                     "n": 1}))
+        assert read_only.run(lambda tx: tx.execute(select(login_failures)).all(), write=False) == []
+    finally:
+        read_only.close()
+        if not database.is_sqlite:
+            with database.engine.connect() as admin:
+                for host in ("%", "localhost"):
+                    admin.exec_driver_sql(f"DROP USER '{user}'@'{host}'")
