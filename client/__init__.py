@@ -1,1 +1,1 @@
-"""The `market` command: interactive buyer and seller shells, `serve` and `health`."""
+"""The `market` command: interactive buyer and seller shells, `serve`, `health` and `seed`."""

@@ -4,6 +4,7 @@
   market seller           the interactive seller shell
   market serve            both servers in the foreground (SQLite by default)
   market health HOST:PORT ping a server; exit 0 when it answers
+  market seed             bulk-load sellers and items into a database (for scale measurements)
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """A consistency audit of the whole database, like a bank's: every counter is checked
 against the rows it counts, and every purchase a client was told about must be there.
 
-Run it when no load is running: it reads in one read-only transaction, but MySQL at
-READ COMMITTED does not give one snapshot across statements. Each rule returns a
+Run it when no load is running: on SQLite it reads in one read transaction, but on
+MySQL it reads statement by statement (autocommit), with no snapshot across them. Each rule returns a
 list of readable violations; an empty list means the books balance.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def audit(database: Database, acknowledged: Iterable[AckedOrder] = ()) -> list[s
 
 
 def violations(tx: Connection, acknowledged: Iterable[AckedOrder] = ()) -> list[str]:
-    """Every violation the rules find through `tx` (in a snapshot, even under load)."""
+    """Every violation the rules find through `tx` (with no load running: see the module)."""
     acked = list(acknowledged)
     return [*_item_rules(tx), *_search_index_rules(tx), *_seller_rules(tx), *_order_rules(tx),
             *_feedback_rules(tx), *_acknowledged_rules(tx, acked)]

@@ -2,7 +2,7 @@
 
 parse_request checks the envelope's shape only, once the op is known and its token seen
 (UNKNOWN_OP and UNAUTHENTICATED come first); the op's arguments are checked after it by
-values.validate_args.
+the op's spec (ops.OpSpec.validate).
 """
 from __future__ import annotations
 

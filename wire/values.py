@@ -1,4 +1,4 @@
-"""Value rules of PROTOCOL.md: one validator per kind of field, and args checking.
+"""Value rules of PROTOCOL.md: one validator per kind of field.
 
 A validator takes (field name, raw JSON value) and returns the normalised value
 (money as integer cents, keywords lower-cased) or raises BadRequestError naming
