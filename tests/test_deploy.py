@@ -419,6 +419,17 @@ def test_server_units_restart_on_failure_and_check_health(role: str) -> None:
     assert "cloud-sql-proxy.service" in keys["After"][0].split()
 
 
+@pytest.mark.parametrize("role", SERVERS)
+def test_a_stop_is_given_time_for_a_request_waiting_out_its_lock(role: str) -> None:
+    """A stop finishes the requests in flight; one may wait LOCK_WAIT_S for a lock. Before,
+    compose left Docker's 10 s before SIGKILL."""
+    from db.engine import LOCK_WAIT_S
+
+    grace = compose()["services"][role]["stop_grace_period"]
+    assert re.fullmatch(r"\d+s", grace) and int(grace[:-1]) >= 2 * LOCK_WAIT_S
+    assert int(unit(f"market-{role}.service")["TimeoutStopSec"][0]) >= 2 * LOCK_WAIT_S
+
+
 def test_cloud_sql_proxy_unit_runs_as_the_dedicated_user() -> None:
     keys = unit("cloud-sql-proxy.service")
     assert keys["Restart"] == ["on-failure"]

@@ -350,3 +350,80 @@ def test_a_worker_that_dies_before_listening_fails_the_start(tmp_path: Path) -> 
     assert "RuntimeError: no app today" in done.stderr
     assert done.stderr.splitlines()[-1] == "error: buyer server: a worker process could not start " \
                                            "(its error is above)"
+
+
+def test_the_port_stays_the_servers_while_its_workers_are_replaced(spawn) -> None:  # type: ignore[no-untyped-def]
+    # before: the supervisor let go of the port once its workers listened, so with every
+    # worker dead any program could take it, and each new worker failed on it, forever
+    server = spawn("buyer", 0, True, "--workers", "2")
+    for pid in _children(server.proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)  # both dead, the replacements not yet started (a pause of 0.5 s)
+    with pytest.raises(OSError, match="Address already in use"):
+        socket.create_server(("127.0.0.1", server.port)).close()
+    deadline = time.monotonic() + 20
+    while not _answers(server.port):
+        assert time.monotonic() < deadline, server.stderr()
+        time.sleep(0.1)
+    assert server.stop() == 0
+    assert re.search(r"worker \d+ was killed by SIGKILL after [\d.]+ s; starting another in 0\.5 s",
+                     server.stderr()), server.stderr()  # before: "exited (status 9)"
+
+
+DYING_WORKERS = """
+import os, sys
+from buyer_server.ops import build_app as buyer_app
+from wire import runner
+
+runner._FIRST_PAUSE_S = {first_pause}
+
+def build_app(settings, database):
+    if os.path.exists({marker!r}):
+        raise RuntimeError("no app today")
+    return buyer_app(settings, database)
+
+sys.exit(runner.main("buyer", build_app, sys.argv[1:]))
+"""
+
+
+def _dying_workers(tmp_path: Path, first_pause: float) -> tuple[subprocess.Popen[str], Path]:
+    marker = tmp_path / "workers die from now on"
+    script = DYING_WORKERS.format(first_pause=first_pause, marker=str(marker))
+    proc = subprocess.Popen([sys.executable, "-c", script, "--port", "0", "--workers", "2",
+                             "--db-url", f"sqlite:///{tmp_path / 'market.db'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and LISTENING.match(proc.stdout.readline().strip())
+    return proc, marker
+
+
+def test_workers_that_keep_dying_are_restarted_ever_later_then_given_up(tmp_path: Path) -> None:
+    # before: a new worker every 0.5 s, forever, and a supervisor alive as if all were well
+    proc, marker = _dying_workers(tmp_path, first_pause=0.1)
+    try:
+        marker.touch()
+        for pid in _children(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, err[-3000:]
+    assert err.splitlines()[-1] == "error: buyer server: 5 workers started in a row died before they " \
+                                   "listened (their errors are above)"
+    pauses = [float(p) for p in re.findall(r"starting another in ([\d.]+) s", err)]
+    assert pauses == [0.1, 0.2, 0.4, 0.8, 1.6], err[-3000:]  # one per start that failed
+
+
+def test_a_stop_during_a_workers_restart_pause_starts_no_worker(tmp_path: Path) -> None:
+    # before: the supervisor slept its pause through and then started a worker, to stop it
+    proc, _ = _dying_workers(tmp_path, first_pause=5.0)
+    try:
+        first, second = _children(proc.pid)
+        os.kill(first, signal.SIGKILL)
+        time.sleep(0.3)  # the supervisor is in its pause
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    stopped = set(re.findall(r"buyer (\d+) INFO market.server: signal 15: stopping", err))
+    assert stopped == {str(second)}, err[-3000:]  # the worker left, and no new one

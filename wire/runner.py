@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 import time
@@ -29,6 +30,9 @@ BuildApp = Callable[[Settings, Any], App]
 T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+_FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.5, 30.0  # before restarting a worker that died
+_HEALTHY_AFTER_S = 10.0  # a worker that lived this long: the next pause is the first again
+_GIVE_UP_AFTER = 5  # workers started in a row that died before they listened
 
 
 class CannotListen(OSError):
@@ -122,49 +126,97 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
 
 def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None) -> int:
     """Fork the workers, announce the port once they listen, restart any that dies."""
-    reserved = _bound(settings.host, settings.port, lambda: reserve_port(settings.host, settings.port))
-    port = reserved.getsockname()[1]
-    workers: set[int] = set()
-    stopping = False
+    return _Supervisor(settings, build_app, tls).run()
 
-    def stop(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-        for pid in workers:
+
+class _Supervisor:
+    """The parent of `--workers N`: forks the workers, passes SIGTERM on, and restarts a
+    worker that dies, pausing longer after each quick death (0.5 s, doubling up to 30 s),
+    and giving up (exit 2) when five started in a row died before they listened. It holds
+    the port all its life, so nothing else takes it while a worker is being replaced."""
+
+    def __init__(self, settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None) -> None:
+        self.settings, self.build_app, self.tls = settings, build_app, tls
+        host, port = settings.host, settings.port
+        self.reserved = _bound(host, port, lambda: reserve_port(host, port))
+        self.port = self.reserved.getsockname()[1]
+        self.workers: dict[int, float] = {}  # pid: when it started
+        self.stopping = False
+        self.pause_s = _FIRST_PAUSE_S
+        self.failed_starts = 0  # in a row
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.stop)  # before the first worker listens
+        signal.signal(signal.SIGINT, self.stop)
+        try:
+            started = [self.start_worker() for _ in range(self.settings.workers) if not self.stopping]
+            if not self.stopping and not all(started):
+                _stop_all(set(self.workers))
+                raise WorkerFailed("a worker process could not start (its error is above)")
+            if not self.stopping:
+                log.info("%d worker processes share the port", self.settings.workers)
+                print(f"listening on {self.settings.host}:{self.port}", flush=True)
+            return self.watch()
+        finally:
+            self.reserved.close()
+
+    def stop(self, signum: int, _frame: Any) -> None:
+        if not self.stopping:
+            log.info("signal %d: stopping %d workers", signum, len(self.workers))
+        self.stopping = True
+        for pid in self.workers:
             _signal(pid, signal.SIGTERM)
 
-    def start_worker() -> bool:
-        pid, listening = _fork_worker(settings, build_app, port, tls)
-        workers.add(pid)
-        if stopping:  # the signal came while it started: it was not among those told
+    def start_worker(self) -> bool:
+        pid, listening = _fork_worker(self.settings, self.build_app, self.port, self.tls, self.reserved)
+        self.workers[pid] = time.monotonic()
+        if self.stopping:  # the signal came while it started: it was not among those told
             _signal(pid, signal.SIGTERM)
         return listening
 
-    signal.signal(signal.SIGTERM, stop)  # before the first worker listens
-    signal.signal(signal.SIGINT, stop)
-    started = [start_worker() for _ in range(settings.workers) if not stopping]
-    reserved.close()
-    if not stopping and not all(started):
-        _stop_all(workers)
-        raise WorkerFailed("a worker process could not start (its error is above)")
-    if not stopping:
-        log.info("%d worker processes share the port", settings.workers)
-        print(f"listening on {settings.host}:{port}", flush=True)
-    failed = False
-    while workers:
-        pid, status = os.wait()
-        workers.discard(pid)
-        if not stopping:
-            log.error("worker %d exited (status %d); starting another", pid, status)
-            time.sleep(0.5)
-            start_worker()
-        elif os.waitstatus_to_exitcode(status) != 0:
-            failed = True
-    return 1 if failed else 0
+    def watch(self) -> int:
+        """Wait for the workers; replace those that die, until stopped."""
+        failed = False
+        while self.workers:
+            pid, status = os.wait()
+            lived = time.monotonic() - self.workers.pop(pid)
+            if self.stopping:
+                failed = failed or os.waitstatus_to_exitcode(status) != 0
+            elif not self.replace(pid, status, lived):
+                _stop_all(set(self.workers))
+                raise WorkerFailed(f"{_GIVE_UP_AFTER} workers started in a row died before they listened "
+                                   "(their errors are above)")
+        return 1 if failed else 0
+
+    def replace(self, pid: int, status: int, lived: float) -> bool:
+        """Start another worker after a pause; False when too many in a row could not listen."""
+        if lived >= _HEALTHY_AFTER_S:
+            self.pause_s = _FIRST_PAUSE_S
+        pause, self.pause_s = self.pause_s, min(2 * self.pause_s, _LONGEST_PAUSE_S)
+        log.error("worker %d %s after %.1f s; starting another in %.1f s", pid, _how_it_ended(status),
+                  lived, pause)
+        until = time.monotonic() + pause
+        while not self.stopping and time.monotonic() < until:
+            time.sleep(0.05)
+        if self.stopping:
+            return True
+        self.failed_starts = 0 if self.start_worker() else self.failed_starts + 1
+        return self.failed_starts < _GIVE_UP_AFTER
 
 
-def _fork_worker(settings: Settings, build_app: BuildApp, port: int,
-                 tls: ssl.SSLContext | None) -> tuple[int, bool]:
+def _how_it_ended(status: int) -> str:
+    """'exited with status 1', 'was killed by SIGKILL': a wait status in words."""
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
+
+
+def _fork_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
+                 reserved: socket.socket) -> tuple[int, bool]:
     """A worker process serving `port`, and whether it listens: returns once it does, or has died."""
     ready_r, ready_w = os.pipe()
     parent = os.getpid()
@@ -172,6 +224,7 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int,
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
+        reserved.close()  # the supervisor's
         _run_worker(settings, build_app, port, tls, parent, ready_w)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     os.close(ready_w)

@@ -178,6 +178,7 @@ class Server:
         self._lead_ended = threading.Event()
         self._failure: BaseException | None = None
         self._stopped = threading.Event()
+        self._stop_asked = 0.0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -214,6 +215,8 @@ class Server:
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop accepting, answer what is queued, close everything."""
+        if not self._stopping.is_set():
+            self._stop_asked = time.monotonic()
         self._stopping.set()
         self._wake()
         if wait:
@@ -428,9 +431,12 @@ class Server:
         self._listener.close()
         self._pool.shutdown()
         self._run_calls()
-        for conn in list(self._connections):
+        connections = list(self._connections)
+        for conn in connections:
             conn.busy = False
             self._close(conn)
+        log.info("stopped %.1f s after the stop was asked, closing %d connections",
+                 time.monotonic() - (self._stop_asked or time.monotonic()), len(connections))
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -563,7 +569,9 @@ class StopSignals:
 def reserve_port(host: str, port: int) -> socket.socket:
     """A bound, not listening, SO_REUSEPORT socket: holds the port while workers bind it."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # SO_REUSEPORT alone: the workers' sockets (and what is left of their connections, in
+    # TIME_WAIT) share the port with it, while a program binding with SO_REUSEADDR, which
+    # may share a port nobody listens on, is refused: the port stays ours while no worker is.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     return sock
