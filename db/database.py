@@ -88,9 +88,9 @@ def now_ms() -> int:
 class Database:
     """An engine plus the transaction runner every data function goes through."""
 
-    def __init__(self, url: str, pool_size: int = 16) -> None:
+    def __init__(self, url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL") -> None:
         self.url = url
-        self.engine = make_engine(url, pool_size)
+        self.engine = make_engine(url, pool_size, sqlite_synchronous)
         self._connections = _Connections(self.engine, pool_size)
 
     def close(self) -> None:

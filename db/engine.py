@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - then MySQL URLs fail at connect with a
 LOCK_WAIT_S = 15
 _POLL_LOCK_S = 5.0  # SQLite: BEGIN IMMEDIATE polled this long, then its busy handler waits the rest
 SQLITE_BUSY_TIMEOUT_MS = int((LOCK_WAIT_S - _POLL_LOCK_S) * 1000)
+SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 WRITE_KEY = "market_write"  # connection info: the current call writes
 PROGRESS_KEY = "market_progress"  # connection info: [statements run] in the current call
 _MYSQL_DRIVER = "mysql+mysqlconnector"
@@ -50,11 +51,17 @@ def driver_url(url: str) -> URL:
     return parsed
 
 
-def make_engine(url: str, pool_size: int = 16) -> Engine:
-    """A pooled engine for an SQLAlchemy URL (mysql:// means mysql-connector)."""
+def make_engine(url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL") -> Engine:
+    """A pooled engine for an SQLAlchemy URL (mysql:// means mysql-connector).
+
+    `sqlite_synchronous` (SQLite only): NORMAL, a commit survives the process's crash but
+    the last ones may be lost to a power cut or the machine's crash; FULL, it survives both
+    (a flush to disk per commit: about 0.6x the calls at 100 + 100, docs/benchmarks.md)."""
     parsed = driver_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return _count_statements(_sqlite_engine(url, pool_size))
+        if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
+            raise ValueError(f"sqlite_synchronous: one of {', '.join(SQLITE_SYNCHRONOUS)}")
+        return _count_statements(_sqlite_engine(url, pool_size, sqlite_synchronous))
     if parsed.get_backend_name() in ("mysql", "mariadb"):
         return _count_statements(_mysql_engine(parsed, pool_size))
     raise ValueError(f"unsupported database URL {parsed.render_as_string(hide_password=True)}; "
@@ -82,7 +89,7 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def _sqlite_engine(url: str, pool_size: int) -> Engine:
+def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
     engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_timeout=30,
                            connect_args={"timeout": 30, "check_same_thread": False})
 
@@ -91,7 +98,7 @@ def _sqlite_engine(url: str, pool_size: int) -> Engine:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves, below
         cursor = dbapi_conn.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.close()
 

@@ -499,3 +499,23 @@ def test_a_database_the_server_may_only_read_is_refused_at_start(database: Datab
             with database.engine.connect() as admin:
                 for host in ("%", "localhost"):
                     admin.exec_driver_sql(f"DROP USER '{user}'@'{host}'")
+
+
+@pytest.mark.parametrize(("asked", "pragma"), [("NORMAL", 1), ("FULL", 2)])
+def test_sqlite_commits_are_flushed_to_disk_as_asked(tmp_path: Any, asked: str, pragma: int) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'durable.db'}", pool_size=2, sqlite_synchronous=asked)
+    try:
+        database.create_schema()
+        assert database.run(lambda tx: tx.exec_driver_sql("PRAGMA synchronous").scalar()) == pragma
+    finally:
+        database.close()
+    with pytest.raises(ValueError, match="one of NORMAL, FULL"):
+        Database(f"sqlite:///{tmp_path / 'durable.db'}", sqlite_synchronous="OFF")
+
+
+def test_a_server_passes_its_sqlite_setting_to_its_database(monkeypatch: Any) -> None:
+    from wire.config import server_settings
+
+    monkeypatch.setenv("MARKET_SQLITE_SYNCHRONOUS", "full")
+    assert server_settings("buyer", []).sqlite_synchronous == "FULL"
+    assert server_settings("buyer", ["--sqlite-synchronous", "normal"]).sqlite_synchronous == "NORMAL"

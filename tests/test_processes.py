@@ -305,6 +305,7 @@ def _alive(pid: int) -> bool:
     ([], {"MARKET_THREADS": "many"}, "MARKET_THREADS=many: not an integer"),
     ([], {"MARKET_PAYMENT_DECLINE_RATE": "2"}, "MARKET_PAYMENT_DECLINE_RATE 2.0: must be from 0 to 1"),
     ([], {"MARKET_IDLE_TIMEOUT_S": "0"}, "MARKET_IDLE_TIMEOUT_S 0.0: must be from 0.001 to 1,000,000,000"),
+    ([], {"MARKET_SQLITE_SYNCHRONOUS": "off"}, "--sqlite-synchronous off: one of NORMAL, FULL"),
 ])
 def test_a_setting_out_of_range_is_refused_in_one_line(args: list[str], env: dict[str, str], message: str,
                                                        tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ class Settings:
     tls_cert: str | None = None
     tls_key: str | None = None
     log_level: str = "INFO"
+    sqlite_synchronous: str = "NORMAL"
 
 
 @functools.cache
@@ -105,6 +106,7 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "login_max_delay_s": ("MARKET_LOGIN_MAX_DELAY_S", 0, 10**9),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS (the protocol package imports no db)
 
 
 def server_settings(role: str, argv: list[str] | None = None) -> Settings:
@@ -141,11 +143,16 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
                         help="serve TLS with this certificate chain (PEM); needs --tls-key")
     parser.add_argument("--tls-key", default=env("MARKET_TLS_KEY"), help="the certificate's key (PEM)")
     parser.add_argument("--log-level", default=env("MARKET_LOG_LEVEL", default.log_level))
+    parser.add_argument("--sqlite-synchronous",
+                        default=env("MARKET_SQLITE_SYNCHRONOUS", default.sqlite_synchronous),
+                        help="NORMAL (default), or FULL: SQLite's commits survive a power cut too (slower)")
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         refuse("--tls-cert and --tls-key go together")
     if args.log_level.upper() not in _LOG_LEVELS:
         refuse(f"--log-level {args.log_level}: one of {', '.join(_LOG_LEVELS)}")
+    if args.sqlite_synchronous.upper() not in _SQLITE_SYNCHRONOUS:
+        refuse(f"--sqlite-synchronous {args.sqlite_synchronous}: one of {', '.join(_SQLITE_SYNCHRONOUS)}")
     settings = Settings(
         role=role, host=args.host, port=args.port, db_url=args.db_url, threads=args.threads,
         workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key,
@@ -158,7 +165,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         payment_decline_rate=number("MARKET_PAYMENT_DECLINE_RATE", float, default.payment_decline_rate),
         login_free_failures=number("MARKET_LOGIN_FREE_FAILURES", int, default.login_free_failures),
         login_max_delay_s=number("MARKET_LOGIN_MAX_DELAY_S", float, default.login_max_delay_s),
-        log_level=args.log_level,
+        log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
     )
     for field, (source, low, high) in _RANGES.items():
         value = getattr(settings, field)

@@ -111,7 +111,8 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
     from db import Database
 
     stops.hold()  # threads start from here: a signal must not cut that short
-    database = Database(settings.db_url, pool_size=settings.threads)
+    database = Database(settings.db_url, pool_size=settings.threads,
+                        sqlite_synchronous=settings.sqlite_synchronous)
     try:
         app = build_app(settings, database)
         server = _bound(settings.host, port, lambda: Server(app, settings.host, port, limits_of(settings),
