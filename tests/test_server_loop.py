@@ -450,3 +450,28 @@ def test_a_signal_the_kernel_gives_a_worker_thread_still_stops_the_server() -> N
         signal.signal(signal.SIGTERM, handlers[0])
         signal.signal(signal.SIGINT, handlers[1])
     assert not forced.is_set(), "the server went on serving after SIGTERM"
+
+
+def test_answers_owed_at_a_stop_reach_a_client_that_reads_them() -> None:
+    """A stop closed every connection at once: the answers in a slow reader's outbox were
+    thrown away, and the close, with the client's later requests unread, was a reset that
+    lost those on their way too (a pipelining client got 76 answers of thousands)."""
+    server = Server(tiny_app(), limits=ServerLimits(threads=2))
+    server.start()
+    client = socket.create_connection(server.address, timeout=10)
+    big = [encode_frame({"op": "big", "id": n}) for n in range(100)]  # 50 MB of answers
+    pings = [encode_frame({"op": "ping", "id": n}) for n in range(100, 10_100)]  # more than one read
+    client.sendall(b"".join(big + pings))
+    decoder = FrameDecoder(2**24)
+    decoder.feed(client.recv(4096))  # it is answering
+    server.shutdown(wait=False)
+    received = []
+    try:
+        while chunk := client.recv(1 << 20):
+            decoder.feed(chunk)
+            while (message := decoder.next_message()) is not None:
+                received.append(message["id"])
+    finally:
+        client.close()
+    assert not decoder.in_frame  # the stream ended on a whole answer, with no reset
+    assert len(received) >= 100 and received == list(range(len(received)))  # every big one, in order

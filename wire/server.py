@@ -179,6 +179,7 @@ class Server:
         self._failure: BaseException | None = None
         self._stopped = threading.Event()
         self._stop_asked = 0.0
+        self._stop_deadline: float | None = None  # answers still owed at stop are sent until then
 
     @property
     def address(self) -> tuple[str, int]:
@@ -236,9 +237,9 @@ class Server:
         self._drain(ready[0])
 
     def _watch(self) -> list[_Connection]:
-        """Run the selector until some connection has requests to answer (none once stopping)."""
+        """Run the selector until some connection has requests to answer (none once stopped)."""
         try:
-            while not self._stopping.is_set():
+            while not self._stopped_serving():
                 for key, events in self._selector.select(timeout=0.5):
                     self._dispatch_event(key.data, events)
                 if time.monotonic() >= self._next_sweep:
@@ -251,6 +252,24 @@ class Server:
             self._failure = exc
             self._stopping.set()
         return []
+
+    def _stopped_serving(self) -> bool:
+        """False while serving; once stopping, False while answers are still owed to clients
+        that read them, for at most send_timeout_s: a write's answer is not thrown away."""
+        if not self._stopping.is_set():
+            return False
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.limits.send_timeout_s
+            self._begin_stopping()
+        owed = self._ready or any(conn.busy for conn in self._connections)
+        return not owed or time.monotonic() >= self._stop_deadline
+
+    def _begin_stopping(self) -> None:
+        """Accept and read no more; what was read is answered (_stopped_serving)."""
+        self._selector.unregister(self._listener)
+        self._listener.close()
+        for conn in list(self._connections):
+            self._stop_reading(conn)
 
     def _dispatch_event(self, data: Any, events: int) -> None:
         if data == "accept":
@@ -368,7 +387,7 @@ class Server:
             self._watch_events(conn)
 
     def _resume_reading(self, conn: _Connection) -> None:
-        if not conn.reading and not conn.closed and not conn.closing:
+        if not conn.reading and not conn.closed and not conn.closing and not self._stopping.is_set():
             conn.reading = True
             self._watch_events(conn)
             if conn.frame_started is not None:  # the time we did not read is not the client's
@@ -427,16 +446,20 @@ class Server:
             self._calls.popleft()()
 
     def _finish(self) -> None:
-        self._selector.unregister(self._listener)
-        self._listener.close()
+        if self._stop_deadline is None:  # stopped by a failure, not shutdown()
+            self._selector.unregister(self._listener)
+            self._listener.close()
         self._pool.shutdown()
         self._run_calls()
         connections = list(self._connections)
+        owed = sum(conn.busy for conn in connections)
         for conn in connections:
             conn.busy = False
+            _discard_unread(conn.sock)
             self._close(conn)
-        log.info("stopped %.1f s after the stop was asked, closing %d connections",
-                 time.monotonic() - (self._stop_asked or time.monotonic()), len(connections))
+        took = time.monotonic() - (self._stop_asked or time.monotonic())
+        log.info("stopped %.1f s after the stop was asked, closing %d connections (%d still owed "
+                 "answers)", took, len(connections), owed)
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -509,6 +532,17 @@ def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
     sock.listen(1024)
     sock.setblocking(False)
     return sock
+
+
+def _discard_unread(sock: socket.socket) -> None:
+    """Read away what a client sent that will not be answered (at stop): a socket closed with
+    unread bytes sends a reset, and the answers still on their way to the client are lost."""
+    try:
+        for _ in range(64):
+            if not sock.recv(_READ_SIZE, socket.MSG_DONTWAIT):
+                return
+    except OSError:  # nothing more now (BlockingIOError), or the connection is gone
+        return
 
 
 def _refuse_busy(sock: socket.socket, plaintext: bool) -> None:
