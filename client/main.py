@@ -3,7 +3,7 @@
   market buyer            the interactive buyer shell (`-c "CMD; CMD"` or stdin: script mode)
   market seller           the interactive seller shell
   market serve            both servers in the foreground (SQLite by default)
-  market health HOST:PORT ping a server; exit 0 when it answers
+  market health HOST:PORT ping a server; exit 0 when it answers (--ready: and its database)
   market seed             bulk-load sellers and items into a database (for scale measurements)
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from wire import Connection, ProtocolError
 from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, add_tls_arguments, env, port_setting, positive_int
+from wire.errors import UnauthenticatedError
 from wire.runner import die_with_parent
 from wire.tls import optional_client_context
 
@@ -67,18 +68,37 @@ def _start_server(role: str, args: list[str], parent: int) -> subprocess.Popen[b
                             preexec_fn=lambda: die_with_parent(parent))
 
 
+# A private read of each server, asked with a token no session has: UNAUTHENTICATED means the
+# server looked the token up in its database, UNAVAILABLE that it could not reach it.
+_READINESS_OPS = {"buyer": "display_cart", "seller": "display_items"}
+
+
 def health(args: argparse.Namespace) -> int:
-    """Ping a server; print what answered."""
+    """Ping a server (and with --ready, see that it reaches its database); print what answered."""
     host, _, port = args.address.rpartition(":")
     try:
         tls = optional_client_context(args.tls_ca, args.tls)
         with Connection(host or "127.0.0.1", int(port), timeout=args.timeout, tls=tls) as conn:
             result = conn.call("ping")
+            if args.ready:
+                _reaches_its_database(conn, str(result.get("server")))
     except (OSError, ValueError, ProtocolError) as exc:
         print(f"unhealthy: {args.address}: {exc}", file=sys.stderr)
         return 1
-    print(f"ok: {result.get('server')} server {result.get('version')} at {args.address}")
+    ready = " (its database answers)" if args.ready else ""
+    print(f"ok: {result.get('server')} server {result.get('version')} at {args.address}{ready}")
     return 0
+
+
+def _reaches_its_database(conn: Connection, role: str) -> None:
+    """Nothing if the server's database answered a token check; its error otherwise."""
+    op = _READINESS_OPS.get(role)
+    if op is None:
+        raise ValueError(f"not a marketplace server: {role!r}")
+    try:
+        conn.call(op, token="health-check-" + "0" * 30)
+    except UnauthenticatedError:
+        return  # the token was looked up, and is no session's: the database answers
 
 
 def seed(args: argparse.Namespace) -> int:
@@ -125,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--timeout", type=float, default=3.0)
+    p.add_argument("--ready", action="store_true",
+                   help="also check that the server reaches its database (a lookup of an unknown token)")
     add_tls_arguments(p)
     p.set_defaults(func=health)
     return parser

@@ -230,7 +230,7 @@ def test_compose_servers_wait_for_the_database_and_publish_their_port(role: str)
     port = service["environment"][SERVERS[role]]
     assert service["depends_on"] == {"db": {"condition": "service_healthy"}}
     assert service["ports"] == [f"${{{SERVERS[role]}:-{env_example_values()[SERVERS[role]]}}}:{port}"]
-    assert service["healthcheck"]["test"] == ["CMD", "market", "health", f"127.0.0.1:{port}"]
+    assert service["healthcheck"]["test"] == ["CMD", "market", "health", "--ready", f"127.0.0.1:{port}"]
     assert service["command"][0] == f"market-{role}-server"
     assert service["environment"]["MARKET_HOST"] == "0.0.0.0"
     assert {"path": ".env", "required": False} in service["env_file"]

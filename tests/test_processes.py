@@ -428,3 +428,32 @@ def test_a_stop_during_a_workers_restart_pause_starts_no_worker(tmp_path: Path) 
     assert proc.returncode == 0, err[-3000:]
     stopped = set(re.findall(r"buyer (\d+) INFO market.server: signal 15: stopping", err))
     assert stopped == {str(second)}, err[-3000:]  # the worker left, and no new one
+
+
+@pytest.mark.parametrize("role", ["buyer", "seller"])
+def test_health_ready_says_whether_the_server_reaches_its_database(
+        role: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # before: health only pinged, and a server whose database was down passed every check
+    from client.main import main
+    from db import Database
+    from wire.config import Settings
+    from wire.server import Server
+
+    build_app = __import__(f"{role}_server.ops", fromlist=["build_app"]).build_app
+    database = Database(f"sqlite:///{tmp_path / 'up.db'}", pool_size=2)
+    database.create_schema()
+    for db, ready in ((database, True), (Database("mysql://root@127.0.0.1:1/none"), False)):
+        server = Server(build_app(Settings(role=role), db))
+        server.start()
+        address = "{}:{}".format(*server.address)
+        try:
+            assert main(["health", address]) == 0  # it answers a ping either way
+            assert main(["health", address, "--ready"]) == (0 if ready else 1)
+        finally:
+            server.shutdown()
+            db.close()
+        out, err = capsys.readouterr()
+        if ready:
+            assert f"ok: {role} server" in out and "(its database answers)" in out and err == ""
+        else:
+            assert err == f"unhealthy: {address}: the database cannot be reached; nothing was changed\n"
