@@ -28,7 +28,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from wire.errors import BusyError, UnavailableError
 
-from .engine import LOCK_WAIT_S, PROGRESS_KEY, WRITE_KEY, is_sqlite, make_engine
+from .engine import LOCK_WAIT_S, PROGRESS_KEY, WRITE_KEY, WalKeeper, is_sqlite, make_engine
 from .schema import (
     SCHEMA_VERSION,
     item_keyword_pairs,
@@ -91,10 +91,13 @@ class Database:
     def __init__(self, url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL") -> None:
         self.url = url
         self.engine = make_engine(url, pool_size, sqlite_synchronous)
+        self._wal = WalKeeper.for_engine(self.engine)
         self._connections = _Connections(self.engine, pool_size)
 
     def close(self) -> None:
         """Close every pooled connection."""
+        if self._wal is not None:
+            self._wal.close()
         self._connections.close()
         self.engine.dispose()
 

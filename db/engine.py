@@ -12,9 +12,12 @@ pooled connection dead (Database.run).
 """
 from __future__ import annotations
 
+import logging
+import os
 import random
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Sequence
 from itertools import chain
@@ -38,9 +41,12 @@ LOCK_WAIT_S = 15
 _POLL_LOCK_S = 5.0  # SQLite: BEGIN IMMEDIATE polled this long, then its busy handler waits the rest
 SQLITE_BUSY_TIMEOUT_MS = int((LOCK_WAIT_S - _POLL_LOCK_S) * 1000)
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
+WAL_CHECKPOINT_BYTES = 8 << 20  # a WAL grown past this is copied back and emptied (WalKeeper)
+log = logging.getLogger("market.db")
 WRITE_KEY = "market_write"  # connection info: the current call writes
 PROGRESS_KEY = "market_progress"  # connection info: [statements run] in the current call
 _MYSQL_DRIVER = "mysql+mysqlconnector"
+_WAL_CHECK_EVERY_S, _WAL_WAIT_AFTER_BUSY_S = 0.5, 5.0
 
 
 def driver_url(url: str) -> URL:
@@ -110,6 +116,75 @@ def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
             conn.exec_driver_sql("BEGIN")
 
     return engine
+
+
+class WalKeeper:
+    """Keeps an SQLite file's write-ahead log from growing without end.
+
+    SQLite's own checkpoints copy the log into the database, but start it again from the
+    top only at a moment when no reader is using it, which under steady reads never comes:
+    over one 100 + 100 run the log of a 2.3 MB database grew to 144 MB. A thread of its
+    own looks every 0.5 s and gives a log past WAL_CHECKPOINT_BYTES a TRUNCATE checkpoint,
+    which waits (up to 2 s) for the write lock and the readers of that moment, then empties
+    it; no request waits for it. Should a reader hold its snapshot longer (a backup, say),
+    the next look is 5 s later.
+    """
+
+    def __init__(self, database_path: str) -> None:
+        self._path, self._wal = database_path, database_path + "-wal"
+        self._stop = threading.Event()
+        self._conn: sqlite3.Connection | None = None  # the thread's own, opened when first needed
+        self._thread = threading.Thread(target=self._keep, name="market-wal", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def for_engine(cls, engine: Engine) -> WalKeeper | None:
+        """A keeper for an SQLite file named by its plain path (not ':memory:' or a URI)."""
+        path = engine.url.database
+        if not is_sqlite(engine) or not path or path == ":memory:" or path.startswith("file:"):
+            return None
+        return cls(path)
+
+    def close(self) -> None:
+        """Stop looking (the thread's connection closes with it)."""
+        self._stop.set()
+        self._thread.join()
+
+    def _keep(self) -> None:
+        wait = _WAL_CHECK_EVERY_S
+        try:
+            while not self._stop.wait(wait):
+                wait = _WAL_CHECK_EVERY_S if self._checkpoint_if_long() else _WAL_WAIT_AFTER_BUSY_S
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+
+    def _checkpoint_if_long(self) -> bool:
+        """False if the log was long and could not be emptied (a reader held on)."""
+        try:
+            if os.path.getsize(self._wal) < WAL_CHECKPOINT_BYTES:  # OSError: no log (yet)
+                return True
+            if self._conn is None:
+                self._conn = sqlite3.connect(self._path, timeout=0, isolation_level=None)
+            busy, frames, copied = _truncate_checkpoint(self._conn)
+        except (OSError, sqlite3.Error) as exc:  # no log yet, say: the next look will do
+            log.debug("no checkpoint this time: %s", exc)
+            return True
+        log.debug("checkpoint: busy %d, %d frames in the log, %d copied", busy, frames, copied)
+        return not busy
+
+
+def _truncate_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
+    """wal_checkpoint(TRUNCATE), asked again every 0.1-1 ms for up to 2 s while writers or
+    readers are in its way: SQLite's busy handler, sleeping ever longer, lost the write
+    lock to the writers that ask this often (_begin_immediate) in half the tries."""
+    pause, deadline = 0.0001, time.monotonic() + 2.0
+    while True:
+        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if not busy or time.monotonic() >= deadline:
+            return busy, frames, copied
+        time.sleep(pause * random.uniform(0.5, 1.5))
+        pause = min(2 * pause, 0.001)
 
 
 def _begin_immediate(conn: Any) -> None:
