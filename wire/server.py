@@ -264,6 +264,11 @@ class Server:
         owed = self._ready or any(conn.busy for conn in self._connections)
         return not owed or time.monotonic() >= self._stop_deadline
 
+    def _past_stop_deadline(self) -> bool:
+        """Stopping, and the time for answers owed is up: queued requests are left unanswered."""
+        deadline = self._stop_deadline
+        return deadline is not None and time.monotonic() >= deadline
+
     def _begin_stopping(self) -> None:
         """Accept and read no more; what was read is answered (_stopped_serving)."""
         self._selector.unregister(self._listener)
@@ -471,7 +476,7 @@ class Server:
         """Answer a connection's queued requests in order (one thread at a time per connection)."""
         while True:
             with conn.lock:
-                if not conn.pending or conn.closed:
+                if not conn.pending or conn.closed or self._past_stop_deadline():
                     conn.busy = False
                     break
                 message = conn.pending.popleft()
