@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -36,10 +37,27 @@ _names = itertools.count(1)
 
 
 def free_port() -> int:
-    """A port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing uses right now, for a program to bind later: below the kernel's range
+    for ports it hands out itself, so no outgoing connection and no `--port 0` server takes
+    it meanwhile (one did, once: HAProxy could not bind its frontend in CI)."""
+    low = _ephemeral_ports_start()
+    for _ in range(100):
+        port = random.randrange(10_000, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port from 10000 to {low}")
+
+
+def _ephemeral_ports_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def unique_name(prefix: str = "user") -> str:

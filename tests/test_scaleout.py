@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import CARD, Market, fresh_mysql_database, missing, running_market
+from conftest import CARD, Market, free_port, fresh_mysql_database, missing, running_market
 from sqlalchemy import create_engine, text
 from test_engine import _BUMP, _FAILURE_OF, _LOGIN_FAILURE
-from test_faults import Call, Recorder, Shopper, check_books, free_port, list_items, sign_up
+from test_faults import Call, Recorder, Shopper, check_books, list_items, sign_up
 from test_processes import ServerProcess
 from test_races import codes, race
 
