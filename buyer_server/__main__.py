@@ -5,12 +5,10 @@ import sys
 
 from wire.runner import main as run
 
-from .ops import build_app
-
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `market-buyer-server`."""
-    return run("buyer", build_app, argv)
+    """Entry point of `market-buyer-server` (the runner imports .ops once signals are handled)."""
+    return run("buyer", argv=argv)
 
 
 if __name__ == "__main__":

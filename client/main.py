@@ -109,10 +109,12 @@ def seed(args: argparse.Namespace) -> int:
     database = Database(args.db_url, pool_size=2)
     try:
         database.create_schema()
+        result = timed_seed(database, args.sellers, args.items)
     except DatabaseUnusable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    result = timed_seed(database, args.sellers, args.items)
+    finally:
+        database.close()
     print(f"seeded {result['sellers']} sellers (seed<id>, password {SEED_PASSWORD!r}) and "
           f"{result['items']} items in {result['seconds']} s")
     return 0

@@ -237,7 +237,10 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
             ClientFlag.MULTI_STATEMENTS
         conn = _QuietConnection(*cargs, **cparams)
         conn.cmd_query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        conn.cmd_query(f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_S}")  # default 50 s
+        # row locks (default 50 s) and metadata locks (default a year: an ALTER behind a long
+        # transaction, and every query behind that ALTER)
+        conn.cmd_query(f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_S}, "
+                       f"lock_wait_timeout = {LOCK_WAIT_S}")
         conn.batches = not _on_galera_node(conn)
         return conn
 

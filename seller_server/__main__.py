@@ -5,12 +5,10 @@ import sys
 
 from wire.runner import main as run
 
-from .ops import build_app
-
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `market-seller-server`."""
-    return run("seller", build_app, argv)
+    """Entry point of `market-seller-server` (the runner imports .ops once signals are handled)."""
+    return run("seller", argv=argv)
 
 
 if __name__ == "__main__":

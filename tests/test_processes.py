@@ -457,3 +457,80 @@ def test_health_ready_says_whether_the_server_reaches_its_database(
             assert f"ok: {role} server" in out and "(its database answers)" in out and err == ""
         else:
             assert err == f"unhealthy: {address}: the database cannot be reached; nothing was changed\n"
+
+
+HANDLERS_BEFORE_SQLALCHEMY = """
+import signal, sys
+
+class FirstSqlalchemyImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sqlalchemy":
+            sys.meta_path.remove(self)
+            handled = signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+            print("SIGTERM handled" if handled else "SIGTERM not handled", flush=True)
+        return None
+
+sys.meta_path.insert(0, FirstSqlalchemyImport())
+from {role}_server.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("role", ["buyer", "seller"])
+def test_stop_signals_are_handled_before_the_slow_imports_of_a_start(role: str, tmp_path: Path) -> None:
+    # before: the ops and SQLAlchemy were imported first, about 0.3 s of every start during
+    # which SIGTERM killed the server (-15) and Ctrl-C printed a traceback
+    done = subprocess.run([sys.executable, "-c", HANDLERS_BEFORE_SQLALCHEMY.format(role=role), "--port", "0",
+                           "--db-url", f"sqlite:///{tmp_path / 'no such folder' / 'market.db'}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines()[0] == "SIGTERM handled", done.stdout + done.stderr
+    assert done.returncode == 2  # and then it went on as before: this database cannot be opened
+
+
+def test_workers_start_on_a_port_a_single_server_has_just_left(tmp_path: Path) -> None:
+    # before: the single server's connections, left in TIME_WAIT without SO_REUSEPORT, kept
+    # `--workers 2` off the port for a minute: "Address already in use", exit 2
+    port, db_url = free_port(), f"sqlite:///{tmp_path / 'market.db'}"
+    single = ServerProcess("buyer", db_url, port).wait_ready()
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+    assert single.connect().call("ping")["server"] == "buyer"
+    assert single.stop() == 0  # the server closes the connections first: its side waits
+    for client in clients:
+        client.close()
+    workers = ServerProcess("buyer", db_url, port, "--workers", "2")
+    try:
+        assert workers.wait_ready().port == port, workers.stderr()
+        assert workers.connect().call("ping")["server"] == "buyer"
+        assert workers.stop() == 0
+    finally:
+        workers.proc.kill()
+
+
+FORK_FAILS_AFTER_ONE = """
+import errno, os, sys
+from wire import runner
+
+forks = []
+real_fork = os.fork
+
+def fork():  # the second fork fails, as under a limit on processes
+    forks.append(1)
+    if len(forks) > 1:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    return real_fork()
+
+runner.os.fork = fork
+sys.exit(runner.main("buyer", argv=sys.argv[1:]))
+"""
+
+
+def test_a_worker_that_cannot_be_forked_fails_the_start_and_stops_the_others(tmp_path: Path) -> None:
+    # before: the OSError was a traceback (exit 1), the first worker left running, and the
+    # supervisor's SIGTERM and SIGINT blocked
+    done = subprocess.run([sys.executable, "-c", FORK_FAILS_AFTER_ONE, "--port", "0", "--workers", "2",
+                           "--db-url", f"sqlite:///{tmp_path / 'market.db'}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1] == ("error: buyer server: cannot start a worker process: "
+                                            "Resource temporarily unavailable")
+    assert "signal 15: stopping" in done.stderr  # the worker that had started was stopped

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import importlib
 import logging
 import os
 import signal
@@ -58,13 +59,18 @@ def limits_of(settings: Settings) -> ServerLimits:
                         frame_deadline_s=settings.frame_deadline_s, threads=settings.threads)
 
 
-def main(role: str, build_app: BuildApp, argv: list[str] | None = None) -> int:
-    """Parse settings, prepare the database, and serve until stopped."""
+def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = None) -> int:
+    """Parse settings, prepare the database, and serve until stopped.
+
+    `build_app` defaults to ROLE_server.ops.build_app, imported only once SIGTERM and Ctrl-C
+    stop the server cleanly: that import (SQLAlchemy and the ops) takes most of a start."""
+    stops = StopSignals()  # from here on SIGTERM and Ctrl-C stop the server cleanly, even mid-start
     settings = server_settings(role, argv)
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s {role} %(process)d %(levelname)s %(name)s: %(message)s")
-    stops = StopSignals()  # from here on SIGTERM and Ctrl-C stop the server cleanly, even mid-start
     try:
+        if build_app is None:
+            build_app = importlib.import_module(f"{role}_server.ops").build_app
         return _start(role, build_app, settings, stops)
     except StopRequested:
         log.info("stopped before serving")
@@ -152,12 +158,14 @@ class _Supervisor:
         try:
             started = [self.start_worker() for _ in range(self.settings.workers) if not self.stopping]
             if not self.stopping and not all(started):
-                _stop_all(set(self.workers))
                 raise WorkerFailed("a worker process could not start (its error is above)")
             if not self.stopping:
                 log.info("%d worker processes share the port", self.settings.workers)
                 print(f"listening on {self.settings.host}:{self.port}", flush=True)
             return self.watch()
+        except WorkerFailed:
+            _stop_all(set(self.workers))
+            raise
         finally:
             self.reserved.close()
 
@@ -184,7 +192,6 @@ class _Supervisor:
             if self.stopping:
                 failed = failed or os.waitstatus_to_exitcode(status) != 0
             elif not self.replace(pid, status, lived):
-                _stop_all(set(self.workers))
                 raise WorkerFailed(f"{_GIVE_UP_AFTER} workers started in a row died before they listened "
                                    "(their errors are above)")
         return 1 if failed else 0
@@ -222,7 +229,13 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SS
     ready_r, ready_w = os.pipe()
     parent = os.getpid()
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # none reaches the child before its handlers
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:  # EAGAIN: a limit on processes
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        for fd in (ready_r, ready_w):
+            os.close(fd)
+        raise WorkerFailed(f"cannot start a worker process: {exc.strerror or exc}") from None
     if pid == 0:
         os.close(ready_r)
         reserved.close()  # the supervisor's

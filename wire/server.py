@@ -17,6 +17,7 @@ thread again. A client that reads nothing of its answer for `send_timeout_s` is 
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import queue
 import selectors
@@ -612,5 +613,18 @@ def reserve_port(host: str, port: int) -> socket.socket:
     # TIME_WAIT) share the port with it, while a program binding with SO_REUSEADDR, which
     # may share a port nobody listens on, is refused: the port stays ours while no worker is.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            sock.close()
+            raise
+        # TIME_WAIT connections of a server that ran without --workers (no SO_REUSEPORT):
+        # SO_REUSEADDR lets us past them, and the port is held less jealously
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
     return sock
