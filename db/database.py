@@ -58,6 +58,9 @@ _SQLITE_UNAVAILABLE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE
                        sqlite3.SQLITE_CANTOPEN}
 _ALL_IN_USE = "every database connection is in use; try again"
 _LOCK_WAITED = f"waited {LOCK_WAIT_S} s for a lock another request held; nothing was changed; try again"
+# How long a starting server waits for another's creation or upgrade of the schema (a
+# million items took 66 s to upgrade to version 3 here)
+SCHEMA_WAIT_S = 600.0
 _OPENED_KEY = "market_opened"  # connection info: when its Connection was opened (monotonic)
 
 
@@ -150,11 +153,15 @@ class Database:
         finally:
             self._connections.give(conn)
 
-    def create_schema(self) -> None:
+    def create_schema(self, wait_s: float = SCHEMA_WAIT_S) -> None:
         """Create missing tables; safe when several servers start at once.
 
-        DatabaseUnusable when the database cannot be reached, opened or entered at all."""
-        for attempt in range(5):
+        A server that finds another creating or upgrading the schema (its lock held past
+        LOCK_WAIT_S) goes on waiting, for up to `wait_s`: an upgrade of a large catalogue
+        takes minutes. DatabaseUnusable when the database cannot be reached, opened or
+        entered at all, or the schema stays locked past `wait_s`."""
+        deadline, attempt = time.monotonic() + wait_s, 0
+        while True:
             try:
                 self._run_once(_create_or_upgrade, True, [0])
                 return
@@ -163,9 +170,21 @@ class Database:
             except DBAPIError as exc:  # OperationalError and IntegrityError among them
                 if _is_unusable(exc):
                     raise DatabaseUnusable(self._unusable_message(exc)) from None
-                if attempt == 4:
+                if _is_lock_wait_timeout(exc):
+                    self._wait_for_schema_lock(deadline, wait_s)
+                    continue
+                attempt += 1
+                if attempt == 5:
                     raise
-                time.sleep(0.2 * (attempt + 1))  # another process is creating it right now
+                time.sleep(0.2 * attempt)  # another process is creating it right now
+
+    def _wait_for_schema_lock(self, deadline: float, wait_s: float) -> None:
+        if time.monotonic() >= deadline:
+            raise DatabaseUnusable(
+                f"cannot use the database {self._where}: its schema stayed locked for over "
+                f"{wait_s:g} s (another server creating or upgrading it?); nothing was changed")
+        log.warning("the schema is locked, most likely by another server creating or upgrading "
+                    "it: still waiting (up to %g s in all)", wait_s)
 
     @property
     def _where(self) -> str:

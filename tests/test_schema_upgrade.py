@@ -5,11 +5,13 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Connection, insert, inspect, select, text, update
 
+import db.engine as engine_module
 from db import Database, DatabaseUnusable
 from db.audit import audit
 from db.schema import SCHEMA_VERSION, item_keyword_pairs, item_keywords, items, schema_info, users
@@ -122,6 +124,65 @@ def test_two_servers_upgrading_one_database_at_once_both_start(db_url: str) -> N
     assert audit(setup) == []
     for database in (setup, *servers):
         database.close()
+
+
+@pytest.fixture
+def short_lock_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock waited for 1 s (15 s in service) before the database gives up on it."""
+    monkeypatch.setattr(engine_module, "LOCK_WAIT_S", 1)
+    monkeypatch.setattr(engine_module, "_POLL_LOCK_S", 0.2)
+    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 800)
+
+
+def _hold_the_schema(db_url: str, seconds: float) -> threading.Thread:
+    """Another server's long upgrade: the schema's row locked for `seconds`."""
+    holder, locked = Database(db_url, pool_size=1), threading.Event()
+    holder.create_schema()
+
+    def hold(tx: Connection) -> None:
+        tx.execute(select(schema_info.c.version).with_for_update()).scalar()
+        tx.execute(update(schema_info).values(version=schema_info.c.version))  # SQLite: the write lock
+        locked.set()
+        time.sleep(seconds)
+
+    def run() -> None:
+        try:
+            holder.run(hold)
+        finally:
+            holder.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert locked.wait(10)
+    return thread
+
+
+@pytest.mark.usefixtures("short_lock_waits")
+def test_a_server_starting_during_a_long_upgrade_waits_for_it(db_url: str) -> None:
+    # before: five lock waits (about 7 s here, 77 s in service) and the server stopped
+    # with a traceback, though an upgrade of a large catalogue takes minutes
+    holder = _hold_the_schema(db_url, 9.0)
+    starting = Database(db_url, pool_size=1)
+    try:
+        began = time.monotonic()
+        starting.create_schema()
+        assert time.monotonic() - began > 8  # it waited the upgrade out
+        assert starting.run(lambda tx: tx.execute(select(schema_info.c.version)).scalar()) == SCHEMA_VERSION
+    finally:
+        holder.join()
+        starting.close()
+
+
+@pytest.mark.usefixtures("short_lock_waits")
+def test_a_schema_locked_past_the_wait_is_refused_in_one_line(db_url: str) -> None:
+    holder = _hold_the_schema(db_url, 5.0)
+    starting = Database(db_url, pool_size=1)
+    try:
+        with pytest.raises(DatabaseUnusable, match=r"its schema stayed locked for over 2 s \(another server"):
+            starting.create_schema(wait_s=2)
+    finally:
+        holder.join()
+        starting.close()
 
 
 def test_a_newer_schema_is_refused_with_a_clear_error(database: Database) -> None:
