@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -504,6 +505,40 @@ def test_workers_start_on_a_port_a_single_server_has_just_left(tmp_path: Path) -
         assert workers.stop() == 0
     finally:
         workers.proc.kill()
+
+
+def _time_wait_on(port: int) -> None:
+    """Leave server-side TIME_WAIT connections on the port, as a single server does at a stop."""
+    with socket.create_server(("127.0.0.1", port)) as listener:
+        for _ in range(2):
+            client = socket.create_connection(("127.0.0.1", port))
+            accepted, _address = listener.accept()
+            accepted.close()  # the server's side closes first: its side waits
+            client.close()
+
+
+def test_a_port_reserved_past_time_wait_is_still_kept_from_other_programs() -> None:
+    # before: the reservation kept SO_REUSEADDR, and any program binding with it (Python's
+    # create_server, most servers) could take the port while no worker listened
+    from wire.server import reserve_port
+
+    port = free_port()
+    _time_wait_on(port)
+    with socket.socket() as plain:  # the connections in TIME_WAIT do hold the port
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    reserved = reserve_port("127.0.0.1", port)
+    try:
+        with pytest.raises(OSError) as refused:
+            socket.create_server(("127.0.0.1", port)).close()
+        assert refused.value.errno == errno.EADDRINUSE
+        with socket.socket() as worker:  # as Server binds with --workers
+            worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            worker.bind(("127.0.0.1", port))
+            worker.listen()
+    finally:
+        reserved.close()
 
 
 FORK_FAILS_AFTER_ONE = """

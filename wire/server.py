@@ -620,11 +620,14 @@ def reserve_port(host: str, port: int) -> socket.socket:
             sock.close()
             raise
         # TIME_WAIT connections of a server that ran without --workers (no SO_REUSEPORT):
-        # SO_REUSEADDR lets us past them, and the port is held less jealously
+        # SO_REUSEADDR lets us past them at the bind, and is cleared once bound, so that a
+        # program binding with it later is refused as above (the kernel checks the flag a
+        # bound socket has at the time of the other's bind)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
             sock.close()
             raise
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
     return sock
