@@ -41,6 +41,8 @@ def free_port() -> int:
     for ports it hands out itself, so no outgoing connection and no `--port 0` server takes
     it meanwhile (one did, once: HAProxy could not bind its frontend in CI)."""
     low = _ephemeral_ports_start()
+    if low <= 10_000:  # a widened range (say 1024-65535) leaves no room below it:
+        return _port_the_kernel_picks()  # the kernel's choice, which it may hand out again
     for _ in range(100):
         port = random.randrange(10_000, low)
         with socket.socket() as sock:
@@ -50,6 +52,12 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free port from 10000 to {low}")
+
+
+def _port_the_kernel_picks() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _ephemeral_ports_start() -> int:

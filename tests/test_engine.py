@@ -1,8 +1,11 @@
 """The engine factory: the MySQL driver is the C extension, and the dialect settings hold."""
 from __future__ import annotations
 
+import os
 import secrets
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -521,6 +524,36 @@ def test_a_server_passes_its_sqlite_setting_to_its_database(monkeypatch: Any) ->
     monkeypatch.setenv("MARKET_SQLITE_SYNCHRONOUS", "full")
     assert server_settings("buyer", []).sqlite_synchronous == "FULL"
     assert server_settings("buyer", ["--sqlite-synchronous", "normal"]).sqlite_synchronous == "NORMAL"
+
+
+# The server's own connections, read when it is ready: PRAGMA synchronous is per connection.
+SYNCHRONOUS_WHEN_READY = """
+import os, signal, sys
+from wire import runner
+
+announce = runner._announce
+
+def ready(server):
+    pragma = server.app.gate.db.run(lambda tx: tx.exec_driver_sql("PRAGMA synchronous").scalar())
+    print("synchronous", pragma, flush=True)
+    announce(server)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+runner._announce = ready
+sys.exit(runner.main("buyer", argv=sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("asked", "pragma"), [("NORMAL", 1), ("FULL", 2)])
+def test_a_server_opens_its_sqlite_database_as_the_environment_asks(tmp_path: Any, asked: str,
+                                                                    pragma: int) -> None:
+    # before: nothing checked that the setting reached the serving process's connections
+    done = subprocess.run([sys.executable, "-c", SYNCHRONOUS_WHEN_READY, "--port", "0",
+                           "--db-url", f"sqlite:///{tmp_path / 'market.db'}"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MARKET_SQLITE_SYNCHRONOUS": asked})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[0] == f"synchronous {pragma}"
 
 
 def test_a_grown_sqlite_log_is_emptied_once_its_readers_move_on(tmp_path: Any, monkeypatch: Any) -> None:
