@@ -411,8 +411,12 @@ def search_as_a_new_buyer(market: Market, home: Path, search: str,
 
 
 def test_names_cannot_break_the_output(market: Market, home: Path) -> None:
-    done = search_as_a_new_buyer(market, home, "search odd --category 6", name="Tab\there\x1b[2J",
-                                 category=6, keywords=["odd"])
+    # The servers refuse such a name now; a database written before that may still hold one.
+    item_id = market.item(market.user("seller"), name="placeholder", category=6, keywords=["odd"])
+    market.db.run(lambda tx: tx.execute(text("UPDATE items SET name = :name WHERE item_id = :id"),
+                                        {"name": "Tab\there\x1b[2J", "id": item_id}))
+    done = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name B",
+                  "search odd --category 6", MARKET_PASSWORD=PASSWORD)
     assert done.returncode == 0, done.stderr
     row = done.stdout.splitlines()[-1].split("\t")
     assert len(row) == 10 and row[1] == "Tab?here?[2J" and "\x1b" not in done.stdout

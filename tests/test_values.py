@@ -47,6 +47,20 @@ def test_keywords_are_lower_cased_in_order_and_distinct() -> None:
             v.keywords("keywords", bad)
 
 
+def test_item_names_and_keywords_must_be_printable() -> None:
+    # before: "Lamp\nFREE" and "ab\u202ecod.exe" were listed, shown to every buyer as
+    # two lines or as a name that reads as another
+    for good in ("Desk lamp", "Lampe à poser", "👩\u200d💻 mug", "李小龍 poster", "a "):
+        assert v.item_name("name", good) == good
+    for bad in ("Lamp\nFREE", "a\x00b", "ab\u202ecod.exe", "\u200b", " ", "a\tb"):
+        with pytest.raises(BadRequestError, match="^name: must be printable text"):
+            v.item_name("name", bad)
+    assert v.keywords("keywords", ["a ", "é", "\u00a0x"]) == ["a ", "é", "\u00a0x"]
+    for bad in (["a\nb"], ["\x00"], ["\u202ex"], [" "], ["ok", "\u200b"]):
+        with pytest.raises(BadRequestError, match="^keywords: keyword .* must be printable text"):
+            v.keywords("keywords", bad)
+
+
 @pytest.mark.parametrize("name", ["abc", "A_b.c-9", "x" * 32])
 def test_usernames_accepted(name: str) -> None:
     assert v.username("username", name) == name

@@ -99,6 +99,8 @@ def keywords(name: str, value: Any) -> list[str]:
         lowered = word.lower() if isinstance(word, str) else ""
         if not 1 <= len(lowered) <= 8:  # lower-cased, as stored: "İ" is two characters then
             raise BadRequestError(f"{name}: each keyword must be a string of 1 to 8 characters")
+        if not _printable(lowered):
+            raise BadRequestError(f"{name}: keyword {word!r} must be printable text, not only spaces")
         if lowered in out:
             raise BadRequestError(f"{name}: keyword {word!r} is given twice")
         out.append(lowered)
@@ -178,7 +180,7 @@ def format_time(epoch_seconds: float) -> str:
 username = text(3, 32, pattern=_USERNAME, what="3 to 32 characters of A-Z a-z 0-9 _ . -")
 password = text(8, 128)
 person_name = text(1, 32, printable=True)
-item_name = text(1, 32)
+item_name = text(1, 32, printable=True)  # shown to every buyer: no line breaks, no overrides
 category = integer(0, 9)
 condition = choice("new", "used")
 quantity = integer(1, 1_000_000)
