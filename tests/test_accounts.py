@@ -51,6 +51,14 @@ def test_create_account_then_login_and_logout(market: Market) -> None:
         conn.call("display_cart", token=login["token"])
 
 
+def test_a_login_outside_the_value_rules_names_the_field(market: Market) -> None:
+    conn = market.connect("buyer")
+    for args, field in (({"username": "ab", "password": PASSWORD}, "username"),
+                        ({"username": unique_name(), "password": "short"}, "password")):
+        with pytest.raises(BadRequestError, match=f"^{field}: "):
+            conn.call("login", args)
+
+
 def test_a_taken_username_is_a_conflict_but_case_matters(market: Market) -> None:
     conn = market.connect("seller")
     name = unique_name("Case")
