@@ -31,6 +31,7 @@ from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
 
 from . import login_throttle
 from .database import Database, inserted_id, now_ms
+from .engine import LOCK_WAIT_S
 from .passwords import hash_password, verify_password
 from .prepared import Prepared
 from .schema import cart_lines, saved_cart_lines, sessions, users
@@ -39,6 +40,9 @@ log = logging.getLogger("market.sessions")
 
 T = TypeVar("T")
 WRONG_CREDENTIALS = "wrong username or password"
+# How long after its end a session's row is kept: a read accepted at the session's last
+# moment may run that long (a lock waited for, twice over) before it writes last-seen.
+CLEANUP_GRACE_MS = 2 * LOCK_WAIT_S * 1000
 
 
 @dataclass(frozen=True)
@@ -126,10 +130,13 @@ def _open_session(tx: Connection, role: str, user_id: int, username: str, hashed
 
 
 def _end_expired_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: int) -> None:
+    # A read accepted at the last moment writes last-seen only after its answer: the rows
+    # of sessions that ended less than CLEANUP_GRACE_MS ago are left for a later login.
+    idle_limit_ms = policy.idle_s * 1000 + policy.touch_interval_ms + CLEANUP_GRACE_MS
     expired = select(sessions.c.session_id).where(
         sessions.c.user_id == user_id,
-        (sessions.c.last_seen_ms < now - (policy.idle_s * 1000 + policy.touch_interval_ms))
-        | (sessions.c.created_ms < now - policy.max_s * 1000))
+        (sessions.c.last_seen_ms < now - idle_limit_ms)
+        | (sessions.c.created_ms < now - (policy.max_s * 1000 + CLEANUP_GRACE_MS)))
     # locked, and at READ COMMITTED the condition is checked again on what a request in
     # flight on one of them commits: a session just used is not ended, nor its cart line lost
     ids = tx.execute(expired.with_for_update()).scalars().all()

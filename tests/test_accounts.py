@@ -14,7 +14,7 @@ from sqlalchemy import select
 from test_races import race
 
 import db.engine as engine_module
-from db import Database, passwords
+from db import Database, accounts, passwords
 from db.accounts import token_hash
 from db.schema import (
     cart_lines,
@@ -188,6 +188,31 @@ def test_a_login_leaves_alone_a_session_whose_request_is_in_flight(database: Dat
                                 .where(sessions.c.session_id == session_id)).all()
         assert left, "the login ended a session whose request had just renewed it"
         buyer.call("display_cart")  # and it still serves
+
+
+def test_a_login_deletes_sessions_only_well_after_their_end(database: Database) -> None:
+    """A read accepted at its session's last moment writes last-seen after its answer: a
+    login of the same user in between deleted the session (found by a race of 30 sessions
+    and four logins: 3-5 answered OK, then 'unknown or logged-out session' ms later)."""
+    with running_market(database, Settings(role="buyer", session_idle_s=1)) as market:
+        buyer, seller = market.user("buyer"), market.user("seller")
+        item_id = market.item(seller)
+        just_ended, long_gone = market.connect("buyer"), market.connect("buyer")
+        for conn in (just_ended, long_gone):
+            conn.token = conn.call("login", {"username": buyer.username, "password": PASSWORD})["token"]
+        long_gone.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+        now = int(time.time() * 1000)
+        for conn, idle_ms in ((just_ended, 1_500), (long_gone, 1_100 + accounts.CLEANUP_GRACE_MS + 1_000)):
+            database.run(lambda tx, conn=conn, idle_ms=idle_ms: tx.execute(
+                sessions.update().where(sessions.c.token_hash == token_hash(conn.token))
+                .values(last_seen_ms=now - idle_ms, created_ms=now - idle_ms)))
+        market.connect("buyer").call("login", {"username": buyer.username, "password": PASSWORD})
+        left = database.run(lambda tx: tx.execute(select(sessions.c.token_hash)).scalars().all())
+        assert token_hash(just_ended.token) in left  # ended 0.4 s ago: a read may still be on it
+        assert token_hash(long_gone.token) not in left  # and its cart with it
+        assert database.run(lambda tx: tx.execute(select(cart_lines.c.session_id)).all()) == []
+        with pytest.raises(UnauthenticatedError, match="expired"):
+            just_ended.call("display_cart")  # kept, but ended all the same
 
 
 def new_account(conn: Connection) -> str:
