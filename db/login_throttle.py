@@ -61,8 +61,8 @@ def claim_attempt(tx: Connection, policy: ThrottlePolicy, role: str, username: s
     wait_ms = row.last_failure_ms + policy.delay_ms(row.failures) - now
     if wait_ms > 0:
         raise UnauthenticatedError(
-            f"too many failed logins for this username; try again in {wait_ms / 1000:.0f} s"
-            if wait_ms >= 1000 else "too many failed logins for this username; try again in 1 s")
+            f"too many login attempts for this username; try again in {wait_ms / 1000:.0f} s"
+            if wait_ms >= 1000 else "too many login attempts for this username; try again in 1 s")
     tx.execute(update(lf).where((lf.c.role == role) & (lf.c.username == username))
                .values(failures=lf.c.failures + 1, last_failure_ms=now))
 
