@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from wire.errors import ProtocolError, UnauthenticatedError
+
 from .registry import Arg, Registry
 from .render import Table
 
@@ -17,6 +19,13 @@ COMMON = Registry()
 
 USERNAME = Arg("username")
 PASSWORD = Arg("password", "--password", "-p", secret=True, env="MARKET_PASSWORD")
+
+
+class LoginRefusedError(ProtocolError):
+    """A login the server refused: unlike a refused request, it says nothing of the session
+    on hand, which stays as it was."""
+
+    code = "UNAUTHENTICATED"
 
 
 @COMMON.command("signup", "Create an account and log in to it.", USERNAME, Arg("name", "--name"),
@@ -33,9 +42,12 @@ def signup(shell: Shell, args: dict[str, Any]) -> None:
 @COMMON.command("login", "Log in.", USERNAME,
                 PASSWORD, login=False)
 def login(shell: Shell, args: dict[str, Any]) -> None:
-    """login; a session already open is ended first."""
+    """login; a session already open is ended once the new one is (a failed login leaves it)."""
+    try:
+        result = shell.call("login", args)
+    except UnauthenticatedError as exc:
+        raise LoginRefusedError(exc.message) from None
     shell.end_session()
-    result = shell.call("login", args)
     shell.log_in(args["username"], result["token"])
     shell.out.say(f"Logged in as {args['username']} (user {result['user_id']}).")
 
@@ -43,11 +55,16 @@ def login(shell: Shell, args: dict[str, Any]) -> None:
 @COMMON.command("logout", "Log out.")
 def logout(shell: Shell, args: dict[str, Any]) -> None:
     """logout."""
+    name = shell.username
     try:
         shell.call("logout")
-    finally:
-        name = shell.username
+    except OSError:  # the server may not have heard it: keep the session, to log out again
+        shell.out.say(f"Still logged in as {name}: the logout may not have reached the server.")
+        raise
+    except BaseException:  # refused (an expired session, say): nothing left to keep
         shell.log_out()
+        raise
+    shell.log_out()
     shell.out.say(f"Logged out {name}.")
 
 

@@ -197,7 +197,10 @@ def whole_number(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
+        shown = text if len(text) <= 24 else f"{text[:20]}… ({len(text)} characters)"
+        if text.strip().isdigit():  # past Python's 4,300 digits
+            raise ValueError(f"{shown} is far too large") from None
+        raise ValueError(f"{shown!r} is not a whole number") from None
 
 
 def word_list(text: str | list[str]) -> list[str]:

@@ -77,8 +77,12 @@ def _print(line: str) -> None:
 
 def _rich(table: Table) -> RichTable:
     out = RichTable(title=table.title, title_justify="left")
-    for column in table.columns:
-        out.add_column(column, justify="right" if column in _NUMERIC else "left")
+    for index, column in enumerate(table.columns):
+        if column in _NUMERIC:  # never cut short: "100000…" would read as a smaller number
+            widest = max(len(row[index]) for row in table.rows)
+            out.add_column(column, justify="right", no_wrap=True, min_width=widest)
+        else:
+            out.add_column(column, justify="left")
     for row in table.rows:
         out.add_row(*(Text(printable(cell)) for cell in row))  # Text: no markup in names
     return out

@@ -22,6 +22,7 @@ from prompt_toolkit.history import FileHistory
 from wire import Connection, ConnectionLostError, ProtocolError
 from wire.config import env
 from wire.errors import UnauthenticatedError
+from wire.ops import READ_ONLY_OPS
 from wire.tls import optional_client_context
 
 from .registry import Arg, Command, Registry, UsageError
@@ -55,6 +56,7 @@ class Shell:
     pager: Pager | None = None
     running: bool = True
     lost: bool = field(default=False, repr=False)
+    hung_up: bool = field(default=False, repr=False)  # the shell closed the connection itself (Ctrl-C)
     misread: bool = field(default=False, repr=False)  # the last line had a command not understood, or not run
 
     def prompt_text(self) -> str:
@@ -71,10 +73,14 @@ class Shell:
             raise
         except KeyboardInterrupt:
             self.conn.close()  # a half-sent or half-read request must not confuse the next one
+            self.hung_up = True
+            if op not in READ_ONLY_OPS:  # it may have reached the server, and been done there
+                raise ConnectionLostError(f"interrupted during {op}; it may or may not have been "
+                                          "applied") from None
             raise
-        if self.lost or self.conn.reconnects > before:
+        if self.lost or (self.conn.reconnects > before and not self.hung_up):
             self.out.say(f"(reconnected to the {self.role} server at {self.address})")
-            self.lost = False
+        self.lost = self.hung_up = False
         return result
 
     @property
@@ -149,8 +155,8 @@ class Shell:
         command.handler(self, values)
 
     def _unauthenticated(self, exc: ProtocolError) -> None:
-        # `login` ends any session before it asks, so a session is only on hand when a request
-        # made in it (`more`'s too) was refused: it has expired or ended
+        # a refused `login` arrives as LoginRefusedError, so a session is only on hand here when
+        # a request made in it (`more`'s too) was refused: it has expired or ended
         if self.username is None:
             self.out.error(f"{exc.code}: {exc.message}")
             return
@@ -172,8 +178,12 @@ class Shell:
         self.log_out()
 
     def close(self) -> None:
-        """End the session and close the connection."""
-        self.end_session()
+        """End the session and close the connection (Ctrl-C while it waits: just close; the
+        server ends the session when it expires)."""
+        try:
+            self.end_session()
+        except KeyboardInterrupt:
+            self.log_out()
         self.conn.close()
 
 
@@ -227,7 +237,7 @@ def with_backslash_commands(line: str) -> str:
 
 
 _WORD_ENDS = frozenset(" \t\n\r;")  # shlex's whitespace (not \f or \v), and `;`
-_BACKSLASH_COMMAND = re.compile(r"(^|;)\s*(\\)q(?=[\s;]|$)")
+_BACKSLASH_COMMAND = re.compile(r"(^|;)\s*(?:(?:help|\?)\s+)?(\\)q(?=[\s;]|$)")  # `help \q` too
 
 
 def _bare(line: str) -> Iterator[int]:
@@ -310,9 +320,14 @@ def _greet(shell: Shell) -> None:
         server = shell.call("ping")
         shell.out.say(f"Connected to the {server['server']} server {server['version']} at "
                       f"{shell.address}. Type `help` for the commands.")
+        if server["server"] != shell.role:
+            shell.out.error(f"this is the {server['server']} server, not the {shell.role} server: "
+                            f"the {shell.role} shell's commands will not work here")
     except (OSError, ProtocolError) as exc:
         shell.out.error(f"cannot reach the {shell.role} server at {shell.address}: {exc}")
         shell.lost = True
+    except KeyboardInterrupt:
+        shell.out.error(f"cancelled: the {shell.role} server at {shell.address} did not answer yet")
 
 
 def run_script(shell: Shell, lines: Iterable[str]) -> int:
@@ -327,6 +342,8 @@ def run_script(shell: Shell, lines: Iterable[str]) -> int:
                 break
     except OutputClosed:
         status = OUTPUT_CLOSED
+    except KeyboardInterrupt:  # Ctrl-C while reading standard input: stop, as sh does
+        status = 130
     shell.close()
     return status
 

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -436,27 +437,50 @@ def stop_server(proc: subprocess.Popen[str]) -> None:
     proc.wait(timeout=20)
 
 
-def test_the_shell_reconnects_after_a_server_restart(tmp_path: Path, home: Path) -> None:
-    port, db_url = free_port(), f"sqlite:///{tmp_path / 'restart.db'}"
-    server = start_server(port, db_url)
+@dataclass
+class OwnServer:
+    """A buyer server process of the test's own, on a fixed port, to stop and start again."""
+
+    port: int
+    db_url: str
+    proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        self.proc = start_server(self.port, self.db_url)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_server(self.proc)
+            self.proc = None
+
+
+@contextlib.contextmanager
+def buyer_on_own_server(tmp_path: Path, home: Path) -> Iterator[tuple[OwnServer, pexpect.spawn, str]]:
+    """A buyer signed up in a shell, on a server process of its own: (server, shell, prompt)."""
+    server = OwnServer(free_port(), f"sqlite:///{tmp_path / 'own.db'}")
+    server.start()
     try:
-        buyer = spawn("buyer", port, home)
+        buyer = spawn("buyer", server.port, home)
         name = unique_name()
-        me = f"{name}@buyer> "
-        run(buyer, f"signup {name} --name R -p '{PASSWORD}'", me)
-        stop_server(server)
-        server = start_server(port, db_url)
+        run(buyer, f"signup {name} --name B -p '{PASSWORD}'", f"{name}@buyer> ")
+        yield server, buyer, f"{name}@buyer> "
+    finally:
+        server.stop()
+
+
+def test_the_shell_reconnects_after_a_server_restart(tmp_path: Path, home: Path) -> None:
+    with buyer_on_own_server(tmp_path, home) as (server, buyer, me):
+        server.stop()
+        server.start()
         out = run(buyer, "cart", me)  # the session lives in the database: still logged in
         assert "reconnected to the buyer server" in out and "Your cart is empty." in out
-        stop_server(server)
-        assert f"cannot reach the buyer server at 127.0.0.1:{port}" in run(buyer, "cart", me)
-        server = start_server(port, db_url)
+        server.stop()
+        assert f"cannot reach the buyer server at 127.0.0.1:{server.port}" in run(buyer, "cart", me)
+        server.start()
         out = run(buyer, "search --category 1", me)
         assert "reconnected" in out and "No items found." in out
         buyer.sendline("quit")
         buyer.expect(pexpect.EOF)
-    finally:
-        stop_server(server)
 
 
 def hang_up_on_every_request(listener: socket.socket) -> None:
@@ -728,3 +752,137 @@ def test_more_after_the_session_expired_asks_to_log_in_again(tmp_path: Path, hom
         assert "you are not logged in" in run(buyer, "cart", "buyer> ")  # logged out here too
         buyer.sendline("quit")
         buyer.expect(pexpect.EOF)
+
+
+@contextlib.contextmanager
+def frozen(server: subprocess.Popen[str]) -> Iterator[None]:
+    """The server stopped by SIGSTOP: it holds its connections and answers nothing."""
+    server.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        server.send_signal(signal.SIGCONT)
+
+
+def test_ctrl_c_while_a_write_waits_says_it_may_have_been_done(tmp_path: Path, home: Path) -> None:
+    # before: "error: cancelled", though the purchase (here a save) had reached the server and
+    # was done there; and the next command said "(reconnected ...)" to a server never gone
+    with buyer_on_own_server(tmp_path, home) as (server, buyer, me):
+        assert server.proc is not None
+        with frozen(server.proc):
+            buyer.sendline("save")
+            time.sleep(0.5)
+            buyer.sendintr()
+            out = wait(buyer, me)
+        assert "interrupted during save_cart; it may or may not have been applied" in out
+        assert "cancelled" not in out
+        out = run(buyer, "ping", me)
+        assert "answers" in out and "reconnected" not in out
+        with frozen(server.proc):  # quitting waits for the logout's answer: Ctrl-C leaves at once
+            buyer.sendline("quit")
+            time.sleep(0.5)
+            buyer.sendintr()
+            buyer.expect(pexpect.EOF)
+        assert "Traceback" not in str(buyer.before)
+
+
+def test_a_read_that_times_out_is_not_sent_again(tmp_path: Path) -> None:
+    # before: a server that accepted but did not answer held `market buyer -c ping` for two
+    # minutes: the 30 s timeout, then three more tries of it
+    from wire import Connection
+
+    port, db_url = free_port(), f"sqlite:///{tmp_path / 'slow.db'}"
+    server = start_server(port, db_url)
+    try:
+        conn = Connection("127.0.0.1", port, timeout=0.5)
+        conn.call("ping")
+        with frozen(server):
+            with pytest.raises(TimeoutError):
+                conn.call("ping")
+        assert conn.resends == 0
+    finally:
+        stop_server(server)
+
+
+def test_a_failed_login_leaves_the_session_on_hand(market: Market, home: Path) -> None:
+    # before: the shell ended the session (and its unsaved cart) before asking, so a mistyped
+    # password logged the user out
+    buyer = spawn("buyer", port_of(market, "buyer"), home)
+    name = unique_name()
+    me = f"{name}@buyer> "
+    run(buyer, f"signup {name} --name L -p '{PASSWORD}'", me)
+    item_id = market.item(market.user("seller"))
+    run(buyer, f"add {item_id} 1", me)
+    out = run(buyer, f"login {name} -p 'not the password'", me)
+    assert "UNAUTHENTICATED: wrong username or password" in out and "expired" not in out
+    out = run(buyer, "cart", me)
+    assert "Lamp" in out  # the unsaved cart is still there
+    buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+
+
+def test_a_logout_the_server_did_not_hear_keeps_the_session(tmp_path: Path, home: Path) -> None:
+    with buyer_on_own_server(tmp_path, home) as (server, buyer, me):
+        name = me.split("@")[0]
+        server.stop()
+        out = run(buyer, "logout", me)  # before: the prompt said logged out; the server had not heard
+        assert f"Still logged in as {name}" in out and "cannot reach the buyer server" in out
+        server.start()
+        out = run(buyer, "logout", "buyer> ")
+        assert f"Logged out {name}." in out
+        buyer.sendline("quit")
+        buyer.expect(pexpect.EOF)
+
+
+def test_a_shell_pointed_at_the_other_server_says_so(market: Market, home: Path) -> None:
+    # before: it greeted "Connected to the seller server" and then let a seller log in to a
+    # buyer shell whose every command was UNKNOWN_OP
+    child = pexpect.spawn(MARKET, ["buyer", "--port", str(port_of(market, "seller"))],
+                          env=shell_env(home), encoding="utf-8", dimensions=(50, 200),
+                          timeout=PROMPT_TIMEOUT)
+    child.expect_exact("buyer> ")
+    assert "this is the seller server, not the buyer server" in str(child.before)
+    child.sendline("quit")
+    child.expect(pexpect.EOF)
+
+
+def test_ctrl_c_in_script_mode_stops_without_a_traceback(market: Market, home: Path) -> None:
+    proc = subprocess.Popen([MARKET, "buyer", "--port", str(port_of(market, "buyer"))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=shell_env(home))
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("ping\n")
+    proc.stdin.flush()
+    assert "answers" in proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)  # while it waits for the next line
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+def test_item_tables_never_cut_a_number_short() -> None:
+    # before: at 80 columns a price of 1000000.00 showed as "100000…"
+    from rich.console import Console
+
+    from client.render import _rich, items_table
+
+    item = {"item_id": 5, "name": "日本 a rather long name", "category": 5, "keywords": ["本", "日本"],
+            "condition": "used", "price": "1000000.00", "quantity": 1000000, "thumbs_up": 12,
+            "thumbs_down": 3, "seller_id": 123456}
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(_rich(items_table([item])))
+    shown = console.export_text()
+    assert all(number in shown for number in ("1000000.00", "1000000", "123456")), shown
+
+
+def test_help_knows_the_backslash_alias_it_lists(market: Market, home: Path) -> None:
+    # before: `help quit` listed `\q`, and `help \q` answered "unknown command 'q'"
+    done = script("buyer", port_of(market, "buyer"), home, "help \\q")
+    assert done.returncode == 0, done.stderr
+    assert "quit" in done.stdout and "unknown command" not in done.stderr
+
+
+def test_a_number_past_pythons_digits_is_refused_in_a_short_line(market: Market, home: Path) -> None:
+    # before: "error: item id: '999...' is not a whole number", all 5,000 digits of it
+    done = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name N",
+                  "item " + "9" * 5000, MARKET_PASSWORD=PASSWORD)
+    assert done.returncode == 1 and "far too large" in done.stderr and len(done.stderr) < 200, done.stderr

@@ -3,7 +3,8 @@
 It reconnects by itself at the next call after the server went away. A call that
 fails in flight is repeated (up to three times, with short pauses) only when repeating
 is safe: a read-only op, or a request that carries an idempotency key. Anything else
-raises ConnectionLostError.
+raises ConnectionLostError. A call that took the whole timeout is not repeated: a server
+that answers nothing in 30 s would most likely do so again.
 """
 from __future__ import annotations
 
@@ -111,8 +112,8 @@ class Connection:
                         f"connection lost during {message['op']}; it may or may not have been applied"
                     ) from exc
                 pause = next(pauses, None)
-                if pause is None:
-                    raise
+                if pause is None or isinstance(exc, TimeoutError):
+                    raise  # a server that took the whole timeout would likely take it again
                 self.resends += 1
                 time.sleep(pause)  # behind a balancer, give it time to see the instance is gone
 
