@@ -122,6 +122,24 @@ def _order_rules(tx: Connection) -> Iterator[str]:
             yield f"order {order.order_id}: a line with quantity or price not positive"
     for order_id in sorted(totals):
         yield f"order lines of order {order_id}: no such order"
+    yield from _line_owner_rules(tx)
+
+
+def _line_owner_rules(tx: Connection) -> Iterator[str]:
+    """A line's buyer is its order's, its seller its item's: history and the right to vote
+    are read from the lines."""
+    mismatched = (select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.buyer_id,
+                         order_lines.c.seller_id, orders.c.buyer_id.label("order_buyer"),
+                         items.c.seller_id.label("item_seller"))
+                  .join(orders, orders.c.order_id == order_lines.c.order_id)
+                  .join(items, items.c.item_id == order_lines.c.item_id)
+                  .where((order_lines.c.buyer_id != orders.c.buyer_id)
+                         | (order_lines.c.seller_id != items.c.seller_id))
+                  .order_by(order_lines.c.order_id, order_lines.c.item_id))
+    for line in tx.execute(mismatched):
+        yield (f"order {line.order_id}, item {line.item_id}: the line says buyer {line.buyer_id} "
+               f"and seller {line.seller_id}, its order and item say {line.order_buyer} and "
+               f"{line.item_seller}")
 
 
 def _feedback_rules(tx: Connection) -> Iterator[str]:

@@ -42,8 +42,9 @@ class Call:
 class Outcome:
     """How one call went: "ok", "conflict", or the error code: CONNECTION for a lost socket,
     RESENT for a call answered only when the connection tried it again after its connection
-    failed, in flight or at connect (it has its result, but a server dropped or refused a
-    connection: counted as an error)."""
+    failed, in flight or at connect, or on a new connection because the server had closed the
+    one the last call left open (it has its answer, a conflict's too, but a server dropped or
+    refused a connection: counted as an error)."""
 
     kind: str
     latency_s: float
@@ -85,7 +86,8 @@ class Actor:
 
     def perform(self, conn: Connection, call: Call) -> Outcome:
         """Make the call, time it, and learn from the answer."""
-        start, resends = time.perf_counter(), conn.resends
+        # a new connection counts when the last call left one open: the server hung up since
+        start, connections = time.perf_counter(), (conn.resends, conn.reconnects if conn.is_open else None)
         try:
             result = conn.call(call.op, call.args)
         except ProtocolError as exc:
@@ -93,6 +95,8 @@ class Actor:
             if isinstance(exc, UnauthenticatedError) and call.op != "login":
                 self._log_in_again(conn)  # counted as an error, but not one per call after it
             self.refused(call, exc)
+            if _redialled(conn, connections):
+                return Outcome("RESENT", latency, error=_dropped(call))
             expected = isinstance(exc, ConflictError) and call.op in EXPECTED_CONFLICTS
             return Outcome("conflict" if expected else exc.code, latency, error=exc)
         except OSError as exc:
@@ -109,9 +113,8 @@ class Actor:
         seen = getattr(self, f"_saw_{call.op}", None)
         if seen:
             seen(call, result)
-        if conn.resends > resends:
-            lost = ConnectionLostError(f"connection lost during {call.op}; answered when sent again")
-            return Outcome("RESENT", latency, result=result, error=lost)
+        if _redialled(conn, connections):
+            return Outcome("RESENT", latency, result=result, error=_dropped(call))
         return Outcome("ok", latency, result=result)
 
     def refused(self, call: Call, error: ProtocolError) -> None:
@@ -323,3 +326,14 @@ def _price(rng: random.Random) -> str:
 def make_actor(role: str, username: str, rng: random.Random) -> Actor:
     """A new simulated buyer or seller."""
     return Buyer(username, rng) if role == "buyer" else Seller(username, rng)
+
+
+def _redialled(conn: Connection, before: tuple[int, int | None]) -> bool:
+    """Whether the call was sent again, or on a new connection where the old one was open."""
+    resends, reconnects = before
+    return conn.resends > resends or (reconnects is not None and conn.reconnects > reconnects)
+
+
+def _dropped(call: Call) -> ConnectionLostError:
+    """What a call answered on a new connection is: the old one dropped, a simulator error."""
+    return ConnectionLostError(f"connection dropped around {call.op}; answered on a new connection")

@@ -8,7 +8,9 @@ with every run's value beside it, and how many runs met each target:
 
 - 1 + 1: p50 under 1 ms;
 - 10 + 10: p99 at most 20 ms;
-- 100 + 100: at least 4,000 ops/s, p99 at most 100 ms, no errors and the audit passing.
+- 100 + 100: at least 4,000 ops/s, p99 at most 100 ms;
+
+each only in a scenario with no errors, in a run whose audit passed.
 
 Writes targets.md to --out, and each run's market-sim reports to a folder of its own there.
 Exits 1 when an audit found a violation, 3 when a run did not finish or the MySQL server
@@ -68,17 +70,20 @@ class Target:
     met: Callable[[Run, Figures], bool]
 
 
+def _clean(run: Run, f: Figures) -> bool:
+    """No errors in the scenario and the run's audit passing: a figure counts only then."""
+    return f.errors == 0 and run.exit_code == 0
+
+
 TARGETS = (
     Target(1, "1 + 1 p50 ms", f"1 + 1 p50 under {TARGET_P50_1_MS:g} ms",
-           lambda f: f.p50_ms, lambda run, f: f.p50_ms < TARGET_P50_1_MS),
+           lambda f: f.p50_ms, lambda run, f: f.p50_ms < TARGET_P50_1_MS and _clean(run, f)),
     Target(10, "10 + 10 p99 ms", f"10 + 10 p99 at most {TARGET_P99_10_MS:g} ms",
-           lambda f: f.p99_ms, lambda run, f: f.p99_ms <= TARGET_P99_10_MS),
-    Target(100, "100 + 100 ops/s",
-           f"100 + 100 at least {TARGET_OPS_100:,.0f} ops/s with no errors and the audit passing",
-           lambda f: f.ops_per_s,
-           lambda run, f: f.ops_per_s >= TARGET_OPS_100 and f.errors == 0 and run.exit_code == 0),
+           lambda f: f.p99_ms, lambda run, f: f.p99_ms <= TARGET_P99_10_MS and _clean(run, f)),
+    Target(100, "100 + 100 ops/s", f"100 + 100 at least {TARGET_OPS_100:,.0f} ops/s",
+           lambda f: f.ops_per_s, lambda run, f: f.ops_per_s >= TARGET_OPS_100 and _clean(run, f)),
     Target(100, "100 + 100 p99 ms", f"100 + 100 p99 at most {TARGET_P99_100_MS:g} ms",
-           lambda f: f.p99_ms, lambda run, f: f.p99_ms <= TARGET_P99_100_MS),
+           lambda f: f.p99_ms, lambda run, f: f.p99_ms <= TARGET_P99_100_MS and _clean(run, f)),
 )
 
 
@@ -182,7 +187,8 @@ def report(args: argparse.Namespace, runs: Sequence[Run], argv: Sequence[str]) -
         "# The performance targets", f"`python -m simulation.targets {' '.join(argv)}`",
         f"Each run: `market-sim -n {','.join(map(str, args.users))} -k {args.calls} -r 1` on a fresh "
         "database, the databases' order alternating by round. Each cell: the median of the runs "
-        f"(every run's value) and the runs that met the target ({'; '.join(t.rule for t in TARGETS)}).",
+        f"(every run's value) and the runs that met the target ({'; '.join(t.rule for t in TARGETS)}; "
+        "each only with no errors in the scenario and the run's audit passing).",
         summary_table(runs), *(["Runs that failed:\n\n" + "\n".join(failed)] if failed else [])]) + "\n"
 
 

@@ -211,7 +211,17 @@ def test_targets_count_a_run_only_when_it_meets_every_bound() -> None:
     assert row[2].endswith("met in 1 of 3")  # 1 + 1 p50: 0.99 only
     assert row[3].endswith("met in 1 of 3")  # 10 + 10 p99: 20.0 only
     assert row[4] == "5,000 (4,000 / 5,000 / 9,000); met in 1 of 3"  # errors and audits count
-    assert row[5].startswith("50.00 (20.00 / 100.01 / 50.00); met in 2 of 3")
+    assert row[5].startswith("50.00 (20.00 / 100.01 / 50.00); met in 1 of 3")  # for the p99s too
+
+
+def test_targets_count_no_latency_of_a_run_with_errors_or_a_failed_audit() -> None:
+    # before: only the 100 + 100 throughput looked at errors and audits; failing fast made the
+    # latencies look better, and they were counted as met
+    fast = targets.Figures(ops_per_s=9000.0, p50_ms=0.1, p99_ms=5.0, errors=0)
+    erred = targets.Figures(ops_per_s=9000.0, p50_ms=0.1, p99_ms=5.0, errors=3)
+    runs = [_run("db", 0, n1=erred, n10=erred, n100=erred), _run("db", 1, n1=fast, n10=fast, n100=fast)]
+    row = targets.summary_table(runs).splitlines()[2].split(" | ")
+    assert all(cell.rstrip(" |").endswith("met in 0 of 2") for cell in row[2:6]), row
 
 
 def test_targets_alternate_the_databases_and_drop_the_mariadb_ones(mysql_server: str, tmp_path: Path,

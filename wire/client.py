@@ -62,6 +62,11 @@ class Connection:
             self.reconnects += self._used
             self._used = True
 
+    @property
+    def is_open(self) -> bool:
+        """Whether a socket is open (closed after a failed call, or never opened yet)."""
+        return self._sock is not None
+
     def close(self) -> None:
         """Close the socket; the next call opens a new one."""
         if self._sock is not None:
