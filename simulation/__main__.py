@@ -102,8 +102,8 @@ def _fresh_sqlite(out: Path) -> str:
 
 
 def _describe(result: RunResult) -> str:
-    calls = sum(len(op.latencies) for op in result.ops.values())
     errors = sum(op.errors for op in result.ops.values())
+    calls = sum(len(op.latencies) for op in result.ops.values()) + errors  # made, answered or not
     conflicts = sum(op.conflicts for op in result.ops.values())
     audit_text = "consistent" if not result.violations else f"{len(result.violations)} VIOLATIONS"
     return (f"{result.mix} N={result.users} run {result.run + 1}: {calls} calls in {result.elapsed_s:.2f} s,"

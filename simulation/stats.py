@@ -83,12 +83,13 @@ def _summary(mix: str, users: int, op: str, logs: list[tuple[OpLog, float]]) -> 
         figures = [figure(values) * 1000 for values in measured]
         return statistics.median(figures) if figures else math.nan
 
-    throughput = [len(entry.latencies) / elapsed for entry, elapsed in logs if elapsed > 0]
+    throughput = [len(entry.latencies) / elapsed for entry, elapsed in logs if elapsed > 0]  # answered
+    errors = sum(entry.errors for entry, _ in logs)
     mean, sd = mean_sd(throughput)
     return OpSummary(
         mix=mix, users=users, op=op, runs=len(logs),
-        calls=sum(len(values) for values in per_run),
-        errors=sum(entry.errors for entry, _ in logs),
+        calls=sum(len(values) for values in per_run) + errors,  # made, answered or not
+        errors=errors,
         conflicts=sum(entry.conflicts for entry, _ in logs),
         mean_ms=median_of(statistics.fmean), p50_ms=median_of(lambda v: percentile(v, 50)),
         p95_ms=median_of(lambda v: percentile(v, 95)), p99_ms=median_of(lambda v: percentile(v, 99)),

@@ -198,7 +198,7 @@ def test_an_instance_killed_mid_run_costs_no_acknowledged_purchase(balanced: Bal
     sim.join(240)
     assert not sim.is_alive(), "the simulation is stuck"
     result = outcome[0]
-    calls = sum(len(log.latencies) for log in result.ops.values())
+    calls = sum(len(log.latencies) + log.errors for log in result.ops.values())  # made, answered or not
     assert calls == 2 * 4 * KILL_RUN_CALLS, "every user made all its calls"
     errors = errors_by_op(result)
     kinds = Counter(result.error_kinds)
