@@ -56,7 +56,6 @@ class Shell:
     pager: Pager | None = None
     running: bool = True
     lost: bool = field(default=False, repr=False)
-    hung_up: bool = field(default=False, repr=False)  # the shell closed the connection itself (Ctrl-C)
     misread: bool = field(default=False, repr=False)  # the last line had a command not understood, or not run
 
     def prompt_text(self) -> str:
@@ -65,7 +64,7 @@ class Shell:
 
     def call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
         """One request; says so when the connection had to be opened again first."""
-        before = self.conn.reconnects
+        before, was_open = self.conn.reconnects, self.conn.is_open  # closed: by the shell itself
         try:
             result = self.conn.call(op, args)
         except OSError:
@@ -73,14 +72,13 @@ class Shell:
             raise
         except KeyboardInterrupt:
             self.conn.close()  # a half-sent or half-read request must not confuse the next one
-            self.hung_up = True
             if op not in READ_ONLY_OPS:  # it may have reached the server, and been done there
                 raise ConnectionLostError(f"interrupted during {op}; it may or may not have been "
                                           "applied") from None
             raise
-        if self.lost or (self.conn.reconnects > before and not self.hung_up):
+        if self.lost or (self.conn.reconnects > before and was_open):
             self.out.say(f"(reconnected to the {self.role} server at {self.address})")
-        self.lost = self.hung_up = False
+        self.lost = False
         return result
 
     @property

@@ -171,14 +171,15 @@ class Database:
                 if _is_unusable(exc):
                     raise DatabaseUnusable(self._unusable_message(exc)) from None
                 if _is_lock_wait_timeout(exc):
-                    self._wait_for_schema_lock(deadline, wait_s)
+                    self._wait_again_or_give_up(deadline, wait_s)
                     continue
                 attempt += 1
                 if attempt == 5:
                     raise
                 time.sleep(0.2 * attempt)  # another process is creating it right now
 
-    def _wait_for_schema_lock(self, deadline: float, wait_s: float) -> None:
+    def _wait_again_or_give_up(self, deadline: float, wait_s: float) -> None:
+        """Past a lock wait on the schema: log and go on, or DatabaseUnusable past the deadline."""
         if time.monotonic() >= deadline:
             raise DatabaseUnusable(
                 f"cannot use the database {self._where}: its schema stayed locked for over "

@@ -60,9 +60,8 @@ def claim_attempt(tx: Connection, policy: ThrottlePolicy, role: str, username: s
         return
     wait_ms = row.last_failure_ms + policy.delay_ms(row.failures) - now
     if wait_ms > 0:
-        raise UnauthenticatedError(
-            f"too many login attempts for this username; try again in {wait_ms / 1000:.0f} s"
-            if wait_ms >= 1000 else "too many login attempts for this username; try again in 1 s")
+        raise UnauthenticatedError("too many login attempts for this username; "
+                                   f"try again in {max(1, round(wait_ms / 1000))} s")
     tx.execute(update(lf).where((lf.c.role == role) & (lf.c.username == username))
                .values(failures=lf.c.failures + 1, last_failure_ms=now))
 
