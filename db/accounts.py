@@ -32,7 +32,7 @@ from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
 from . import login_throttle
 from .database import Database, inserted_id, now_ms
 from .engine import LOCK_WAIT_S
-from .passwords import hash_password, verify_password
+from .passwords import HashingQueue
 from .prepared import Prepared
 from .schema import cart_lines, saved_cart_lines, sessions, users
 
@@ -79,9 +79,11 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def create_account(db: Database, role: str, username: str, password: str, name: str) -> dict[str, Any]:
+def create_account(db: Database, role: str, hashing: HashingQueue, username: str, password: str,
+                   name: str) -> dict[str, Any]:
     """A new buyer or seller account; CONFLICT when the username is taken."""
-    password_hash = hash_password(password)
+    with hashing.admitted():
+        password_hash = hashing.hash(password)
     row = {"role": role, "username": username, "name": name, "password_hash": password_hash,
            "created_ms": now_ms()}
     try:
@@ -91,11 +93,13 @@ def create_account(db: Database, role: str, username: str, password: str, name: 
     return {"user_id": user_id}
 
 
-def login(db: Database, role: str, policy: SessionPolicy, username: str, password: str) -> dict[str, Any]:
+def login(db: Database, role: str, policy: SessionPolicy, hashing: HashingQueue, username: str,
+          password: str) -> dict[str, Any]:
     """A new session; the same UNAUTHENTICATED message for a wrong username or password."""
-    found = db.run(lambda tx: _claim_attempt_and_find_user(tx, role, policy, username))
-    if not verify_password(found[1] if found else None, password) or found is None:
-        raise UnauthenticatedError(WRONG_CREDENTIALS)  # counted as a failure already
+    with hashing.admitted():  # first: an attempt answered BUSY is not counted
+        found = db.run(lambda tx: _claim_attempt_and_find_user(tx, role, policy, username))
+        if not hashing.verify(found[1] if found else None, password) or found is None:
+            raise UnauthenticatedError(WRONG_CREDENTIALS)  # counted as a failure already
     user_id = found[0]
     token = secrets.token_urlsafe(32)
     db.run(lambda tx: _open_session(tx, role, user_id, username, token_hash(token), policy))
@@ -130,19 +134,29 @@ def _open_session(tx: Connection, role: str, user_id: int, username: str, hashed
 
 
 def _end_expired_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: int) -> None:
-    # A read accepted at the last moment writes last-seen only after its answer: the rows
-    # of sessions that ended less than CLEANUP_GRACE_MS ago are left for a later login.
-    idle_limit_ms = policy.idle_s * 1000 + policy.touch_interval_ms + CLEANUP_GRACE_MS
-    expired = select(sessions.c.session_id).where(
-        sessions.c.user_id == user_id,
-        (sessions.c.last_seen_ms < now - idle_limit_ms)
-        | (sessions.c.created_ms < now - (policy.max_s * 1000 + CLEANUP_GRACE_MS)))
+    expired = select(sessions.c.session_id).where(sessions.c.user_id == user_id,
+                                                  ended_long_ago(policy, now))
     # locked, and at READ COMMITTED the condition is checked again on what a request in
     # flight on one of them commits: a session just used is not ended, nor its cart line lost
     ids = tx.execute(expired.with_for_update()).scalars().all()
     if ids:
-        tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
-        tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
+        end_sessions(tx, ids)
+
+
+def ended_long_ago(policy: SessionPolicy, now: int) -> ColumnElement[bool]:
+    """Sessions that ended over CLEANUP_GRACE_MS ago, whose rows may go.
+
+    A read accepted at the last moment writes last-seen only after its answer: the rows
+    of sessions that ended less than CLEANUP_GRACE_MS ago are left for later."""
+    idle_limit_ms = policy.idle_s * 1000 + policy.touch_interval_ms + CLEANUP_GRACE_MS
+    return ((sessions.c.last_seen_ms < now - idle_limit_ms)
+            | (sessions.c.created_ms < now - (policy.max_s * 1000 + CLEANUP_GRACE_MS)))
+
+
+def end_sessions(tx: Connection, ids: Sequence[int]) -> None:
+    """Delete sessions and their cart lines (their rows locked, or SQLite's write lock held)."""
+    tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
+    tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
 
 
 def logout(tx: Connection, session: Session) -> dict[str, Any]:
@@ -299,11 +313,12 @@ class SessionGate:
             log.warning("could not record a session's activity: %s", exc)
 
 
-def account_handlers(db: Database, role: str, policy: SessionPolicy, version: str) -> dict[str, Any]:
+def account_handlers(db: Database, role: str, policy: SessionPolicy, version: str,
+                     hashing: HashingQueue) -> dict[str, Any]:
     """The ops both servers have: ping, create_account, login, logout."""
     return {
         "ping": lambda: {"server": role, "version": version},
-        "create_account": lambda **a: create_account(db, role, **a),
-        "login": lambda **a: login(db, role, policy, **a),
+        "create_account": lambda **a: create_account(db, role, hashing, **a),
+        "login": lambda **a: login(db, role, policy, hashing, **a),
         "logout": logout,
     }

@@ -115,12 +115,15 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
            stops: StopSignals, ready: Callable[[Server], None], reuse_port: bool = False) -> None:
     """One server process: its own database pool, App and loop."""
     from db import Database
+    from db.housekeeping import Housekeeper
 
     stops.hold()  # threads start from here: a signal must not cut that short
     database = Database(settings.db_url, pool_size=settings.threads,
                         sqlite_synchronous=settings.sqlite_synchronous)
+    housekeeper = Housekeeper.for_settings(database, settings)
     try:
         app = build_app(settings, database)
+        housekeeper.start()
         server = _bound(settings.host, port, lambda: Server(app, settings.host, port, limits_of(settings),
                                                             reuse_port=reuse_port, tls=tls))
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
@@ -128,6 +131,7 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
         gc.freeze()
         stops.serve(server, ready)
     finally:
+        housekeeper.close()
         database.close()
 
 
