@@ -30,9 +30,9 @@ from sqlalchemy.exc import IntegrityError
 from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
 
 from . import login_throttle
+from .address_limits import AccountGuards
 from .database import Database, inserted_id, now_ms
 from .engine import LOCK_WAIT_S
-from .passwords import HashingQueue
 from .prepared import Prepared
 from .schema import cart_lines, saved_cart_lines, sessions, users
 
@@ -65,7 +65,7 @@ class SessionPolicy:
     def from_settings(cls, settings: Any) -> SessionPolicy:
         """The policy a server's settings (wire.config.Settings) ask for."""
         return cls(settings.session_idle_s, settings.session_max_s,
-                   login_throttle.ThrottlePolicy(settings.login_free_failures,
+                   login_throttle.ThrottlePolicy(settings.login_account_free_failures,
                                                  settings.login_max_delay_s))
 
     @property
@@ -79,11 +79,12 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def create_account(db: Database, role: str, hashing: HashingQueue, username: str, password: str,
-                   name: str) -> dict[str, Any]:
-    """A new buyer or seller account; CONFLICT when the username is taken."""
-    with hashing.admitted():
-        password_hash = hashing.hash(password)
+def create_account(db: Database, role: str, guards: AccountGuards, peer: str | None, username: str,
+                   password: str, name: str) -> dict[str, Any]:
+    """A new buyer or seller account from the address `peer`; CONFLICT when the username is taken."""
+    with guards.hashing.admitted():
+        guards.signups.take(peer)
+        password_hash = guards.hashing.hash(password)
     row = {"role": role, "username": username, "name": name, "password_hash": password_hash,
            "created_ms": now_ms()}
     try:
@@ -93,13 +94,22 @@ def create_account(db: Database, role: str, hashing: HashingQueue, username: str
     return {"user_id": user_id}
 
 
-def login(db: Database, role: str, policy: SessionPolicy, hashing: HashingQueue, username: str,
-          password: str) -> dict[str, Any]:
-    """A new session; the same UNAUTHENTICATED message for a wrong username or password."""
-    with hashing.admitted():  # first: an attempt answered BUSY is not counted
-        found = db.run(lambda tx: _claim_attempt_and_find_user(tx, role, policy, username))
-        if not hashing.verify(found[1] if found else None, password) or found is None:
+def login(db: Database, role: str, policy: SessionPolicy, guards: AccountGuards, peer: str | None,
+          username: str, password: str) -> dict[str, Any]:
+    """A new session; the same UNAUTHENTICATED message for a wrong username or password.
+
+    Failures slow down their own address first (per username, then past a higher count
+    per address); the account's own count stops only addresses that failed for it, so a
+    stranger's guesses never keep the right password from another address out."""
+    attempt = (peer, role, username)
+    with guards.hashing.admitted():  # first: an attempt answered BUSY is not counted
+        guards.by_address.claim(peer)
+        failed_here = guards.by_username.claim(attempt) > 0
+        found = db.run(lambda tx: _claim_attempt_and_find_user(tx, role, policy, username, failed_here))
+        if not guards.hashing.verify(found[1] if found else None, password) or found is None:
             raise UnauthenticatedError(WRONG_CREDENTIALS)  # counted as a failure already
+    guards.by_username.succeeded(attempt, clear=True)
+    guards.by_address.succeeded(peer, clear=False)  # a right login of one's own clears no guesses
     user_id = found[0]
     token = secrets.token_urlsafe(32)
     db.run(lambda tx: _open_session(tx, role, user_id, username, token_hash(token), policy))
@@ -107,8 +117,8 @@ def login(db: Database, role: str, policy: SessionPolicy, hashing: HashingQueue,
 
 
 def _claim_attempt_and_find_user(tx: Connection, role: str, policy: SessionPolicy,
-                                 username: str) -> tuple[int, str] | None:
-    login_throttle.claim_attempt(tx, policy.throttle, role, username)
+                                 username: str, enforce: bool) -> tuple[int, str] | None:
+    login_throttle.claim_attempt(tx, policy.throttle, role, username, enforce)
     return _find_user(tx, role, username)
 
 
@@ -313,12 +323,15 @@ class SessionGate:
             log.warning("could not record a session's activity: %s", exc)
 
 
+ADDRESSED_OPS = frozenset({"create_account", "login"})  # handlers called with the client's address
+
+
 def account_handlers(db: Database, role: str, policy: SessionPolicy, version: str,
-                     hashing: HashingQueue) -> dict[str, Any]:
+                     guards: AccountGuards) -> dict[str, Any]:
     """The ops both servers have: ping, create_account, login, logout."""
     return {
         "ping": lambda: {"server": role, "version": version},
-        "create_account": lambda **a: create_account(db, role, hashing, **a),
-        "login": lambda **a: login(db, role, policy, hashing, **a),
+        "create_account": lambda peer, **a: create_account(db, role, guards, peer, **a),
+        "login": lambda peer, **a: login(db, role, policy, guards, peer, **a),
         "logout": logout,
     }
