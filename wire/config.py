@@ -47,6 +47,7 @@ class Settings:
     signups_per_address_hour: int = 300
     hash_queue: int = 0  # 0: threads - 1 (db.passwords.admitted_hashes)
     housekeeping_interval_s: float = 60.0
+    worker_timeout_s: float = 30.0
     tls_cert: str | None = None
     tls_key: str | None = None
     log_level: str = "INFO"
@@ -114,6 +115,7 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "signups_per_address_hour": ("MARKET_SIGNUPS_PER_ADDRESS_HOUR", 0, 10**9),
     "hash_queue": ("MARKET_HASH_QUEUE", 0, 1_000_000),
     "housekeeping_interval_s": ("MARKET_HOUSEKEEPING_INTERVAL_S", 0.01, 10**6),
+    "worker_timeout_s": ("MARKET_WORKER_TIMEOUT_S", 0.1, 10**6),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS (the protocol package imports no db)
@@ -182,6 +184,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         signups_per_address_hour=number("MARKET_SIGNUPS_PER_ADDRESS_HOUR", int,
                                         default.signups_per_address_hour),
         hash_queue=number("MARKET_HASH_QUEUE", int, default.hash_queue),
+        worker_timeout_s=number("MARKET_WORKER_TIMEOUT_S", float, default.worker_timeout_s),
         housekeeping_interval_s=number("MARKET_HOUSEKEEPING_INTERVAL_S", float,
                                        default.housekeeping_interval_s),
         log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),

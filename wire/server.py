@@ -226,6 +226,10 @@ class Server:
         if wait:
             self._stopped.wait()
 
+    def adopt(self, sock: socket.socket) -> None:
+        """Serve a socket connected elsewhere as if accepted (a supervisor's health checks)."""
+        self._call_soon(lambda: self._admit(sock))
+
     # -- the leader ---------------------------------------------------------------
 
     def _lead(self, _: Any) -> None:
