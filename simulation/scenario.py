@@ -25,7 +25,6 @@ from .mixes import Mix
 
 Address = tuple[str, int]
 SETUP_TIMEOUT_S = 600.0
-_SETUP_BUSY_PAUSES_S = [min(0.05 * 2 ** n, 2.0) for n in range(40)]  # a set-up call answered BUSY: again
 
 
 class SimulationError(RuntimeError):
@@ -113,12 +112,7 @@ class SimulatedUser(threading.Thread):
             self.finished = time.perf_counter()
 
     def _setup(self, conn: Connection, call: Call) -> None:
-        outcome = self.actor.perform(conn, call)
-        for pause in _SETUP_BUSY_PAUSES_S:  # a hundred sign-ups at once fill the hashing queue
-            if outcome.kind != "BUSY":
-                break
-            time.sleep(random.uniform(pause / 2, pause))  # not the actor's draws: a seed replays its calls
-            outcome = self.actor.perform(conn, call)
+        outcome = self.actor.perform_setup(conn, call)
         if outcome.result is None:  # answered, if only when sent again: set up all the same
             raise SimulationError(f"{self.actor.username}: {call.op} failed: {outcome.error}")
 
