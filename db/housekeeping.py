@@ -1,8 +1,8 @@
 """Housekeeping: a thread of each server process deletes the rows nobody will read again,
 expired sessions with their cart lines and failed-login counts long past.
 
-Small batches, one short transaction each: a batch's rows are found and locked by primary
-key and deleted only if they still qualify, so any number of processes may sweep at once,
+Small batches, one short transaction each: a batch's rows are found without locks, then
+locked or deleted by primary key only if they still qualify, so any number of processes may sweep at once,
 on SQLite or MySQL, and none holds a lock for long. Saved carts stay: they are the buyer's.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, delete, select
+from sqlalchemy import Connection, delete, select, tuple_
 
 from .accounts import SessionPolicy, end_sessions, ended_long_ago
 from .database import Database, now_ms
@@ -28,9 +28,16 @@ FORGET_FAILURES_AFTER_MS = 24 * 3600 * 1000
 
 def end_expired_sessions(tx: Connection, policy: SessionPolicy, batch: int = BATCH) -> int:
     """Delete up to `batch` sessions that ended long ago, with their cart lines."""
-    found = (select(sessions.c.session_id).where(ended_long_ago(policy, now_ms()))
-             .order_by(sessions.c.session_id).limit(batch).with_for_update())
-    ids = tx.execute(found).scalars().all()  # locked: a request in flight on one commits first
+    ended = ended_long_ago(policy, now_ms())
+    # found without locks (a locking scan would wait on every live session a cart write
+    # holds), then locked by primary key if they still qualify: a request in flight on one
+    # commits first, and at READ COMMITTED its new last-seen is what the condition sees
+    found = tx.execute(select(sessions.c.session_id).where(ended).order_by(sessions.c.session_id)
+                       .limit(batch)).scalars().all()
+    if not found:
+        return 0
+    ids = tx.execute(select(sessions.c.session_id).where(sessions.c.session_id.in_(found), ended)
+                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
     if ids:
         end_sessions(tx, ids)
     return len(ids)
@@ -39,17 +46,19 @@ def end_expired_sessions(tx: Connection, policy: SessionPolicy, batch: int = BAT
 def forget_old_failures(tx: Connection, batch: int = BATCH) -> int:
     """Delete up to `batch` failed-login counts untouched for FORGET_FAILURES_AFTER_MS."""
     old = lf.c.last_failure_ms < now_ms() - FORGET_FAILURES_AFTER_MS
-    found = (select(lf.c.role, lf.c.username).where(old)
-             .order_by(lf.c.role, lf.c.username).limit(batch).with_for_update())
-    rows = tx.execute(found).all()
-    for role, username in rows:  # by primary key, and again only if still old
-        tx.execute(delete(lf).where(lf.c.role == role, lf.c.username == username, old))
-    return len(rows)
+    keys = tx.execute(select(lf.c.role, lf.c.username).where(old)
+                      .order_by(lf.c.role, lf.c.username).limit(batch)).all()
+    if not keys:
+        return 0
+    # by primary key, and only if still old: a failure meanwhile keeps its count
+    return tx.execute(delete(lf).where(tuple_(lf.c.role, lf.c.username).in_([tuple(k) for k in keys]),
+                                       old)).rowcount
 
 
 def sweep(db: Database, policy: SessionPolicy, batch: int = BATCH,
           stop: Callable[[], bool] = lambda: False) -> int:
-    """Every sweep, batch after batch until none is full; the rows deleted."""
+    """Every sweep, batch after batch until one deletes less than a full batch (another
+    housekeeper took the rest, or none is left); the rows deleted."""
     deleted = 0
     for step in (lambda tx: end_expired_sessions(tx, policy, batch),
                  lambda tx: forget_old_failures(tx, batch)):
