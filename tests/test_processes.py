@@ -604,3 +604,39 @@ def a_frozen_worker_is_replaced(server: ServerProcess, connect: Callable[[], Con
         if server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_server_process_sweeps_old_rows_in_the_background(workers: str, tmp_path: Path) -> None:
+    from sqlalchemy import func, insert, select
+
+    from db import Database
+    from db.housekeeping import FORGET_FAILURES_AFTER_MS
+    from db.schema import login_failures
+
+    url = f"sqlite:///{tmp_path / 'market.db'}"
+    database = Database(url, pool_size=1)
+    database.create_schema()
+    old = int(time.time() * 1000) - FORGET_FAILURES_AFTER_MS - 1000
+    database.run(lambda tx: tx.execute(insert(login_failures), [
+        {"role": "buyer", "username": f"ghost{n}", "failures": 7, "last_failure_ms": old}
+        for n in range(500)]))
+
+    def left() -> int:
+        return int(database.run(lambda tx: tx.execute(select(func.count()).select_from(login_failures))
+                                .scalar_one(), write=False))
+
+    server = ServerProcess("buyer", url, 0, "--workers", workers, MARKET_HOUSEKEEPING_INTERVAL_S="0.2")
+    try:
+        server.wait_ready()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and left():
+            time.sleep(0.1)
+        assert left() == 0, server.stderr()
+        assert "housekeeping deleted" in server.stderr()
+        assert server.stop() == 0
+    finally:
+        database.close()
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
