@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 import pytest
 from conftest import PASSWORD, Market, running_market, unique_name
 
-from db import Database, passwords
+from db import Database, accounts, passwords
+from db.accounts import SessionPolicy
+from db.address_limits import AccountGuards
 from wire import Connection
 from wire.config import Settings
 from wire.errors import BusyError
@@ -88,3 +90,16 @@ def test_a_full_hashing_queue_answers_busy_at_once(database: Database) -> None:
     assert flood.hashed and len(flood.busy) > len(flood.hashed), (len(flood.hashed), len(flood.busy))
     assert statistics.median(flood.busy) < statistics.median(flood.hashed) / 2
 
+
+
+def test_a_login_answered_busy_is_not_counted_as_an_attempt(database: Database) -> None:
+    settings = Settings(role="buyer", hash_queue=1, login_free_failures=1, login_account_free_failures=1)
+    guards, policy = AccountGuards.for_settings(settings), SessionPolicy.from_settings(settings)
+    name = unique_name()
+    accounts.create_account(database, "buyer", guards, "127.0.0.1", name, PASSWORD, "N")
+    with guards.hashing.admitted():  # the queue's one place taken
+        for _ in range(3):
+            with pytest.raises(BusyError, match="too many sign-ups and logins"):
+                accounts.login(database, "buyer", policy, guards, "127.0.0.1", name, "guess guess")
+    # with one free failure, a counted attempt would have made this one wait
+    assert accounts.login(database, "buyer", policy, guards, "127.0.0.1", name, PASSWORD)["token"]
