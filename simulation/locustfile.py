@@ -58,7 +58,7 @@ class MarketUser(User):
         self.conn = Connection(*parse_address(env(variable, default)))
         self.actor = make_actor(self.role, f"{self.role[0]}lc{secrets.token_hex(6)}", random.Random())
         for call in self.actor.setup_calls():
-            self.perform(call)
+            self.perform(call, setup=True)
 
     def on_stop(self) -> None:
         """Close the connection."""
@@ -68,9 +68,9 @@ class MarketUser(User):
         """Make the call the mix's `op` leads to now."""
         self.perform(self.actor.next_call(op))
 
-    def perform(self, call: Call) -> None:
-        """Make one call and report it to locust."""
-        outcome = self.actor.perform(self.conn, call)
+    def perform(self, call: Call, setup: bool = False) -> None:
+        """Make one call and report it to locust (a set-up call is tried again while BUSY)."""
+        outcome = (self.actor.perform_setup if setup else self.actor.perform)(self.conn, call)
         self.environment.events.request.fire(
             request_type=self.role,
             name=f"{call.op} (CONFLICT)" if outcome.kind == "conflict" else call.op,

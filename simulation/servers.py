@@ -5,6 +5,7 @@ Their logs (stderr) go to a file, so a failed start can be read afterwards.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -52,7 +53,9 @@ def _spawn(role: str, db_url: str, log_path: Path, extra_args: tuple[str, ...]) 
         return subprocess.Popen(
             [sys.executable, "-m", f"{role}_server", "--port", "0", "--db-url", db_url,
              "--log-level", "WARNING", *extra_args],
-            stdout=subprocess.PIPE, stderr=log, text=True)
+            stdout=subprocess.PIPE, stderr=log, text=True,
+            # every simulated user signs up from this one address: no limit on sign-ups
+            env={**os.environ, "MARKET_SIGNUPS_PER_ADDRESS_HOUR": "0"})
 
 
 def _wait_listening(process: subprocess.Popen[str], role: str, log_path: Path) -> Address:

@@ -357,3 +357,14 @@ def test_buyers_add_only_items_with_units_left_and_pick_them_evenly() -> None:
     assert all(800 < count < 1200 for count in picks.values())  # 1,000 each if even
     buyer.cart.update({8: 2, 9: 2, 10: 2})
     assert buyer._plan_add_to_cart().op == "search_items"
+
+
+def test_the_simulators_set_up_waits_out_a_full_hashing_queue(database: Database) -> None:
+    """Twenty users signing up at once against a queue of one hash: every one gets set up,
+    each BUSY answer tried again after a pause, and the run itself counts no error."""
+    from wire.config import Settings
+
+    with running_market(database, Settings(role="buyer", hash_queue=1)) as market:
+        result = scenario.run_once(DEFAULT, 10, 5, market.buyer_server.address, market.seller_server.address)
+    assert not result.error_kinds, result.error_kinds
+    assert sum(len(log.latencies) for log in result.ops.values()) == 2 * 10 * 5

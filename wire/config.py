@@ -42,6 +42,12 @@ class Settings:
     payment_decline_rate: float = 0.0
     login_free_failures: int = 5
     login_max_delay_s: float = 900.0
+    login_address_free_failures: int = 50
+    login_account_free_failures: int = 100
+    signups_per_address_hour: int = 300
+    hash_queue: int = 0  # 0: threads - 1 (db.passwords.admitted_hashes)
+    housekeeping_interval_s: float = 60.0
+    worker_timeout_s: float = 30.0
     tls_cert: str | None = None
     tls_key: str | None = None
     log_level: str = "INFO"
@@ -104,6 +110,12 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "payment_decline_rate": ("MARKET_PAYMENT_DECLINE_RATE", 0, 1),
     "login_free_failures": ("MARKET_LOGIN_FREE_FAILURES", 0, 10**9),
     "login_max_delay_s": ("MARKET_LOGIN_MAX_DELAY_S", 0, 10**9),
+    "login_address_free_failures": ("MARKET_LOGIN_ADDRESS_FREE_FAILURES", 0, 10**9),
+    "login_account_free_failures": ("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", 0, 10**9),
+    "signups_per_address_hour": ("MARKET_SIGNUPS_PER_ADDRESS_HOUR", 0, 10**9),
+    "hash_queue": ("MARKET_HASH_QUEUE", 0, 1_000_000),
+    "housekeeping_interval_s": ("MARKET_HOUSEKEEPING_INTERVAL_S", 0.01, 10**6),
+    "worker_timeout_s": ("MARKET_WORKER_TIMEOUT_S", 0.1, 10**6),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS (the protocol package imports no db)
@@ -165,6 +177,16 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         payment_decline_rate=number("MARKET_PAYMENT_DECLINE_RATE", float, default.payment_decline_rate),
         login_free_failures=number("MARKET_LOGIN_FREE_FAILURES", int, default.login_free_failures),
         login_max_delay_s=number("MARKET_LOGIN_MAX_DELAY_S", float, default.login_max_delay_s),
+        login_address_free_failures=number("MARKET_LOGIN_ADDRESS_FREE_FAILURES", int,
+                                           default.login_address_free_failures),
+        login_account_free_failures=number("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", int,
+                                           default.login_account_free_failures),
+        signups_per_address_hour=number("MARKET_SIGNUPS_PER_ADDRESS_HOUR", int,
+                                        default.signups_per_address_hour),
+        hash_queue=number("MARKET_HASH_QUEUE", int, default.hash_queue),
+        worker_timeout_s=number("MARKET_WORKER_TIMEOUT_S", float, default.worker_timeout_s),
+        housekeeping_interval_s=number("MARKET_HOUSEKEEPING_INTERVAL_S", float,
+                                       default.housekeeping_interval_s),
         log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
     )
     for field, (source, low, high) in _RANGES.items():

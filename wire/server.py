@@ -44,7 +44,7 @@ _PAUSE_AFTER = 64  # queued requests on one connection before we stop reading it
 class App(Protocol):
     """What the loop serves: a message in, a response message out."""
 
-    def handle(self, message: dict[str, Any]) -> dict[str, Any]: ...
+    def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -59,12 +59,13 @@ class ServerLimits:
     threads: int = 3  # on two cores, with the database nearby: the lowest tail (docs/benchmarks.md)
 
 
-def respond(app: App, message: dict[str, Any] | ProtocolError) -> bytes:
-    """The framed response to one decoded message (or to a framing error), never raising."""
+def respond(app: App, message: dict[str, Any] | ProtocolError, peer: str | None = None) -> bytes:
+    """The framed response to one decoded message (or to a framing error), never raising;
+    `peer` is the client's address, for the App's limits per address."""
     if isinstance(message, ProtocolError):
         return encode_frame(error_response(None, message))
     try:
-        return encode_frame(app.handle(message))
+        return encode_frame(app.handle(message, peer))
     except ProtocolError as exc:
         return encode_frame(error_response(request_id(message), exc))
     except Exception:
@@ -111,6 +112,7 @@ class _Connection:
 
     def __init__(self, sock: socket.socket, max_frame: int) -> None:
         self.sock = sock
+        self.peer = _peer_host(sock)
         self.decoder = FrameDecoder(max_frame)
         self.pending: collections.deque[dict[str, Any] | ProtocolError] = collections.deque()
         self.lock = threading.Lock()
@@ -223,6 +225,10 @@ class Server:
         self._wake()
         if wait:
             self._stopped.wait()
+
+    def adopt(self, sock: socket.socket) -> None:
+        """Serve a socket connected elsewhere as if accepted (a supervisor's health checks)."""
+        self._call_soon(lambda: self._admit(sock))
 
     # -- the leader ---------------------------------------------------------------
 
@@ -481,7 +487,7 @@ class Server:
                     conn.busy = False
                     break
                 message = conn.pending.popleft()
-            if not self._send(conn, respond(self.app, message)):
+            if not self._send(conn, respond(self.app, message, conn.peer)):
                 conn.pending.clear()
             elif isinstance(message, ProtocolError):
                 conn.pending.clear()
@@ -538,6 +544,13 @@ def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
     sock.listen(1024)
     sock.setblocking(False)
     return sock
+
+
+def _peer_host(sock: socket.socket) -> str | None:
+    try:
+        return str(sock.getpeername()[0])
+    except (OSError, IndexError, TypeError):  # reset already, or not an IP socket
+        return None
 
 
 def _discard_unread(sock: socket.socket) -> None:
