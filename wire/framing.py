@@ -130,6 +130,16 @@ class FrameDecoder:
 
     def next_message(self) -> dict[str, Any] | None:
         """The next complete message, or None until more bytes arrive."""
+        body = self.next_frame()
+        return None if body is None else self._decode(body)
+
+    def decode(self, body: bytes) -> dict[str, Any]:
+        """One frame's body (from next_frame) as a message, as next_message would decode it."""
+        return self._decode(body)
+
+    def next_frame(self) -> bytes | None:
+        """The next complete frame's body, undecoded, or None until more bytes arrive: a
+        server can queue a frame at its size and decode it when it answers."""
         if self._length is None:
             if len(self._buffer) < HEADER.size:
                 return None
@@ -145,7 +155,7 @@ class FrameDecoder:
         body = bytes(self._buffer[: self._length])
         del self._buffer[: self._length]
         self._length = None
-        return self._decode(body)
+        return body
 
     def messages(self) -> list[dict[str, Any]]:
         """Every complete message buffered so far."""
