@@ -124,6 +124,11 @@ class FrameDecoder:
         self._buffer += data
 
     @property
+    def buffered(self) -> int:
+        """Bytes held of a frame not yet complete."""
+        return len(self._buffer)
+
+    @property
     def in_frame(self) -> bool:
         """True while part of a frame has arrived but not all of it."""
         return bool(self._buffer) or self._length is not None

@@ -45,6 +45,7 @@ log = logging.getLogger("market.server")
 _READ_SIZE = 65536
 _SIGNAL_CHECK_S = 0.2  # how often serve_forever's thread looks for a signal to handle
 _PAUSE_AFTER = 64  # queued requests on one connection before we stop reading it
+_HOLDS_A_LOT = 65536  # bytes a connection holds that, past the process's limit, stop its reading
 _ACCEPT_PAUSE_S = 0.5  # out of file descriptors: how long the listener is left alone
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _LOOK_FIRST = (lambda _: None, None)  # wakes a pool thread to look at the calls that go first
@@ -145,6 +146,8 @@ class _Connection:
         self.decoder = FrameDecoder(max_frame)
         self.pending: collections.deque[bytes | ProtocolError] = collections.deque()
         self.queued_bytes = 0      # the frames in `pending`
+        self.partial_bytes = 0     # of a frame not yet complete, as counted in the process's total
+        self.finishing = False     # read while memory is short, to finish the frame it holds
         self.address = ""          # the client's IP address
         self.lock = threading.Lock()
         self.busy = False          # a thread is answering `pending`
@@ -292,8 +295,8 @@ class Server:
                     self._resume_accepting()
                     self._forget_refilled_buckets()
                     self._next_sweep = time.monotonic() + 0.5
-                if self._memory_paused and self._queued.low():
-                    self._resume_memory_paused()
+                if self._memory_paused:
+                    self._relieve_memory_pause()
                 if self._ready:
                     ready, self._ready = self._ready, []
                     return ready
@@ -416,6 +419,7 @@ class Server:
         conn.last_activity = now
         conn.decoder.feed(plaintext)
         completed = self._queue_messages(conn)
+        self._count_partial(conn, completed)
         if conn.decoder.in_frame or (conn.tls is not None and not conn.tls.handshake_done):
             # the deadline is the started frame's: one begun in this read starts its own
             conn.frame_started = now if completed or conn.frame_started is None else conn.frame_started
@@ -453,13 +457,27 @@ class Server:
             conn.queued_bytes += size
             start = not conn.busy
             conn.busy = True
-        over_process_limit = self._queued.add(size)
+        self._queued.add(size)
         if (isinstance(frames[-1], ProtocolError) or len(conn.pending) > _PAUSE_AFTER
-                or conn.queued_bytes >= self.limits.max_queued_bytes_per_connection or over_process_limit):
+                or conn.queued_bytes >= self.limits.max_queued_bytes_per_connection):
             self._stop_reading(conn)
         if start:
             self._ready.append(conn)
         return len(frames)
+
+    def _count_partial(self, conn: _Connection, completed: int) -> None:
+        """Count what the connection holds of an unfinished frame; past the process's limit,
+        stop reading it if it holds a lot (a client sending small requests is still read)."""
+        partial = conn.decoder.buffered
+        self._queued.add_partial(partial - conn.partial_bytes)
+        conn.partial_bytes = partial
+        if completed:
+            conn.finishing = False
+        if (conn.reading and not conn.finishing and self._queued.over()
+                and conn.queued_bytes + partial >= _HOLDS_A_LOT):
+            self._stop_reading(conn)
+            if not conn.busy:  # (a busy one is paused when its answers are sent: _resume_reading)
+                self._memory_paused.add(conn)
 
     def _watch_events(self, conn: _Connection) -> None:
         """Have the selector watch the socket for what the connection waits for (maybe nothing)."""
@@ -482,22 +500,37 @@ class Server:
 
     def _resume_reading(self, conn: _Connection) -> None:
         if not conn.reading and not conn.closed and not conn.closing and not self._stopping.is_set():
-            if self._queued.over() or (self._memory_paused and not self._queued.low()):
+            if conn.partial_bytes >= _HOLDS_A_LOT and not self._queued.low():
                 self._memory_paused.add(conn)  # read again once the process holds less
                 return
-            conn.reading = True
-            self._watch_events(conn)
-            if conn.frame_started is not None:  # the time we did not read is not the client's
-                conn.frame_started = time.monotonic()
+            self._read_again(conn)
+
+    def _read_again(self, conn: _Connection) -> None:
+        if conn.closed or conn.closing or self._stopping.is_set():
+            return
+        conn.reading = True
+        self._watch_events(conn)
+        if conn.frame_started is not None:  # the time we did not read is not the client's
+            conn.frame_started = time.monotonic()
 
     def _forget_refilled_buckets(self) -> None:
         """Keep the new-connection counts only of addresses that connected lately."""
         self._arrivals = {address: bucket for address, bucket in self._arrivals.items() if not bucket.full()}
 
-    def _resume_memory_paused(self) -> None:
-        paused, self._memory_paused = self._memory_paused, set()
+    def _relieve_memory_pause(self) -> None:
+        """Read the paused connections again once the process holds half its limit; while no
+        answer is under way to free anything, read the one nearest to finishing its frame."""
+        if self._queued.low():
+            paused, self._memory_paused = self._memory_paused, set()
+        elif not self._queued.answering():
+            nearest = max(self._memory_paused, key=lambda conn: conn.partial_bytes)
+            nearest.finishing = True
+            paused = {nearest}
+            self._memory_paused -= paused
+        else:
+            return
         for conn in paused:
-            self._resume_reading(conn)
+            self._read_again(conn)
 
     def _sweep_timeouts(self) -> None:
         now = time.monotonic()
@@ -531,6 +564,8 @@ class Server:
         self._watch_events(conn)
         self._connections.discard(conn)
         self._memory_paused.discard(conn)
+        self._queued.add_partial(-conn.partial_bytes)
+        conn.partial_bytes = 0
         self._per_address[conn.address] -= 1
         if not self._per_address[conn.address]:
             del self._per_address[conn.address]
@@ -592,7 +627,7 @@ class Server:
                 size = len(frame) if isinstance(frame, bytes) else 0
                 conn.queued_bytes -= size
             if self._queued.add(-size) and self._memory_paused:
-                self._wake()  # the leader reads the paused connections again
+                self._wake()  # the leader reads the paused connections again (or one of them)
             message = _decode(conn, frame)
             if not self._send(conn, respond(self.app, message)):
                 self._forget_pending(conn)
@@ -649,19 +684,34 @@ class Server:
 
 
 class _QueuedBytes:
-    """The bytes of requests read and not yet answered on all connections, against a limit."""
+    """The bytes of requests read and not yet answered on all connections, complete frames
+    (counted by the leader and the answering threads) and unfinished ones (the leader's)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.total = 0
+        self.complete = 0
+        self.partial = 0
         self._lock = threading.Lock()
 
+    @property
+    def total(self) -> int:
+        """Everything held."""
+        return self.complete + self.partial
+
     def add(self, size: int) -> bool:
-        """Count size more (or less, if negative); whether the total is now over the limit
-        (adding), or down to half of it (removing)."""
+        """Count size more of complete frames (or less, if negative); whether paused
+        connections may now be read again: down to half the limit, or no answer under way."""
         with self._lock:
-            self.total += size
-            return self.total > self.limit if size > 0 else self.total <= self.limit // 2
+            self.complete += size
+            return self.total <= self.limit // 2 or not self.complete
+
+    def add_partial(self, size: int) -> None:
+        """Count size more of unfinished frames (the leader only)."""
+        self.partial += size
+
+    def answering(self) -> bool:
+        """Some complete frames wait for, or get, their answer: memory will be freed."""
+        return self.complete > 0
 
     def over(self) -> bool:
         """More held than the limit."""
