@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_processes import ServerProcess
 from test_server_loop import read_messages, tiny_app
 
 from wire.framing import encode_frame
@@ -264,3 +265,15 @@ def test_the_soft_descriptor_limit_is_raised_as_far_as_the_settings_need() -> No
                           preexec_fn=low_soft_limit, env={**os.environ, "MARKET_MAX_CONNECTIONS": "1000"})
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) >= 1000
+
+
+def test_the_per_address_limit_is_a_setting_of_the_server_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MARKET_MAX_CONNECTIONS_PER_ADDRESS", "2")
+    server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'market.db'}").wait_ready()
+    try:
+        held = connect_many((server.host, server.port), 3)
+        assert busy_answers(held) == ["too many connections from your address; close some and try again"]
+        close_all(held)
+    finally:
+        assert server.stop() == 0
