@@ -235,8 +235,11 @@ def test_out_of_descriptors_the_server_waits_instead_of_spinning(tmp_path: Path)
         with socket.create_connection(address, timeout=10) as sock:  # accepting again
             sock.sendall(PING)
             assert read_messages(sock, 1)[0]["ok"]
+        socks = connect_many(address, 100)  # out of descriptors again: a stop must still work
+        time.sleep(1)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=ServerLimits().send_timeout_s + 5) == 0
+        close_all(socks)
     finally:
         proc.kill()
         proc.wait()

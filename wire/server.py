@@ -341,6 +341,7 @@ class Server:
     def _close_listener(self) -> None:
         if self._accept_paused_until is None:
             self._selector.unregister(self._listener)
+        self._accept_paused_until = None  # for good: nothing to resume
         self._listener.close()
 
     def _accept_all(self) -> None:
@@ -368,7 +369,8 @@ class Server:
         self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE_S
 
     def _resume_accepting(self) -> None:
-        if self._accept_paused_until is not None and time.monotonic() >= self._accept_paused_until:
+        if self._accept_paused_until is not None and time.monotonic() >= self._accept_paused_until \
+                and not self._stopping.is_set():
             self._accept_paused_until = None
             self._selector.register(self._listener, selectors.EVENT_READ, "accept")
 
