@@ -351,6 +351,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="attackers and durations times this (e.g. 0.1 for a quick check)")
     parser.add_argument("--buyer", type=parse_address, help="HOST:PORT of a running buyer server")
     parser.add_argument("--seller", type=parse_address, help="HOST:PORT of a running seller server")
+    parser.add_argument("--db-url", help="the database of the servers started (default: a fresh SQLite "
+                        "file per storm); an existing MariaDB/MySQL database is shared by every storm")
     parser.add_argument("--out", type=Path, default=Path("storms-out"), help="server logs and databases")
     args = parser.parse_args(argv)
     if bool(args.buyer) != bool(args.seller):
@@ -370,7 +372,7 @@ def _set_if(condition: bool, event: threading.Event) -> None:
 @contextmanager
 def servers_for(storm: Storm, args: argparse.Namespace
                 ) -> Iterator[tuple[Address, Address, ServerProcess | None]]:
-    """The given servers, or fresh ones over a fresh SQLite database for this storm."""
+    """The given servers, or fresh ones over --db-url or a fresh SQLite database for this storm."""
     if args.buyer:
         yield args.buyer, args.seller, None
         return
@@ -378,7 +380,7 @@ def servers_for(storm: Storm, args: argparse.Namespace
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("market.db*"):
         stale.unlink()
-    with running_server_processes(f"sqlite:///{folder / 'market.db'}", folder) as servers:
+    with running_server_processes(args.db_url or f"sqlite:///{folder / 'market.db'}", folder) as servers:
         yield servers["buyer"].address, servers["seller"].address, servers["buyer"]
 
 
