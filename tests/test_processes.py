@@ -307,6 +307,10 @@ def _alive(pid: int) -> bool:
     ([], {"MARKET_PAYMENT_DECLINE_RATE": "2"}, "MARKET_PAYMENT_DECLINE_RATE 2.0: must be from 0 to 1"),
     ([], {"MARKET_IDLE_TIMEOUT_S": "0"}, "MARKET_IDLE_TIMEOUT_S 0.0: must be from 0.001 to 1,000,000,000"),
     ([], {"MARKET_SQLITE_SYNCHRONOUS": "off"}, "--sqlite-synchronous off: one of NORMAL, FULL"),
+    ([], {"MARKET_MAX_CONNECTIONS_PER_ADDRESS": "0"},
+     "MARKET_MAX_CONNECTIONS_PER_ADDRESS 0: must be from 1 to 1,000,000"),
+    ([], {"MARKET_MAX_QUEUED_BYTES": "10"},
+     "MARKET_MAX_QUEUED_BYTES 10: must be from 1,024 to 1,099,511,627,776"),
 ])
 def test_a_setting_out_of_range_is_refused_in_one_line(args: list[str], env: dict[str, str], message: str,
                                                        tmp_path: Path) -> None:

@@ -70,6 +70,8 @@ class NormalClient(threading.Thread):
 def slow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ServerProcess:
     monkeypatch.setenv("MARKET_FRAME_DEADLINE_S", str(FRAME_DEADLINE_S))
     monkeypatch.setenv("MARKET_MAX_CONNECTIONS", str(SLOW_CONNECTIONS + 100))
+    monkeypatch.setenv("MARKET_MAX_CONNECTIONS_PER_ADDRESS", str(SLOW_CONNECTIONS + 100))
+    monkeypatch.setenv("MARKET_NEW_CONNECTIONS_PER_S_PER_ADDRESS", str(SLOW_CONNECTIONS * 10))
     # one INFO line per closed connection would fill the undrained stderr pipe and stall the server
     monkeypatch.setenv("MARKET_LOG_LEVEL", "WARNING")
     server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'market.db'}")

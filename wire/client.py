@@ -33,9 +33,9 @@ class Connection:
 
     def __init__(self, host: str, port: int, *, timeout: float = 30.0,
                  max_frame: int = DEFAULT_MAX_FRAME, tls: ssl.SSLContext | None = None,
-                 source_host: str | None = None) -> None:
+                 source: str | None = None) -> None:
         self.host, self.port, self.timeout, self.max_frame = host, port, timeout, max_frame
-        self.source = (source_host, 0) if source_host else None  # the local address to connect from
+        self.source = source  # the local address to connect from (the system's choice if None)
         self.tls = tls
         self.token: str | None = None
         self.reconnects = 0  # new sockets opened after the first
@@ -57,7 +57,7 @@ class Connection:
             self.close()
         if self._sock is None:
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout,
-                                            source_address=self.source)
+                                            source_address=(self.source, 0) if self.source else None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_hostname=self.host)

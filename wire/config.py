@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import resource
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,10 @@ class Settings:
     idle_timeout_s: float = _LIMITS.idle_timeout_s
     frame_deadline_s: float = _LIMITS.frame_deadline_s
     threads: int = _LIMITS.threads
+    max_connections_per_address: int = _LIMITS.max_connections_per_address
+    new_connections_per_s_per_address: float = _LIMITS.new_connections_per_s_per_address
+    max_queued_bytes_per_connection: int = _LIMITS.max_queued_bytes_per_connection
+    max_queued_bytes: int = _LIMITS.max_queued_bytes
     workers: int = 1
     session_idle_s: int = 300
     session_max_s: int = 86400
@@ -103,6 +108,10 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "workers": ("--workers / MARKET_WORKERS", 1, 256),
     "max_frame": ("MARKET_MAX_FRAME", 1024, 2**31 - 1),
     "max_connections": ("MARKET_MAX_CONNECTIONS", 1, 1_000_000),
+    "max_connections_per_address": ("MARKET_MAX_CONNECTIONS_PER_ADDRESS", 1, 1_000_000),
+    "new_connections_per_s_per_address": ("MARKET_NEW_CONNECTIONS_PER_S_PER_ADDRESS", 0.001, 10**9),
+    "max_queued_bytes_per_connection": ("MARKET_MAX_QUEUED_BYTES_PER_CONNECTION", 1024, 2**40),
+    "max_queued_bytes": ("MARKET_MAX_QUEUED_BYTES", 1024, 2**40),
     "idle_timeout_s": ("MARKET_IDLE_TIMEOUT_S", 0.001, 10**9),
     "frame_deadline_s": ("MARKET_FRAME_DEADLINE_S", 0.001, 10**9),
     "session_idle_s": ("MARKET_SESSION_IDLE_S", 1, 10**9),
@@ -170,6 +179,13 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key,
         max_frame=number("MARKET_MAX_FRAME", int, default.max_frame),
         max_connections=number("MARKET_MAX_CONNECTIONS", int, default.max_connections),
+        max_connections_per_address=number("MARKET_MAX_CONNECTIONS_PER_ADDRESS", int,
+                                           default.max_connections_per_address),
+        new_connections_per_s_per_address=number("MARKET_NEW_CONNECTIONS_PER_S_PER_ADDRESS", float,
+                                                 default.new_connections_per_s_per_address),
+        max_queued_bytes_per_connection=number("MARKET_MAX_QUEUED_BYTES_PER_CONNECTION", int,
+                                               default.max_queued_bytes_per_connection),
+        max_queued_bytes=number("MARKET_MAX_QUEUED_BYTES", int, default.max_queued_bytes),
         idle_timeout_s=number("MARKET_IDLE_TIMEOUT_S", float, default.idle_timeout_s),
         frame_deadline_s=number("MARKET_FRAME_DEADLINE_S", float, default.frame_deadline_s),
         session_idle_s=number("MARKET_SESSION_IDLE_S", int, default.session_idle_s),
@@ -193,4 +209,30 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         value = getattr(settings, field)
         if not low <= value <= high:
             refuse(f"{source} {value}: must be from {low:,} to {high:,}")
+    short = descriptor_shortage(settings)
+    if short:
+        refuse(short)
     return settings
+
+
+def descriptors_needed(settings: Settings) -> int:
+    """File descriptors one server process may hold at once: a socket per connection, and
+    per database connection (the pool and its overflow) up to three (SQLite's file, its
+    write-ahead log and shared memory), plus a margin for the listener, the selector, logs
+    and the accept that finds the process full."""
+    return settings.max_connections + 2 * settings.threads * 3 + 64
+
+
+def descriptor_shortage(settings: Settings) -> str:
+    """Why the process's descriptor limit cannot hold the settings ("" if it can); the soft
+    limit is raised towards the hard one first, as far as needed."""
+    needed = descriptors_needed(settings)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return ""
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        return ""
+    return (f"MARKET_MAX_CONNECTIONS {settings.max_connections} with {settings.threads} threads needs "
+            f"{needed} file descriptors, over this process's limit of {hard} (ulimit -n): "
+            f"lower MARKET_MAX_CONNECTIONS or raise the limit")

@@ -57,7 +57,11 @@ def limits_of(settings: Settings) -> ServerLimits:
     """The server loop's limits from settings."""
     return ServerLimits(max_connections=settings.max_connections, max_frame=settings.max_frame,
                         idle_timeout_s=settings.idle_timeout_s,
-                        frame_deadline_s=settings.frame_deadline_s, threads=settings.threads)
+                        frame_deadline_s=settings.frame_deadline_s, threads=settings.threads,
+                        max_connections_per_address=settings.max_connections_per_address,
+                        new_connections_per_s_per_address=settings.new_connections_per_s_per_address,
+                        max_queued_bytes_per_connection=settings.max_queued_bytes_per_connection,
+                        max_queued_bytes=settings.max_queued_bytes)
 
 
 def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = None) -> int:
