@@ -81,6 +81,9 @@ def help_(shell: Shell, args: dict[str, Any]) -> None:
     command = shell.registry.get(args["command"])
     shell.out.say(f"usage: {command.usage}")
     shell.out.say(f"  {command.help}")
+    for arg in command.args:
+        if arg.hint:
+            shell.out.say(f"  {arg.usage().strip('[]')}: {arg.hint}")
     if command.aliases:
         shell.out.say(f"  also: {', '.join(command.aliases)}")
 
