@@ -196,7 +196,7 @@ class Shell:
             self.misread = True
             raise UnauthenticatedError(f"you are not logged in; `{command.name}` needs "
                                        "`login USERNAME` or `signup USERNAME` first")
-        command.parse(words)  # a line that does not fit is refused before any request
+        command.check_given(words)  # a line that does not fit is refused before any request
         if command.check is not None:
             command.check(self)
         values = command.values(words, self.ask if self.interactive else None)

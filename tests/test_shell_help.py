@@ -270,3 +270,11 @@ def test_the_shell_module_does_not_import_the_command_modules() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('client.') and m.endswith('_commands')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_a_bad_card_given_on_the_line_is_refused_before_the_cart_is_looked_at(market: Market,
+                                                                             home: Path) -> None:
+    done = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name E",
+                  "buy --card-name E --card-number 1234 --expiry 12/39", MARKET_PASSWORD=PASSWORD)
+    assert done.returncode == 1
+    assert "card number: must be 12 to 19 digits" in done.stderr and "cart is empty" not in done.stderr
