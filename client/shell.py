@@ -187,7 +187,11 @@ class Shell:
         except OSError as exc:
             self.out.error(f"cannot reach the {self.role} server at {self.address}: "
                            f"{exc.strerror or exc}")
-        except (KeyboardInterrupt, EOFError):
+        except KeyboardInterrupt:
+            if not self.interactive:  # a script stops, with sh's status for Ctrl-C
+                raise
+            self.out.error("cancelled")
+        except EOFError:
             self.out.error("cancelled")
         return False
 
