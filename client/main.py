@@ -22,9 +22,7 @@ from wire.errors import UnauthenticatedError
 from wire.runner import die_with_parent
 from wire.tls import optional_client_context
 
-from .shell import open_shell
-
-PORT_SETTINGS = {"buyer": "MARKET_BUYER_PORT", "seller": "MARKET_SELLER_PORT"}
+from .launch import PORT_SETTINGS, add_shell_arguments
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -124,14 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The `market` argument parser."""
     parser = argparse.ArgumentParser(prog="market", description="The marketplace command.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for role, variable in PORT_SETTINGS.items():
-        p = sub.add_parser(role, help=f"the {role} shell (interactive, or a script with -c/stdin)")
-        p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
-        p.add_argument("--port", type=port_setting(variable), default=env(variable, str(DEFAULT_PORTS[role])))
-        add_tls_arguments(p)
-        p.add_argument("-c", "--command", dest="script", metavar="COMMANDS",
-                       help="run these `;`-separated commands without prompts, then exit")
-        p.set_defaults(func=open_shell, role=role)
+    for role in PORT_SETTINGS:
+        add_shell_arguments(sub.add_parser(role, help=f"the {role} shell (interactive, or a "
+                                                       "script with -c/stdin)"), role)
     p = sub.add_parser("serve", help="run both servers in the foreground")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
     p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))

@@ -2,9 +2,10 @@
 report latency and throughput, and audit the database after every run.
 
 It starts both servers itself (subprocesses over `--db-url`, a fresh SQLite file in
-the results folder by default) or drives running ones (`--buyer`, `--seller`). It
-exits 1 when the audit finds a violation, 2 on bad arguments, 3 when a server does
-not start or a simulated user cannot set up.
+the results folder by default) or drives running ones (`--buyer`, `--seller`, with
+`--allow-live`: their marketplace gets test users and items named loadtest-..., and its
+stock is bought). It exits 1 when the audit finds a violation, 2 on bad arguments, 3
+when a server does not start or a simulated user cannot set up.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from db.audit import audit
 from wire.config import add_tls_arguments, positive_int
 from wire.tls import optional_client_context
 
+from .behaviour import LIVE_DATA_WARNING, LOAD_TEST_PREFIX
 from .mixes import MIXES
 from .report import write_reports
 from .scenario import Address, RunResult, SimulationError, run_once
@@ -65,6 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                          "starting the servers: a fresh SQLite file in --out)")
     parser.add_argument("--buyer", type=parse_address, help="drive a running buyer server at HOST:PORT")
     parser.add_argument("--seller", type=parse_address, help="drive a running seller server at HOST:PORT")
+    parser.add_argument("--allow-live", action="store_true",
+                        help=f"let --buyer/--seller write into that marketplace: accounts and items "
+                             f"named {LOAD_TEST_PREFIX}..., purchases of its stock")
     parser.add_argument("--workers", type=int, help="server processes per role (for the servers it starts)")
     parser.add_argument("--out", type=Path, default=Path("sim-results"), help="results folder")
     parser.add_argument("--seed", type=int, help="random seed of the simulated users")
@@ -79,6 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--tls-cert and --tls-key go together")
     if args.buyer and not args.db_url:
         parser.error("--db-url is required with --buyer/--seller: the audit reads the database")
+    if args.buyer and not args.allow_live:
+        parser.exit(2, f"market-sim: {LIVE_DATA_WARNING}; add --allow-live to go ahead\n")
     return args
 
 

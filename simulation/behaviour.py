@@ -25,6 +25,11 @@ from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
 KEYWORDS = ("lamp", "desk", "chair", "book", "phone", "shirt", "shoe", "bike",
             "guitar", "watch", "camera", "table", "bag", "coat", "mug", "toy")
 PASSWORD = "simulated-password"
+# What the accounts and items of the load tools are named from, so that they can be told
+# apart from a marketplace's own (and removed) after a run against live servers.
+LOAD_TEST_PREFIX = "loadtest-"
+LIVE_DATA_WARNING = (f"this writes into a marketplace it did not start: it creates accounts and items "
+                     f"named {LOAD_TEST_PREFIX}... and buys its stock")
 CARD = {"card_name": "Sim Buyer", "card_number": "4111111111111111", "card_expiry": "12/39"}
 EXPECTED_CONFLICTS = frozenset({"add_to_cart", "make_purchase", "remove_item"})
 KNOWN_ITEMS = 300  # how many items a buyer remembers from searches
@@ -169,7 +174,7 @@ class Seller(Actor):
         self._listed += 1
         word = self.rng.choice(KEYWORDS)
         return Call("put_item", {
-            "name": f"{word} {self._listed}", "category": self.rng.randrange(10),
+            "name": f"{LOAD_TEST_PREFIX}{word} {self._listed}", "category": self.rng.randrange(10),
             "keywords": self.rng.sample(KEYWORDS, self.rng.randint(1, 3)),
             "condition": self.rng.choice(("new", "used")), "price": _price(self.rng),
             "quantity": self.rng.randint(low, high)})
@@ -338,8 +343,9 @@ def _price(rng: random.Random) -> str:
 
 
 def make_actor(role: str, username: str, rng: random.Random) -> Actor:
-    """A new simulated buyer or seller."""
-    return Buyer(username, rng) if role == "buyer" else Seller(username, rng)
+    """A new simulated buyer or seller, its username starting with LOAD_TEST_PREFIX."""
+    name = username if username.startswith(LOAD_TEST_PREFIX) else LOAD_TEST_PREFIX + username
+    return Buyer(name, rng) if role == "buyer" else Seller(name, rng)
 
 
 def _redialled(conn: Connection, before: tuple[int, int | None]) -> bool:
