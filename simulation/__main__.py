@@ -3,8 +3,8 @@ report latency and throughput, and audit the database after every run.
 
 It starts both servers itself (subprocesses over `--db-url`, a fresh SQLite file in
 the results folder by default) or drives running ones (`--buyer`, `--seller`). It
-exits 1 when the audit finds a violation, 2 on bad arguments, 3 when a server does
-not start or a simulated user cannot set up.
+exits 1 when the audit finds a violation, 2 on bad arguments or without the sim extra
+(matplotlib), 3 when a server does not start or a simulated user cannot set up.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from wire.config import add_tls_arguments, positive_int
 from wire.tls import optional_client_context
 
 from .mixes import MIXES
-from .report import write_reports
 from .scenario import Address, RunResult, SimulationError, run_once
 from .servers import ServerStartError, parse_address, running_servers
 from .stats import summarise
@@ -157,10 +156,25 @@ def _report_consistency(results: list[RunResult], console: Console) -> int:
     return 1
 
 
+def _missing_extra() -> str | None:
+    """What to install when the [sim] extra (matplotlib, for the plots) is missing; else None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError as exc:
+        return (f"market-sim needs {exc.name}, which comes with the sim extra: "
+                "pip install 'marketplace[sim]' (in a checkout: pip install -e '.[sim]')")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `market-sim`."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    missing = _missing_extra()
+    if missing:  # said before any run, not after an hour of them
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
+    from .report import write_reports
     console = Console()
     if not console.is_terminal:
         console = Console(width=140)

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,16 +184,32 @@ def test_env_example_values_are_the_defaults_of_the_servers_and_client(
 
 # ---- the Dockerfile ----
 
-def test_the_image_is_slim_python_runs_as_a_user_and_installs_from_pyproject() -> None:
+def test_the_image_is_slim_python_runs_as_a_user_and_installs_from_the_lock() -> None:
     instructions = dockerfile()
     keywords = [kw for kw, _ in instructions]
-    base = next(args for kw, args in instructions if kw == "FROM")
+    base = next(args for kw, args in instructions if kw == "FROM").split()[0]
     assert re.fullmatch(r"python:3\.\d+-slim(-\w+)?", base), base
     user = [args for kw, args in instructions if kw == "USER"]
     assert user and user[-1] not in ("root", "0"), "the image must run as a non-root user"
     assert keywords.index("USER") < keywords.index("CMD")
-    assert any(kw == "COPY" and "pyproject.toml" in args for kw, args in instructions)
-    assert any(kw == "RUN" and "pip install" in args for kw, args in instructions)
+    assert [args for kw, args in instructions if kw == "FROM"][-1].split()[-1] == "server"
+    installs = [args for kw, args in instructions if kw == "RUN" and "pip install" in args]
+    assert installs[0] == "pip install --require-hashes --no-deps -r /src/requirements/runtime.txt"
+    assert all("--no-deps" in args for args in installs), "nothing unpinned may come in"
+
+
+def image_install_commands(stage: str) -> list[str]:
+    """The Dockerfile's `pip install` RUNs of a stage and the stages it is built FROM."""
+    stages: dict[str, tuple[str, list[str]]] = {}
+    current = ""
+    for keyword, args in dockerfile():
+        if keyword == "FROM":
+            parent, _, current = args.split()
+            stages[current] = (parent, [])
+        elif keyword == "RUN" and "pip install" in args:
+            stages[current][1].append(args)
+    parent, commands = stages[stage]
+    return [*(image_install_commands(parent) if parent in stages else []), *commands]
 
 
 def test_the_image_health_check_pings_through_market_health() -> None:
@@ -204,6 +221,77 @@ def test_the_image_command_is_a_server_of_this_project() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     command = exec_form("ENTRYPOINT") + exec_form("CMD")
     assert command and command[0] in scripts, command
+
+
+def build_context(destination: Path) -> Path:
+    """A copy of what `docker build .` sends (.dockerignore's names left out)."""
+    ignored = [line.strip().removeprefix("**/") for line in
+               (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+               if line.strip() and not line.startswith("#")]
+    shutil.copytree(ROOT, destination, ignore=shutil.ignore_patterns(*ignored))
+    return destination
+
+
+@pytest.mark.slow
+def test_the_servers_image_installs_from_the_lock_without_plots_or_load_tools(tmp_path: Path) -> None:
+    """No container engine here: a venv is given the server stage's own pip commands over a
+    copy of the build context, then runs a server as the image would."""
+    src, venv = build_context(tmp_path / "src"), tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for command in image_install_commands("server"):
+        installed = subprocess.run(["sh", "-c", command.replace("/src", str(src))], env=env, cwd=tmp_path,
+                                   capture_output=True, text=True, timeout=600)
+        assert installed.returncode == 0, installed.stderr
+    python = str(venv / "bin" / "python")
+    present = subprocess.run([python, "-c", "import importlib.util as u; print(*(m for m in ("
+                              "'matplotlib', 'numpy', 'locust', 'gevent', 'pytest') if u.find_spec(m)))"],
+                             capture_output=True, text=True, timeout=60)
+    assert present.stdout.strip() == "", "in the servers' image: " + present.stdout
+    assert subprocess.run([python, "-c", "import _mysql_connector"], timeout=60).returncode == 0, \
+        "the driver's C extension does not load"
+    server, port = start([str(venv / "bin" / "market-buyer-server"), "--port", "0", "--db-url",
+                          f"sqlite:///{tmp_path / 'market.db'}"], env, tmp_path)
+    try:
+        check = ["CMD", str(venv / "bin" / "market"), "health", "--ready", "127.0.0.1:1"]
+        assert health(check, "1", port) == 0
+    finally:
+        server.terminate()
+        assert server.wait(timeout=30) == 0
+    sim = subprocess.run([str(venv / "bin" / "market-sim"), "-n", "1"], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=60)
+    assert sim.returncode == 2 and "pip install 'marketplace[sim]'" in sim.stderr, sim.stderr
+
+
+def test_the_simulators_image_adds_the_locked_sim_set() -> None:
+    assert image_install_commands("sim")[-1].startswith("pip install --require-hashes --no-deps -r ")
+    assert "sim.txt" in image_install_commands("sim")[-1]
+    assert compose()["services"]["sim"]["build"]["target"] == "sim"
+
+
+def test_the_lock_files_pin_every_package_with_hashes_and_keep_the_servers_lean() -> None:
+    for name in ("runtime", "sim", "dev"):
+        lock = (ROOT / "requirements" / f"{name}.txt").read_text(encoding="utf-8")
+        packages = re.findall(r"^([a-z0-9][\w.-]*)(?:\[[^]]*\])?==([^\s;]+)", lock, re.M)
+        assert packages, name
+        entries = re.split(r"\n(?=[a-z0-9])", lock.split("\n", 1)[1])
+        for entry in entries:
+            if "==" in entry:
+                assert "--hash=sha256:" in entry, f"{name}.txt: no hash for {entry.split()[0]}"
+        pinned = dict(packages)
+        assert pinned["mysql-connector-python"] == "9.7.0"
+        heavy = {"matplotlib", "numpy", "locust"} & set(pinned)
+        assert heavy == {"runtime": set(), "sim": {"matplotlib", "numpy"},
+                         "dev": {"matplotlib", "numpy", "locust"}}[name], (name, heavy)
+
+
+def test_the_vm_installs_the_release_from_the_lock() -> None:
+    vm, startup = ((GCP / name).read_text(encoding="utf-8") for name in ("vm.sh", "startup.sh"))
+    assert '"$REPO/requirements/runtime.txt" "$release/"' in vm
+    installs = [line for line in startup.splitlines() if "pip\" install" in line]
+    assert installs == [
+        '"$APP/venv/bin/pip" install --quiet --require-hashes --no-deps -r "$release/runtime.txt"',
+        '"$APP/venv/bin/pip" install --quiet --force-reinstall --no-deps "$release"/*.whl']
 
 
 # ---- docker-compose.yml ----
@@ -331,6 +419,9 @@ def test_start_and_test_scripts_taking_turns_install_once_each(tmp_path: Path) -
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "_venv.sh").write_text((ROOT / "scripts" / "_venv.sh").read_text())
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "requirements").mkdir()
+    for locked in ("runtime", "dev"):
+        (tmp_path / "requirements" / f"{locked}.txt").write_text(f"# {locked}\n")
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     python = tmp_path / ".venv" / "bin" / "python"  # stands in for pip: records each install
     python.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'installs'}\n")
@@ -340,13 +431,17 @@ def test_start_and_test_scripts_taking_turns_install_once_each(tmp_path: Path) -
     def venv(extra: str) -> list[str]:
         subprocess.run(["bash", "-c", f"source scripts/_venv.sh {extra}"], cwd=tmp_path, check=True)
         log = tmp_path / "installs"
-        return [line for line in log.read_text().splitlines() if "-e" in line] if log.exists() else []
+        return log.read_text().splitlines() if log.exists() else []
 
-    assert venv("dev") == ["-m pip install --quiet -e .[dev]"]
-    assert len(venv("runtime")) == 2
-    assert len(venv("dev")) == 2 and len(venv("runtime")) == 2  # both stamps kept
+    locked = "-m pip install --quiet --require-hashes --no-deps -r requirements/{}.txt"
+    checkout = "-m pip install --quiet --no-deps -e ."
+    assert venv("dev") == [locked.format("dev"), checkout]
+    assert venv("runtime")[2:] == [locked.format("runtime"), checkout]
+    assert len(venv("dev")) == 4 and len(venv("runtime")) == 4  # both stamps kept
+    (tmp_path / "requirements" / "dev.txt").write_text("# dev, refreshed\n")
+    assert len(venv("dev")) == 6  # a refreshed lock file installs again
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")
-    assert len(venv("dev")) == 3  # a changed pyproject.toml installs again
+    assert len(venv("dev")) == 8  # a changed pyproject.toml installs again
     assert sorted(p.name.rsplit("-", 1)[1] for p in (tmp_path / ".venv").glob(".installed-*")) == ["dev"]
 
 
@@ -356,6 +451,8 @@ def test_a_half_made_venv_is_made_again(tmp_path: Path) -> None:
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "_venv.sh").write_text((ROOT / "scripts" / "_venv.sh").read_text())
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "dev.txt").write_text("# dev\n")
     half_made = tmp_path / ".venv" / "bin"
     half_made.mkdir(parents=True)
     (half_made / "python").symlink_to(sys.executable)
@@ -379,7 +476,8 @@ def test_a_half_made_venv_is_made_again(tmp_path: Path) -> None:
     (half_made / "python").symlink_to(sys.executable)
     made = venv()
     assert made.returncode == 0, made.stderr
-    assert "-m pip install --quiet -e .[dev]" in (tmp_path / "log").read_text()
+    assert "-m pip install --quiet --require-hashes --no-deps -r requirements/dev.txt" in (
+        tmp_path / "log").read_text()
 
 
 def test_the_servers_containers_get_no_mysql_password_but_their_url() -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The VM's startup script: runs as root at every boot. Installs the Cloud SQL Auth Proxy, the
-# release from the bucket into /opt/market/venv, the settings from Secret Manager into
-# /etc/market/market.env and the systemd units, then (re)starts the three services.
+# release from the bucket into /opt/market/venv (its dependencies from the lock file), the
+# settings from Secret Manager into /etc/market/market.env and the systemd units, then
+# (re)starts the three services.
 set -euo pipefail
 
 attribute() {
@@ -31,9 +32,10 @@ release=$(mktemp -d)
 trap 'rm -rf "$release"' EXIT
 gcloud storage cp "gs://$BUCKET/release/*" "$release/"
 [ -x "$APP/venv/bin/python" ] || python3 -m venv "$APP/venv"
-"$APP/venv/bin/pip" install --quiet --upgrade pip
-"$APP/venv/bin/pip" install --quiet "$release"/*.whl
-"$APP/venv/bin/pip" install --quiet --force-reinstall --no-deps "$release"/*.whl  # same version, new code
+# The dependencies from the lock file (exact versions, every file's hash checked), then the
+# wheel without dependencies: nothing unpinned comes in. Same version, new code: reinstalled.
+"$APP/venv/bin/pip" install --quiet --require-hashes --no-deps -r "$release/runtime.txt"
+"$APP/venv/bin/pip" install --quiet --force-reinstall --no-deps "$release"/*.whl
 
 install -d -m 750 -o root -g market /etc/market
 gcloud secrets versions access latest --secret="$ENV_SECRET" >"$release/market.env"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The VM: a service account allowed to reach Cloud SQL and read the settings secret and the
-# release bucket; the release (a wheel of this checkout and the systemd units); a Debian VM
+# release bucket; the release (a wheel of this checkout, the runtime lock file and the systemd
+# units); a Debian VM
 # with a static IP whose startup script (startup.sh) installs the release at every boot.
 # Run again to deploy a new release: the VM is reset, and its startup script installs it.
 set -euo pipefail
@@ -28,7 +29,7 @@ gcloud storage buckets add-iam-policy-binding "gs://$BUCKET" --member="serviceAc
 release=$(mktemp -d)
 trap 'rm -rf "$release"' EXIT
 python3 -m pip wheel --quiet --no-deps --wheel-dir "$release" "$REPO"
-cp "$HERE"/systemd/*.service "$release/"
+cp "$HERE"/systemd/*.service "$REPO/requirements/runtime.txt" "$release/"
 gcloud storage rsync "$release" "gs://$BUCKET/release" --delete-unmatched-destination-objects
 
 if ! exists gcloud compute addresses describe "$VM_ADDRESS" --region "$REGION" --project "$PROJECT"; then
