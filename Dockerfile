@@ -15,7 +15,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     MARKET_HOST=0.0.0.0
 
 RUN useradd --system --uid 10001 --user-group --home-dir /app --shell /usr/sbin/nologin market \
- && install -d -o market -g market /app /app/sim-results
+ && install -d -o market -g market /app /app/sim-results /app/tls
+
+# docker-compose.yml's `tls` service: a certificate at first start (openssl comes with the image)
+COPY deploy/tls/make-certs.sh /usr/local/bin/market-make-certs
 
 # The dependencies first, from the lock alone, so that a code change reuses this layer.
 COPY requirements/runtime.txt /src/requirements/

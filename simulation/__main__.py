@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from db import Database
 from db.audit import audit
-from wire.config import add_tls_arguments, positive_int
+from wire.config import add_tls_arguments, env, positive_int
 from wire.tls import optional_client_context
 
 from .mixes import MIXES
@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mix", type=_mix_list, default=["default"],
                         help=f"op mixes, comma-separated ({mixes})")
     parser.add_argument("--db-url", help="the servers' database, audited after every run (default when "
-                                         "starting the servers: a fresh SQLite file in --out)")
+                                         "starting the servers: a fresh SQLite file in --out; with "
+                                         "--buyer/--seller: MARKET_DB_URL)")
     parser.add_argument("--buyer", type=parse_address, help="drive a running buyer server at HOST:PORT")
     parser.add_argument("--seller", type=parse_address, help="drive a running seller server at HOST:PORT")
     parser.add_argument("--workers", type=int, help="server processes per role (for the servers it starts)")
@@ -72,6 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tls-cert", help="with --tls-key: start the servers with TLS (this certificate)")
     parser.add_argument("--tls-key", help="the key of --tls-cert")
     args = parser.parse_args(argv)
+    if args.buyer and not args.db_url:  # running servers' database: the servers' own setting
+        args.db_url = env("MARKET_DB_URL")
     if (args.buyer is None) != (args.seller is None):
         parser.error("--buyer and --seller go together")
     if (args.tls_cert is None) != (args.tls_key is None):

@@ -86,7 +86,8 @@ def compose() -> dict[str, Any]:
 
 
 def interpolate(value: str, variables: dict[str, str]) -> str:
-    """Compose's ${VAR}, ${VAR:-default}, ${VAR-default} and $$."""
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?message} (interpolate_strictly
+    checks those) and $$."""
     def one(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
@@ -97,7 +98,7 @@ def interpolate(value: str, variables: dict[str, str]) -> str:
             return variables.get(name, default)
         return variables.get(name, "")
 
-    return re.sub(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:?-)(?P<default>[^}]*))?\}", one, value)
+    return re.sub(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<default>[^}]*))?\}", one, value)
 
 
 def dockerfile() -> list[tuple[str, str]]:
@@ -180,6 +181,23 @@ def test_env_example_values_are_the_defaults_of_the_servers_and_client(
     for name, value in env_example_values().items():
         monkeypatch.setenv(name, value)
     assert ([server_settings(role, []) for role in SERVERS], build_parser().parse_args(["serve"])) == defaults
+
+
+def test_a_setting_may_come_from_the_file_its_file_variable_names(tmp_path: Path) -> None:
+    secret = tmp_path / "db_url"
+    secret.write_text("mysql://market:s3cret@db:3306/market\n")
+    code = ("from wire.config import server_settings; s = server_settings('buyer', []); "
+            "print(s.db_url, s.host)")
+    env = {"PATH": os.environ.get("PATH", ""), "MARKET_DB_URL": "", "MARKET_DB_URL_FILE": str(secret),
+           "MARKET_HOST_FILE": str(secret)}
+    result = subprocess.run([sys.executable, "-c", code], env={**env, "MARKET_HOST": "0.0.0.0"}, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout == "mysql://market:s3cret@db:3306/market 0.0.0.0\n", result.stderr  # set wins
+    secret.unlink()
+    result = subprocess.run([sys.executable, "-c", code], env={**env, "MARKET_HOST": "0.0.0.0"}, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr == f"error: MARKET_DB_URL_FILE={secret}: No such file or directory\n"
 
 
 # ---- the Dockerfile ----
@@ -316,7 +334,8 @@ def test_compose_mysql_buffer_pool_is_set_from_env_example() -> None:
 def test_compose_servers_wait_for_the_database_and_publish_their_port(role: str) -> None:
     service = compose()["services"][role]
     port = service["environment"][SERVERS[role]]
-    assert service["depends_on"] == {"db": {"condition": "service_healthy"}}
+    assert service["depends_on"] == {"db": {"condition": "service_healthy"},
+                                     "tls": {"condition": "service_completed_successfully"}}
     assert service["ports"] == [f"${{{SERVERS[role]}:-{env_example_values()[SERVERS[role]]}}}:{port}"]
     assert service["healthcheck"]["test"] == ["CMD", "market", "health", "--ready", f"127.0.0.1:{port}"]
     assert service["command"][0] == f"market-{role}-server"
@@ -328,7 +347,8 @@ def test_compose_servers_wait_for_the_database_and_publish_their_port(role: str)
 def test_compose_environment_uses_only_listed_settings(service: str) -> None:
     listed = env_example()
     environment = compose()["services"][service]["environment"]
-    assert set(environment) <= set(listed), set(environment) - set(listed)
+    names = {name.removesuffix("_FILE") for name in environment}  # NAME_FILE: NAME's value, from a file
+    assert names <= set(listed), names - set(listed)
     for value in map(str, environment.values()):
         for name in re.findall(r"\$\{(\w+)", value):
             assert name in listed, f"{service}: ${{{name}}} is not in .env.example"
@@ -341,9 +361,9 @@ def test_compose_sim_profile_runs_the_simulator_against_both_servers() -> None:
     assert sim["depends_on"] == {role: {"condition": "service_healthy"} for role in SERVERS}
     command = sim["command"]
     ports = {role: services[role]["environment"][setting] for role, setting in SERVERS.items()}
-    assert command[:5] == ["market-sim", "--buyer", f"buyer:{ports['buyer']}",
-                           "--seller", f"seller:{ports['seller']}"]
-    assert command[command.index("--db-url") + 1] == sim["environment"]["MARKET_DB_URL"]
+    assert command == ["market-sim", "--buyer", f"buyer:{ports['buyer']}",
+                       "--seller", f"seller:{ports['seller']}"]  # the database URL from its file
+    assert sim["environment"]["MARKET_DB_URL_FILE"] == sim["configs"][0]["target"]
     assert all("profiles" not in services[name] for name in ("db", *SERVERS))
 
 
@@ -355,19 +375,40 @@ def deploy_database(mysql_server: str) -> Iterator[str]:
     yield from fresh_mysql_database(mysql_server, prefix="market_deploy")
 
 
-def container_environment(service: dict[str, Any], database_url: str) -> dict[str, str]:
+def container_environment(service: dict[str, Any], database_url: str, folder: Path) -> dict[str, str]:
     """What the container sees: the image's ENV, then .env (here .env.example), then the
     compose environment, interpolated from .env.example. The compose `db` service becomes
     the test database (address and account); ports become 0 (free ones), as this machine's
-    7001 and 7002 may be taken, where a container has its own."""
+    7001 and 7002 may be taken, where a container has its own; the files mounted in the
+    container (the URL's config, the tls volume) are in `folder`."""
     variables = env_example_values()
     env = {**dockerfile_env(), **variables,
            **{key: interpolate(str(value), variables) for key, value in service["environment"].items()}}
-    compose_url, url = make_url(env["MARKET_DB_URL"]), make_url(database_url)
+    compose_url, url = make_url(db_url_config(variables)), make_url(database_url)
     assert compose_url.host == "db", compose_url
-    env["MARKET_DB_URL"] = url.set(drivername=compose_url.drivername).render_as_string(hide_password=False)
+    url_file = folder / "db_url"
+    url_file.write_text(url.set(drivername=compose_url.drivername).render_as_string(hide_password=False))
+    env["MARKET_DB_URL_FILE"] = str(url_file)
+    for name in ("MARKET_TLS_CERT", "MARKET_TLS_KEY", "MARKET_TLS_CA"):  # the tls volume's files
+        env[name] = env[name].replace("/app/tls", str(folder / "tls"))
     env.update({setting: "0" for setting in SERVERS.values()})
     return {**env, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def db_url_config(variables: dict[str, str]) -> str:
+    """The servers' database URL as the compose config `db_url` holds it."""
+    return interpolate(compose()["configs"]["db_url"]["content"], variables)
+
+
+def run_tls_service(folder: Path) -> subprocess.CompletedProcess[str]:
+    """The compose `tls` service's command, the image's script run from the checkout."""
+    command = compose()["services"]["tls"]["command"]
+    assert command[:2] == ["market-make-certs", "/app/tls"]
+    script = ROOT / "deploy" / "tls" / "make-certs.sh"
+    assert ("COPY", f"deploy/tls/make-certs.sh /usr/local/bin/{command[0]}") in dockerfile()
+    args = [interpolate(arg, env_example_values()) for arg in command[2:]]
+    return subprocess.run(["bash", str(script), str(folder / "tls"), *args], capture_output=True, text=True,
+                          timeout=60)
 
 
 def start(command: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], int]:
@@ -382,34 +423,40 @@ def start(command: list[str], env: dict[str, str], cwd: Path) -> tuple[subproces
     return proc, int(match.group(2))
 
 
-def health(check: list[str], container_port: str, port: int) -> int:
+def health(check: list[str], container_port: str, port: int, env: dict[str, str] | None = None) -> int:
     """Run a compose health check, the container's port swapped for the real one."""
     command = [arg.replace(f":{container_port}", f":{port}") for arg in check[1:]]
-    return subprocess.run(command, env={"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
-                          capture_output=True, timeout=30).returncode
+    env = env or {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(command, env=env, capture_output=True, timeout=30).returncode
 
 
 @pytest.mark.slow
 def test_servers_start_with_the_container_command_and_answer_the_health_check(
         deploy_database: str, tmp_path: Path) -> None:
     services = compose()["services"]
+    assert run_tls_service(tmp_path).returncode == 0
     running: list[tuple[subprocess.Popen[str], list[str], str, int]] = []
+    env: dict[str, str] = {}
     try:
         for role in SERVERS:  # one after the other: the first creates the schema
             service = services[role]
             command = exec_form("ENTRYPOINT") + (service.get("command") or exec_form("CMD"))
-            proc, port = start(command, container_environment(service, deploy_database), tmp_path)
+            env = container_environment(service, deploy_database, tmp_path)
+            assert "PASSWORD" not in json.dumps(env).upper().replace('PASSWORD": ""', "")
+            proc, port = start(command, env, tmp_path)
             running.append((proc, service["healthcheck"]["test"], service["environment"][SERVERS[role]],
                             port))
         for _, check, container_port, port in running:
-            assert health(check, container_port, port) == 0
+            assert health(check, container_port, port, env) == 0, "the health check over TLS"
+            plaintext = {**env, "MARKET_TLS_CA": ""}
+            assert health(check, container_port, port, plaintext) != 0, "a server answering in plaintext"
     finally:
         for proc, *_ in running:
             proc.send_signal(signal.SIGTERM)
         codes = [proc.wait(timeout=30) for proc, *_ in running]
     assert codes == [0] * len(SERVERS), "SIGTERM must stop a server with exit 0"
     for _, check, container_port, port in running:
-        assert health(check, container_port, port) != 0, "a stopped server must be unhealthy"
+        assert health(check, container_port, port, env) != 0, "a stopped server must be unhealthy"
 
 
 # ---- scripts and systemd units ----
@@ -480,16 +527,83 @@ def test_a_half_made_venv_is_made_again(tmp_path: Path) -> None:
         tmp_path / "log").read_text()
 
 
-def test_the_servers_containers_get_no_mysql_password_but_their_url() -> None:
+def test_the_servers_containers_get_no_password_in_their_environment_but_a_file() -> None:
     """env_file: .env gives every variable of .env to the servers' containers, MySQL's root
-    password too; the shared environment blanks those it does not need."""
+    password too; the shared environment blanks those it does not need, and the database URL,
+    which holds the password, is a file."""
     services = compose()["services"]
     names = set(env_example())
     for name in ("buyer", "seller", "sim"):
         environment = services[name]["environment"]
         secrets = {key for key in names if key.startswith("MYSQL_") and "PASSWORD" in key}
         assert secrets and all(environment.get(key) == "" for key in secrets), (name, environment)
-        assert "MARKET_DB_URL" in environment
+        assert environment["MARKET_DB_URL"] == "", ".env's own URL would win over the file"
+        assert [(c["source"], c["target"], c["mode"]) for c in services[name]["configs"]] == [
+            ("db_url", environment["MARKET_DB_URL_FILE"], 0o400)]
+    variables = env_example_values()
+    assert make_url(db_url_config(variables)).password == variables["MYSQL_PASSWORD"]
+
+
+def test_compose_has_no_fallback_password_and_stops_without_one() -> None:
+    text = (ROOT / "docker-compose.yml").read_text(encoding="utf-8")
+    uses = re.findall(r"\$\{(\w*PASSWORD\w*)(:?[-?+]?)([^}]*)\}", text)
+    assert uses and all(op == ":?" and "set " in message for _, op, message in uses), uses
+    assert {name for name, _, _ in uses} == {"MYSQL_ROOT_PASSWORD", "MYSQL_PASSWORD"}
+    for name in ("MYSQL_ROOT_PASSWORD", "MYSQL_PASSWORD"):
+        with pytest.raises(KeyError):  # compose's ${VAR:?}: missing and empty alike stop it
+            interpolate_strictly(text, {**env_example_values(), name: ""})
+
+
+def interpolate_strictly(value: str, variables: dict[str, str]) -> str:
+    """interpolate, with ${VAR:?message} raising KeyError(message) as compose stops."""
+    def check(match: re.Match[str]) -> str:
+        if not variables.get(match["name"]):
+            raise KeyError(match["message"])
+        return match.group(0)
+
+    return re.sub(r"\$\{(?P<name>\w+):\?(?P<message>[^}]*)\}", check, value)
+
+
+def test_mysql_reads_its_passwords_from_secrets_the_compose_file_declares() -> None:
+    spec = compose()
+    db = spec["services"]["db"]
+    assert not {"MYSQL_ROOT_PASSWORD", "MYSQL_PASSWORD"} & set(db["environment"])
+    assert db["environment"]["MYSQL_ROOT_PASSWORD_FILE"] == "/run/secrets/mysql_root_password"
+    assert db["environment"]["MYSQL_PASSWORD_FILE"] == "/run/secrets/mysql_password"
+    assert set(db["secrets"]) == set(spec["secrets"]) == {"mysql_root_password", "mysql_password"}
+    assert {s["environment"] for s in spec["secrets"].values()} == {"MYSQL_ROOT_PASSWORD", "MYSQL_PASSWORD"}
+    check = " ".join(db["healthcheck"]["test"])
+    assert "/run/secrets/mysql_root_password" in check and "--password" not in check
+
+
+@pytest.mark.parametrize("role", SERVERS)
+def test_compose_servers_serve_tls_with_the_certificate_made_at_first_start(role: str) -> None:
+    services = compose()["services"]
+    environment, tls = services[role]["environment"], services["tls"]
+    assert (environment["MARKET_TLS_CERT"], environment["MARKET_TLS_KEY"], environment["MARKET_TLS_CA"]) == (
+        "/app/tls/server.pem", "/app/tls/server.key", "/app/tls/ca.pem")
+    assert "${TLS_DIR:-tls}:/app/tls:ro" in services[role]["volumes"]
+    assert tls["volumes"] == ["${TLS_DIR:-tls}:/app/tls"] and tls["restart"] == "no"
+    assert role in tls["command"], "the certificate must name the server the others reach it by"
+
+
+def test_the_tls_service_makes_a_certificate_once_that_verifies_against_its_ca(tmp_path: Path) -> None:
+    made = run_tls_service(tmp_path)
+    assert made.returncode == 0, made.stderr
+    tls = tmp_path / "tls"
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(tls / "ca.pem"), str(tls / "server.pem")],
+                              capture_output=True, text=True, timeout=30)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    names = subprocess.run(["openssl", "x509", "-in", str(tls / "server.pem"), "-noout", "-ext",
+                            "subjectAltName"], capture_output=True, text=True, timeout=30).stdout
+    for name in ("DNS:localhost", "IP Address:127.0.0.1", "DNS:buyer", "DNS:seller"):
+        assert name in names, names
+    assert oct((tls / "server.key").stat().st_mode & 0o777) == "0o600"
+    assert oct((tls / "ca.key").stat().st_mode & 0o777) == "0o600"
+    before = (tls / "server.pem").read_bytes()
+    again = run_tls_service(tmp_path)
+    assert again.returncode == 0 and "keeping" in again.stdout
+    assert (tls / "server.pem").read_bytes() == before, "a second start must keep the certificate"
 
 
 def test_shell_scripts_pass_shellcheck() -> None:
