@@ -701,6 +701,9 @@ def done(code=0, lines=()):
 if any(command.startswith(refused) for refused in state.get("refuse", [])):
     sys.stderr.write("ERROR: Producer services (e.g. CloudSQL) are still using this connection.\\n")
     done(1)
+if command.startswith("compute addresses describe") and "--format=value(address)" in args:
+    found = "compute addresses " + words[3] in resources
+    done(0, [state.get("address", "203.0.113.7")]) if found else done(1)
 if command.startswith("compute regions describe"):
     done(0, state["regions"][words[3]]) if words[3] in state["regions"] else done(1)
 if command.startswith("compute networks peerings delete"):
@@ -758,6 +761,9 @@ class FakeGcloud:
         gcloud = bin_dir / "gcloud"
         gcloud.write_text(f"#!{sys.executable}\n{FAKE_GCLOUD}")
         gcloud.chmod(0o755)
+        curl = bin_dir / "curl"  # what `curl https://checkip...` answers: FAKE_CALLER, or a failure
+        curl.write_text('#!/bin/sh\n[ -n "$FAKE_CALLER" ] || exit 6\necho "$FAKE_CALLER"\n')
+        curl.chmod(0o755)
         self.state_path, self.log_path = tmp_path / "state.json", tmp_path / "calls.jsonl"
         self.state = {"network": "market-net", "peerings": [], "resources": [], "secrets": {},
                       "sql_users": [],
@@ -865,3 +871,97 @@ def test_the_docs_copy_the_settings_secret_only_into_a_private_temporary_file() 
     docs = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
     copies = re.findall(r"gcloud secrets versions access latest --secret=market-env\s*>\s*(\S+)", docs)
     assert copies == ['"$f"'] and 'f=$(mktemp)' in docs and 'rm -f "$f"' in docs
+
+
+# ---- the GCP scripts: who may connect, and TLS ----
+
+def firewall_calls(fake: FakeGcloud) -> list[str]:
+    return [c for c in fake.commands() if c.startswith("compute firewall-rules")]
+
+
+def test_without_client_ranges_only_this_machine_may_reach_the_servers(tmp_path: Path) -> None:
+    # before: CLIENT_RANGES defaulted to 0.0.0.0/0, the whole internet
+    fake = FakeGcloud(tmp_path)
+    result = fake.run("network.sh", FAKE_CALLER="198.51.100.23\n")
+    assert result.returncode == 0, result.stderr
+    created = [c for c in firewall_calls(fake) if " create " in c]
+    assert len(created) == 1 and "--source-ranges=198.51.100.23/32 " in created[0], created
+    assert "0.0.0.0/0" not in " ".join(fake.commands())
+    assert "only this machine (198.51.100.23/32)" in result.stderr
+
+
+def test_without_client_ranges_or_this_machines_address_nothing_is_created(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path)
+    result = fake.run("network.sh")  # curl fails, and no terminal to ask
+    assert result.returncode == 2 and "set CLIENT_RANGES" in result.stderr, result.stderr
+    assert not [c for c in fake.commands() if " create " in f" {c} "], fake.commands()
+
+
+def test_client_ranges_given_are_used_and_a_rerun_without_them_keeps_the_rules(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path)
+    assert fake.run("network.sh", CLIENT_RANGES="203.0.113.0/24,192.0.2.8/32").returncode == 0
+    assert "--source-ranges=203.0.113.0/24,192.0.2.8/32 " in [c for c in firewall_calls(fake)
+                                                           if " create " in c][0]
+    again = fake.run("network.sh", FAKE_CALLER="198.51.100.23", BUYER_PORT="8001")
+    assert again.returncode == 0, again.stderr
+    updates = [c for c in firewall_calls(fake) if " update " in c]
+    assert len(updates) == 1 and "tcp:8001" in updates[0] and "--source-ranges" not in updates[0], updates
+
+
+def certificate_names(pem: str, tmp_path: Path) -> str:
+    path = tmp_path / "check.pem"
+    path.write_text(pem + "\n")
+    return subprocess.run(["openssl", "x509", "-in", str(path), "-noout", "-ext", "subjectAltName"],
+                          capture_output=True, text=True, timeout=30).stdout
+
+
+def test_tls_sh_puts_a_certificate_naming_the_vms_ip_in_secret_manager(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path, resources=["compute addresses market-ip"], address="203.0.113.7")
+    result = fake.run("tls.sh", TLS_DIR=str(tmp_path / "ca"), TLS_NAMES="market.example.com")
+    assert result.returncode == 0, result.stderr
+    secrets = fake.current()["secrets"]
+    cert, key, ca = (secrets[name] for name in ("market-tls-cert", "market-tls-key", "market-tls-ca"))
+    assert ca == (tmp_path / "ca" / "ca.pem").read_text().rstrip("\n") and "PRIVATE KEY" in key
+    names = certificate_names(cert, tmp_path)
+    assert "IP Address:203.0.113.7" in names and "DNS:market.example.com" in names, names
+    (tmp_path / "ca.pem").write_text(ca + "\n")
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.pem"),
+                               str(tmp_path / "check.pem")], capture_output=True, text=True, timeout=30)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    calls = fake.calls()
+    assert not [c for c in calls if key.splitlines()[1] in " ".join(c["args"])], "the key on a command line"
+    seeing = [c for c in calls if key.splitlines()[1] in (c["stdin"] or "")]
+    assert len(seeing) == 1 and seeing[0]["env"]["CLOUDSDK_CORE_DISABLE_FILE_LOGGING"] == "1"
+    again = fake.run("tls.sh", TLS_DIR=str(tmp_path / "ca"))
+    assert again.returncode == 0 and "kept" in again.stdout
+    assert not [c for c in fake.commands() if c.startswith("secrets") and "describe" not in c]
+
+
+def test_tls_sh_uploads_your_own_certificate_and_refuses_half_of_one(tmp_path: Path) -> None:
+    own = tmp_path / "own"
+    subprocess.run(["bash", str(ROOT / "deploy" / "tls" / "make-certs.sh"), str(own), "market.example.com"],
+                   check=True, capture_output=True, timeout=60)
+    fake = FakeGcloud(tmp_path)
+    half = fake.run("tls.sh", TLS_CERT=str(own / "server.pem"))
+    assert half.returncode == 2 and "go together" in half.stderr
+    result = fake.run("tls.sh", TLS_CERT=str(own / "server.pem"), TLS_KEY=str(own / "server.key"),
+                      TLS_CA=str(own / "ca.pem"))
+    assert result.returncode == 0, result.stderr
+    secrets = fake.current()["secrets"]
+    assert secrets["market-tls-cert"] == (own / "server.pem").read_text().rstrip("\n")
+    assert secrets["market-tls-key"] == (own / "server.key").read_text().rstrip("\n")
+
+
+@pytest.mark.parametrize("role", SERVERS)
+def test_the_vms_servers_serve_tls_from_the_files_startup_installs(role: str) -> None:
+    environment = " ".join(unit(f"market-{role}.service")["Environment"]).split()
+    files = dict(pair.split("=", 1) for pair in environment)
+    tls = "/etc/market/tls"
+    assert files == {"MARKET_TLS_CERT": f"{tls}/server.pem", "MARKET_TLS_KEY": f"{tls}/server.key",
+                     "MARKET_TLS_CA": f"{tls}/ca.pem"}
+    startup = (GCP / "startup.sh").read_text(encoding="utf-8")
+    for path in files.values():
+        name = path.rsplit("/", 1)[1]
+        assert f'"{name}:${{TLS_SECRETS[' in startup, name
+    assert '"/etc/market/tls/${pair%%:*}"' in startup
+    assert "\"$here/tls.sh\"" in (GCP / "up.sh").read_text(encoding="utf-8")

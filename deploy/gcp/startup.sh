@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The VM's startup script: runs as root at every boot. Installs the Cloud SQL Auth Proxy, the
 # release from the bucket into /opt/market/venv (its dependencies from the lock file), the
-# settings from Secret Manager into /etc/market/market.env and the systemd units, then
+# settings and the TLS certificate from Secret Manager into /etc/market/, the systemd units, then
 # (re)starts the three services.
 set -euo pipefail
 
@@ -11,6 +11,7 @@ attribute() {
 }
 BUCKET=$(attribute market-bucket)
 ENV_SECRET=$(attribute market-secret)
+TLS_SECRETS=("$(attribute market-tls-cert)" "$(attribute market-tls-key)" "$(attribute market-tls-ca)")
 PROXY_VERSION=$(attribute proxy-version)
 APP=/opt/market
 SERVICES=(cloud-sql-proxy.service market-buyer.service market-seller.service)
@@ -40,6 +41,12 @@ gcloud storage cp "gs://$BUCKET/release/*" "$release/"
 install -d -m 750 -o root -g market /etc/market
 gcloud secrets versions access latest --secret="$ENV_SECRET" >"$release/market.env"
 install -m 640 -o root -g market "$release/market.env" /etc/market/market.env
+# TLS: the files the units' MARKET_TLS_CERT, MARKET_TLS_KEY and MARKET_TLS_CA name
+install -d -m 750 -o root -g market /etc/market/tls
+for pair in "server.pem:${TLS_SECRETS[0]}" "server.key:${TLS_SECRETS[1]}" "ca.pem:${TLS_SECRETS[2]}"; do
+  gcloud secrets versions access latest --secret="${pair#*:}" >"$release/tls-file"
+  install -m 640 -o root -g market "$release/tls-file" "/etc/market/tls/${pair%%:*}"
+done
 
 install -m 644 "$release"/*.service /etc/systemd/system/
 systemctl daemon-reload
