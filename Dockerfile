@@ -21,11 +21,11 @@ RUN useradd --system --uid 10001 --user-group --home-dir /app --shell /usr/sbin/
 COPY deploy/tls/make-certs.sh /usr/local/bin/market-make-certs
 
 # The dependencies first, from the lock alone, so that a code change reuses this layer.
-COPY requirements/runtime.txt /src/requirements/
-RUN pip install --require-hashes --no-deps -r /src/requirements/runtime.txt
+COPY requirements/runtime.txt requirements/build.txt /src/requirements/
+RUN pip install --require-hashes --no-deps -r /src/requirements/runtime.txt -r /src/requirements/build.txt
 
 COPY . /src/
-RUN pip install --no-deps /src && rm -rf /src
+RUN pip install --no-deps --no-build-isolation /src && rm -rf /src
 
 USER market
 WORKDIR /app

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Sourced by start.sh and test.sh: make .venv (once) and install into it the lock file of the
-# set asked for (requirements/runtime.txt or dev.txt: exact versions, every file's hash checked),
-# then this checkout, editable. Installs again only when pyproject.toml or a lock file changed.
+# set asked for (requirements/runtime.txt or dev.txt: exact versions, every file's hash checked)
+# and of the build backend (build.txt), then this checkout, editable. Installs again only when pyproject.toml or a lock file changed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
@@ -18,9 +18,10 @@ fi
 project=$(cat pyproject.toml requirements/*.txt | sha256sum | cut -c1-16)
 stamp=.venv/.installed-$project-$1
 if [ ! -f "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --require-hashes --no-deps -r "requirements/$1.txt"
-  # the dependencies are all in the lock: --no-deps, so nothing unpinned comes in with the checkout
-  .venv/bin/python -m pip install --quiet --no-deps -e .
+  .venv/bin/python -m pip install --quiet --require-hashes --no-deps -r "requirements/$1.txt" \
+    -r requirements/build.txt
+  # the dependencies and the build backend are all locked: nothing unpinned comes in with the checkout
+  .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
   # stamps of an older pyproject.toml go; the other set's stays (start.sh and test.sh take turns)
   find .venv -maxdepth 1 -name '.installed-*' ! -name ".installed-$project-*" -delete
   touch "$stamp"

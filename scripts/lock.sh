@@ -7,9 +7,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 uv=${UV:-.venv/bin/uv}
 # runtime: the servers and the client (the image, the VM, start.sh); sim: and market-sim's
-# plots (the image's sim stage); dev: every extra, the tests and the linters (test.sh).
+# plots (the image's sim stage); dev: every extra, the tests and the linters (test.sh);
+# build: what builds the project's own package.
+options=(--universal --python-version 3.11 --generate-hashes --custom-compile-command scripts/lock.sh --quiet)
 for set in runtime sim dev; do
-  "$uv" pip compile pyproject.toml --extra "$set" --universal --python-version 3.11 \
-    --generate-hashes --no-strip-extras --custom-compile-command scripts/lock.sh --quiet \
+  "$uv" pip compile pyproject.toml --extra "$set" --no-strip-extras "${options[@]}" \
     --output-file "requirements/$set.txt" "$@"
 done
+# build: the build backend of pyproject.toml's [build-system], so that installing the checkout
+# itself (pip's --no-build-isolation) fetches nothing unpinned either
+"${PYTHON:-python3}" -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
+  | "$uv" pip compile - "${options[@]}" --output-file requirements/build.txt "$@"

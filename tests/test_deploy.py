@@ -212,7 +212,9 @@ def test_the_image_is_slim_python_runs_as_a_user_and_installs_from_the_lock() ->
     assert keywords.index("USER") < keywords.index("CMD")
     assert [args for kw, args in instructions if kw == "FROM"][-1].split()[-1] == "server"
     installs = [args for kw, args in instructions if kw == "RUN" and "pip install" in args]
-    assert installs[0] == "pip install --require-hashes --no-deps -r /src/requirements/runtime.txt"
+    assert installs[0] == ("pip install --require-hashes --no-deps -r /src/requirements/runtime.txt"
+                           " -r /src/requirements/build.txt")
+    assert installs[1].startswith("pip install --no-deps --no-build-isolation /src"), "setuptools unpinned"
     assert all("--no-deps" in args for args in installs), "nothing unpinned may come in"
 
 
@@ -288,6 +290,8 @@ def test_the_simulators_image_adds_the_locked_sim_set() -> None:
 
 
 def test_the_lock_files_pin_every_package_with_hashes_and_keep_the_servers_lean() -> None:
+    build = (ROOT / "requirements" / "build.txt").read_text(encoding="utf-8")
+    assert re.search(r"^setuptools==\S+ \\\n +--hash=sha256:", build, re.M), "the build backend unlocked"
     for name in ("runtime", "sim", "dev"):
         lock = (ROOT / "requirements" / f"{name}.txt").read_text(encoding="utf-8")
         packages = re.findall(r"^([a-z0-9][\w.-]*)(?:\[[^]]*\])?==([^\s;]+)", lock, re.M)
@@ -467,7 +471,7 @@ def test_start_and_test_scripts_taking_turns_install_once_each(tmp_path: Path) -
     (tmp_path / "scripts" / "_venv.sh").write_text((ROOT / "scripts" / "_venv.sh").read_text())
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     (tmp_path / "requirements").mkdir()
-    for locked in ("runtime", "dev"):
+    for locked in ("runtime", "dev", "build"):
         (tmp_path / "requirements" / f"{locked}.txt").write_text(f"# {locked}\n")
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     python = tmp_path / ".venv" / "bin" / "python"  # stands in for pip: records each install
@@ -480,8 +484,9 @@ def test_start_and_test_scripts_taking_turns_install_once_each(tmp_path: Path) -
         log = tmp_path / "installs"
         return log.read_text().splitlines() if log.exists() else []
 
-    locked = "-m pip install --quiet --require-hashes --no-deps -r requirements/{}.txt"
-    checkout = "-m pip install --quiet --no-deps -e ."
+    locked = ("-m pip install --quiet --require-hashes --no-deps -r requirements/{}.txt"
+              " -r requirements/build.txt")
+    checkout = "-m pip install --quiet --no-deps --no-build-isolation -e ."
     assert venv("dev") == [locked.format("dev"), checkout]
     assert venv("runtime")[2:] == [locked.format("runtime"), checkout]
     assert len(venv("dev")) == 4 and len(venv("runtime")) == 4  # both stamps kept
@@ -500,6 +505,7 @@ def test_a_half_made_venv_is_made_again(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     (tmp_path / "requirements").mkdir()
     (tmp_path / "requirements" / "dev.txt").write_text("# dev\n")
+    (tmp_path / "requirements" / "build.txt").write_text("# build\n")
     half_made = tmp_path / ".venv" / "bin"
     half_made.mkdir(parents=True)
     (half_made / "python").symlink_to(sys.executable)
@@ -525,6 +531,7 @@ def test_a_half_made_venv_is_made_again(tmp_path: Path) -> None:
     assert made.returncode == 0, made.stderr
     assert "-m pip install --quiet --require-hashes --no-deps -r requirements/dev.txt" in (
         tmp_path / "log").read_text()
+    assert "-m pip install --quiet --no-deps --no-build-isolation -e ." in (tmp_path / "log").read_text()
 
 
 def test_the_servers_containers_get_no_password_in_their_environment_but_a_file() -> None:
