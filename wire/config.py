@@ -96,9 +96,22 @@ def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def env(name: str, default: Any = None) -> Any:
-    """A MARKET_* setting from the environment or `.env`, else the default."""
+    """A MARKET_* setting from the environment or `.env`; when that is unset or empty, the
+    contents of the file NAME_FILE names (a container's secret); else the default."""
     _load_dotenv()
-    return os.environ.get(name, default)
+    value, path = os.environ.get(name), os.environ.get(f"{name}_FILE")
+    if path and not value:
+        return _secret_file(name, path)
+    return default if value is None else value
+
+
+def _secret_file(name: str, path: str) -> str:
+    """The file's text, its final line break dropped; a file that cannot be read ends the program."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().removesuffix("\n")
+    except OSError as exc:
+        sys.exit(f"error: {name}_FILE={path}: {exc.strerror}")
 
 
 # What each number may be: (the flag or variable that sets it, lowest, highest)
