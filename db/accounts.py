@@ -33,8 +33,8 @@ from . import login_throttle
 from .address_limits import AccountGuards
 from .database import Database, inserted_id, now_ms
 from .engine import LOCK_WAIT_S
-from .prepared import Prepared
 from .schema import cart_lines, saved_cart_lines, sessions, users
+from .unit_of_work import UnitOfWork
 
 log = logging.getLogger("market.sessions")
 
@@ -169,7 +169,7 @@ def end_sessions(tx: Connection, ids: Sequence[int]) -> None:
     tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
 
 
-def logout(tx: Connection, session: Session) -> dict[str, Any]:
+def logout(tx: UnitOfWork, session: Session) -> dict[str, Any]:
     """End the session at once; its cart goes with it."""
     session_id = session.lock().session_id  # after any cart change of the session in flight
     tx.execute(delete(cart_lines).where(cart_lines.c.session_id == session_id))
@@ -181,9 +181,9 @@ SESSION_COLUMNS = (sessions.c.session_id, sessions.c.user_id.label("session_user
                    sessions.c.created_ms.label("session_created_ms"),
                    sessions.c.last_seen_ms.label("session_last_seen_ms"))
 _TOKEN_MATCHES = (sessions.c.token_hash == bindparam("token_hash")) & (sessions.c.role == bindparam("role"))
-_SESSION_BY_TOKEN = Prepared(select(*SESSION_COLUMNS).where(_TOKEN_MATCHES))
-_LOCKED_SESSION_BY_TOKEN = Prepared(select(*SESSION_COLUMNS).where(_TOKEN_MATCHES).with_for_update())
-_TOUCH = Prepared(update(sessions).where(sessions.c.session_id == bindparam("id"))
+_SESSION_BY_TOKEN = (select(*SESSION_COLUMNS).where(_TOKEN_MATCHES))
+_LOCKED_SESSION_BY_TOKEN = (select(*SESSION_COLUMNS).where(_TOKEN_MATCHES).with_for_update())
+_TOUCH = (update(sessions).where(sessions.c.session_id == bindparam("id"))
                   .values(last_seen_ms=bindparam("now")))
 
 
@@ -206,7 +206,7 @@ class Session:
     `accept_rows`: a read then costs one round trip instead of two.
     """
 
-    def __init__(self, tx: Connection, role: str, token: str, policy: SessionPolicy, touch: bool) -> None:
+    def __init__(self, tx: UnitOfWork, role: str, token: str, policy: SessionPolicy, touch: bool) -> None:
         self._tx, self._policy, self._touch = tx, policy, touch
         self.check_params = {"token_hash": token_hash(token), "role": role}
         self.live: LiveSession | None = None
@@ -223,7 +223,7 @@ class Session:
     def require(self) -> LiveSession:
         """The live session, checking the token now if no query has yet; else UNAUTHENTICATED."""
         if self.live is None:
-            self.accept(_SESSION_BY_TOKEN.first(self._tx, self.check_params))
+            self.accept(self._tx.execute(_SESSION_BY_TOKEN, self.check_params).first())
         assert self.live is not None
         return self.live
 
@@ -236,7 +236,7 @@ class Session:
         every write that locks it, before the buyer's row and the items'.
         """
         assert self.live is None, "lock the session before any other use of it"
-        self.accept(_LOCKED_SESSION_BY_TOKEN.first(self._tx, self.check_params))
+        self.accept(self._tx.execute(_LOCKED_SESSION_BY_TOKEN, self.check_params).first())
         assert self.live is not None
         return self.live
 
@@ -267,9 +267,9 @@ class Session:
         return self.live
 
 
-def touch_session(tx: Connection, session: LiveSession) -> None:
+def touch_session(tx: UnitOfWork, session: LiveSession) -> None:
     """Record activity on a session."""
-    _TOUCH.defer(tx, {"id": session.session_id, "now": now_ms()})
+    tx.execute(_TOUCH, {"id": session.session_id, "now": now_ms()})
 
 
 class SessionGate:
@@ -278,7 +278,7 @@ class SessionGate:
     def __init__(self, db: Database, role: str, policy: SessionPolicy) -> None:
         self.db, self.role, self.policy = db, role, policy
 
-    def run(self, token: str, write: bool, work: Callable[[Connection, Session], T]) -> T:
+    def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], T]) -> T:
         """`work(tx, session)` for the token's live session, else UNAUTHENTICATED.
 
         The token is checked at the op's first use of the session, or folded into its
@@ -289,7 +289,7 @@ class SessionGate:
         """
         sessions_seen: list[Session] = []
 
-        def transaction(tx: Connection) -> T:
+        def transaction(tx: UnitOfWork) -> T:
             session = Session(tx, self.role, token, self.policy, touch=write)
             sessions_seen.append(session)
             try:
