@@ -19,10 +19,17 @@ def open_idle(addresses: list[tuple[str, int]], count: int) -> list[Connection]:
     """`count` connections, round-robin over the addresses, each having pinged once."""
     held = []
     for n in range(count):
-        conn = Connection(*addresses[n % len(addresses)], timeout=10)
+        host, port = addresses[n % len(addresses)]
+        conn = Connection(host, port, timeout=10, source=_client_address(host, n))
         conn.call("ping")
         held.append(conn)
     return held
+
+
+def _client_address(server_host: str, n: int) -> str | None:
+    """On loopback, each idle connection from an address of its own, as idle clients are
+    (the servers limit connections per address); elsewhere the system's choice."""
+    return f"127.1.{n // 250}.{n % 250 + 1}" if server_host.startswith("127.") else None
 
 
 def hold(addresses: list[tuple[str, int]], count: int, seconds: float) -> int:

@@ -73,7 +73,8 @@ def measure_round(args: argparse.Namespace, db_url: str, servers: dict[str, Addr
 
 def _run(args: argparse.Namespace, db_url: str, servers: dict[str, Address],
          out: Path) -> tuple[Figures | None, int]:
-    extra = [f"--{role}={host}:{port}" for role, (host, port) in servers.items()]
+    # servers this tool started, on its own database: the simulator may write into them
+    extra = [f"--{role}={host}:{port}" for role, (host, port) in servers.items()] + ["--allow-live"]
     code, totals = run_market_sim([args.users], args.calls, db_url, out, extra)
     return totals.get(args.users), code
 
