@@ -46,6 +46,9 @@ class Settings:
     tls_key: str | None = None
     log_level: str = "INFO"
     sqlite_synchronous: str = "NORMAL"
+    cache: str = "off"  # the catalogue read cache: off, or one-host (db/cache.py)
+    cache_mb: int = 64
+    cache_file: str | None = None
 
 
 @functools.cache
@@ -104,8 +107,10 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "payment_decline_rate": ("MARKET_PAYMENT_DECLINE_RATE", 0, 1),
     "login_free_failures": ("MARKET_LOGIN_FREE_FAILURES", 0, 10**9),
     "login_max_delay_s": ("MARKET_LOGIN_MAX_DELAY_S", 0, 10**9),
+    "cache_mb": ("MARKET_CACHE_MB", 1, 1_000_000),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_CACHE_MODES = ("off", "one-host")  # db.cache.MODES
 _SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS (the protocol package imports no db)
 
 
@@ -146,7 +151,13 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     parser.add_argument("--sqlite-synchronous",
                         default=env("MARKET_SQLITE_SYNCHRONOUS", default.sqlite_synchronous),
                         help="NORMAL (default), or FULL: SQLite's commits survive a power cut too (slower)")
+    parser.add_argument("--cache", default=env("MARKET_CACHE", default.cache),
+                        help="the catalogue read cache: off (default), or one-host when every server "
+                             "process sharing the database runs on this host")
     args = parser.parse_args(argv)
+    if args.cache not in _CACHE_MODES:
+        refuse(f"--cache {args.cache}: one of {', '.join(_CACHE_MODES)} (the cache keeps reads fresh "
+               "through shared memory, so only when every server of the database runs on this host)")
     if bool(args.tls_cert) != bool(args.tls_key):
         refuse("--tls-cert and --tls-key go together")
     if args.log_level.upper() not in _LOG_LEVELS:
@@ -166,6 +177,8 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         login_free_failures=number("MARKET_LOGIN_FREE_FAILURES", int, default.login_free_failures),
         login_max_delay_s=number("MARKET_LOGIN_MAX_DELAY_S", float, default.login_max_delay_s),
         log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
+        cache=args.cache, cache_mb=number("MARKET_CACHE_MB", int, default.cache_mb),
+        cache_file=env("MARKET_CACHE_FILE"),
     )
     for field, (source, low, high) in _RANGES.items():
         value = getattr(settings, field)
