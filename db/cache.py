@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -222,7 +223,13 @@ def from_settings(settings: Any) -> ReadCache | None:
     if settings.cache == "off":
         return None
     path = settings.cache_file or default_counter_file()
-    return ReadCache(Generations(path), settings.cache_mb * 1024 * 1024)
+    try:
+        generations = Generations(path)
+    except OSError as exc:  # one line, as for a database the server cannot use, and no start
+        print(f"error: {settings.role} server: cannot use the read cache's counters file {path}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return ReadCache(generations, settings.cache_mb * 1024 * 1024)
 
 
 def server_app(settings: Any, specs: dict[str, OpSpec], handlers: dict[str, Handler], gate: Gate) -> App:

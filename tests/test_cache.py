@@ -116,6 +116,16 @@ def test_a_cache_mode_other_than_off_or_one_host_is_refused_in_one_line(mode: st
     assert f"--cache {mode}: one of off, one-host" in done.stderr
 
 
+def test_a_counters_file_the_server_cannot_open_is_named_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "seller_server", "--port", "0", "--db-url",
+                           f"sqlite:///{tmp_path / 'm.db'}", "--cache", "one-host"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MARKET_CACHE_FILE": str(tmp_path / "no" / "counters")})
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"error: seller server: cannot use the read cache's counters file "
+                                   f"{tmp_path / 'no' / 'counters'}: No such file or directory")
+
+
 # --- the rule, with real processes -------------------------------------------------------------
 
 
