@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simulation.mixes import MIXES
-from simulation.scaleout import drop_database, fresh_database
-from simulation.scenario import run_once
+from simulation.scaleout import balanced_servers, drop_database, fresh_database
+from simulation.scenario import Address, run_once
 from simulation.servers import running_servers
 from simulation.stats import ALL, OpSummary, summarise
 from wire.config import positive_int
@@ -24,10 +24,13 @@ from wire.config import positive_int
 
 @dataclass(frozen=True)
 class Configuration:
-    """One set of server flags a study measures, and its label in the tables."""
+    """One set of server flags a study measures, and its label in the tables. With `balanced`
+    processes per role, the servers run behind HAProxy (deploy/local/servers.sh)."""
 
     label: str
-    server_args: tuple[str, ...]
+    server_args: tuple[str, ...] = ()
+    threads: int | None = None
+    balanced: int = 0
 
 
 def measure(config: Configuration, mix: str, users: Sequence[int], calls: int, round_number: int,
@@ -36,10 +39,20 @@ def measure(config: Configuration, mix: str, users: Sequence[int], calls: int, r
     file, or a database made on `mysql_server` and dropped afterwards)."""
     with tempfile.TemporaryDirectory(prefix="market-study-") as folder, \
             _fresh_database(mysql_server, Path(folder)) as url, \
-            running_servers(url, Path(folder), config.server_args) as servers:
-        results = [run_once(MIXES[mix], n, calls, servers["buyer"], servers["seller"], run=round_number)
-                   for n in users]
+            _servers(config, url, Path(folder)) as (buyer, seller):
+        results = [run_once(MIXES[mix], n, calls, buyer, seller, run=round_number) for n in users]
     return [row for row in summarise(results) if row.op == ALL]
+
+
+@contextmanager
+def _servers(config: Configuration, db_url: str, folder: Path) -> Iterator[tuple[Address, Address]]:
+    threads = ("--threads", str(config.threads)) if config.threads else ()
+    if config.balanced:
+        with balanced_servers(folder / "servers", db_url, config.balanced, threads) as addresses:
+            yield addresses
+        return
+    with running_servers(db_url, folder, (*threads, *config.server_args)) as servers:
+        yield servers["buyer"], servers["seller"]
 
 
 @contextmanager

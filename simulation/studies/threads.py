@@ -42,7 +42,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> Grid:
     grid: Grid = {}
     for threads in args.threads:
-        config = Configuration(f"{threads} threads", ("--threads", str(threads), *args.server_args.split()))
+        config = Configuration(f"{threads} threads", tuple(args.server_args.split()), threads=threads)
         for row in measure(config, args.mix[0], args.users, args.calls, 0, args.mysql_server):
             grid[(threads, row.users)] = row
             print(f"{threads} threads, {row.users} + {row.users} users: {row.ops_per_s:.0f} calls/s, "
