@@ -6,7 +6,7 @@ host maps. A catalogue write bumps the counters of what it changed after its com
 before its answer; a read notes the counters before it reads the database and keeps its
 answer tagged with them, and an answer is served again only while they are unchanged. So a
 read sent after a write was answered, to any process of the host, never sees older data.
-The token is still checked against the database on every call, hit or not.
+Sessions checked for these reads are kept the same way: logout bumps its token's counter.
 """
 from __future__ import annotations
 
@@ -27,14 +27,17 @@ from wire.app import App, Gate
 from wire.errors import ProtocolError
 from wire.ops import OpSpec
 
-from .accounts import Session
+from .accounts import Session, token_hash
 
 MODES = ("off", "one-host")
 EPOCH = 0  # every entry depends on it: bumped by a write whose changes are not known
 LISTINGS = 1  # search pages, sellers' listings and ratings: any catalogue write changes them
 ITEM_SLOTS = 4096  # get_item entries depend on their item's slot (item_id modulo this)
+SESSION_SLOTS = 4096  # a kept session depends on its token's slot (the token hash modulo this)
+SESSIONS_KEPT = 100_000  # sessions each process keeps (a few hundred bytes each)
 _FIRST_ITEM_SLOT = 2
-_COUNTERS = _FIRST_ITEM_SLOT + ITEM_SLOTS
+_FIRST_SESSION_SLOT = _FIRST_ITEM_SLOT + ITEM_SLOTS
+_COUNTERS = _FIRST_SESSION_SLOT + SESSION_SLOTS
 _ENTRY_OVERHEAD = 200  # bytes of key, tags and bookkeeping counted for each entry
 # A failed write normally rolled back; these codes (and any non-protocol error) may hide a commit.
 _OUTCOME_UNKNOWN = frozenset({"UNAVAILABLE", "INTERNAL", "BUSY"})
@@ -51,6 +54,11 @@ def default_counter_file() -> str:
 def item_slot(item_id: int) -> int:
     """The counter an item's get_item entries depend on."""
     return _FIRST_ITEM_SLOT + item_id % ITEM_SLOTS
+
+
+def session_slot(hashed_token: str) -> int:
+    """The counter a kept session depends on: logout bumps it."""
+    return _FIRST_SESSION_SLOT + int(hashed_token[:8], 16) % SESSION_SLOTS
 
 
 class Generations:
@@ -137,7 +145,8 @@ class ReadCache:
         self._entries: LRUCache[Any, tuple[tuple[int, ...], bytes]] = LRUCache(
             maxsize=max_bytes, getsizeof=lambda entry: len(entry[1]) + _ENTRY_OVERHEAD)
         self._lock = threading.Lock()
-        self.hits = 0  # answers served from the cache (an approximate count: no lock)
+        self._sessions: LRUCache[str, tuple[tuple[int, ...], Any]] = LRUCache(maxsize=SESSIONS_KEPT)
+        self.hits = self.misses = 0  # reads answered from the cache, and not (approximate: no lock)
 
     @property
     def size_bytes(self) -> int:
@@ -150,6 +159,7 @@ class ReadCache:
         with self._lock:
             entry = self._entries.get(key)
         if entry is None or entry[0] != tags:
+            self.misses += 1
             return tags, None
         self.hits += 1
         return tags, orjson.loads(entry[1])
@@ -167,16 +177,34 @@ class ReadCache:
         read = CACHED_READS[op]
 
         def cached_read(tx: Any, session: Session, **args: Any) -> dict[str, Any]:
+            self.check_session(session)
             owner = session.user_id if read.callers_own(args) else None
             key = (op, owner, orjson.dumps(args, option=orjson.OPT_SORT_KEYS))
             tags, answer = self.lookup(key, read.slots(args))
             if answer is not None:
-                session.require()  # the token is checked on every call, hit or miss
                 return answer
             answer = handler(tx, session, **args)
             self.keep(key, tags, answer)
             return answer
         return cached_read
+
+    def check_session(self, session: Session) -> None:
+        """The caller's token checked: from a kept row while its logout counter is unchanged and
+        the row says the session is live, else with the database (the row then kept)."""
+        hashed = session.check_params["token_hash"]
+        tags = self.generations.read((EPOCH, session_slot(hashed)))
+        with self._lock:
+            kept = self._sessions.get(hashed)
+        if kept is not None and kept[0] == tags and session.accept_kept(kept[1]):
+            return
+        row = session.check_now()
+        with self._lock:
+            self._sessions[hashed] = (tags, row)
+
+    def after_logout(self, token: Any) -> None:
+        """Every process drops what it kept of the session (whatever the logout's outcome)."""
+        if isinstance(token, str):
+            self.generations.bump((session_slot(token_hash(token)),))
 
     def with_cached_reads(self, handlers: dict[str, Handler]) -> dict[str, Handler]:
         """The handler table with its catalogue reads answered through the cache."""
@@ -206,6 +234,11 @@ class _InvalidatingApp(App):
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         """The response, the cache told of any catalogue write first."""
         op = message.get("op")
+        if op == "logout":
+            try:
+                return super().handle(message)
+            finally:
+                self.cache.after_logout(message.get("token"))
         if op not in CATALOGUE_WRITES:
             return super().handle(message)
         args = message.get("args") or {}

@@ -286,6 +286,29 @@ def test_no_read_on_another_process_returns_data_older_than_an_answered_write(cl
     assert [stale for w in writers for stale in w.stale] == []
 
 
+def test_a_logout_on_one_process_refuses_the_token_at_once_on_the_others(cluster: Cluster) -> None:
+    seller = cluster.user("seller", 0)
+    item = _item(seller, "logout", 5)
+
+    def log_in_read_log_out(n: int) -> list[str]:
+        wrong = []
+        for _ in range(5):
+            writer, reader = cluster.user("buyer", n % 2), cluster.servers["buyer"][1 - n % 2].connect()
+            reader.token = writer.token
+            for _ in range(3):  # the session is kept by the reader's process now
+                reader.call("get_item", {"item_id": item})
+            writer.call("logout")
+            try:
+                reader.call("get_item", {"item_id": item})
+                wrong.append("a read after logout was answered")
+            except UnauthenticatedError:
+                pass
+        return wrong
+
+    with ThreadPoolExecutor(8) as pool:
+        assert [w for wrong in pool.map(log_in_read_log_out, range(8)) for w in wrong] == []
+
+
 def test_the_servers_do_answer_from_their_caches(cluster: Cluster, db_url: str) -> None:
     """A change made behind the servers' backs (plain SQL) is not seen until a write bumps:
     proof that the processes of the test above do serve cached answers."""

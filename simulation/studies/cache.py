@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import signal
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 from simulation.__main__ import _mix_list
 from simulation.mixes import MIXES
 from simulation.report import plt
+from simulation.scaleout import _stop_on_sigterm
 from simulation.stats import OpSummary
 from wire.config import positive_int
 
@@ -51,8 +54,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 
 def _median(rows: list[Row], mix: str, cache: str, figure: str) -> float:
-    values = sorted(getattr(r[3], figure) for r in rows if r[0] == mix and r[1] == cache)
-    return values[len(values) // 2]
+    return statistics.median(getattr(r[3], figure) for r in rows if r[0] == mix and r[1] == cache)
 
 
 def markdown(rows: list[Row], mixes: Sequence[str]) -> str:
@@ -84,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # servers and databases are stopped on the way out
     rows = run(args)
     title = f"Read cache on and off, {args.users} + {args.users} users, {args.calls} calls each"
     (args.out / "cache.md").write_text(preamble(title, argv, "simulation.studies.cache") + "\n"

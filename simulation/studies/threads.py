@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 from simulation.__main__ import _int_list, _mix_list
 from simulation.mixes import MIXES
 from simulation.report import plt
+from simulation.scaleout import _stop_on_sigterm
 from simulation.stats import OpSummary
 
 from .runs import Configuration, add_common_arguments, measure, preamble
@@ -87,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # servers and databases are stopped on the way out
     grid = run(args)
     table = markdown(grid, args.threads, args.users)
     title = f"Threads against clients, mix {args.mix[0]}, {args.calls} calls per user"
