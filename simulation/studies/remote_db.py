@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import shutil
 import signal
@@ -40,6 +41,7 @@ from simulation.scaleout import (
     private_run_dir,
     started_mariadbd,
 )
+from simulation.scenario import SimulationError
 from simulation.servers import parse_address
 from simulation.stats import OpSummary
 
@@ -55,7 +57,8 @@ class Row:
     delay_ms: float
     axis: str
     value: int
-    summary: OpSummary
+    summary: OpSummary | None  # None: the run failed (see `failure`)
+    failure: str = ""
 
 
 def _delays(text: str) -> list[float]:
@@ -162,11 +165,21 @@ def run(args: argparse.Namespace, database: Address) -> list[Row]:
             print(f"delay {delay} ms: a round trip to the database takes {round_trip_ms(proxy):.2f} ms",
                   flush=True)
             for axis, value, config in configurations(args):
-                summary = measure(config, args.mix[0], [args.users], args.calls, 0, server_url)[0]
-                rows.append(Row(delay, axis, value, summary))
-                print(f"  {config.label}: {summary.ops_per_s:.0f} calls/s, p50 {summary.p50_ms:.2f} ms, "
-                      f"p99 {summary.p99_ms:.1f} ms", flush=True)
+                rows.append(_measured(args, delay, axis, value, config, server_url))
     return rows
+
+
+def _measured(args: argparse.Namespace, delay: float, axis: str, value: int, config: Configuration,
+              server_url: str) -> Row:
+    """One configuration's row; a run that fails is recorded as failed and the study goes on."""
+    try:
+        summary = measure(config, args.mix[0], [args.users], args.calls, 0, server_url)[0]
+    except SimulationError as exc:
+        print(f"  {config.label}: FAILED: {exc}", flush=True)
+        return Row(delay, axis, value, None, str(exc))
+    print(f"  {config.label}: {summary.ops_per_s:.0f} calls/s, p50 {summary.p50_ms:.2f} ms, "
+          f"p99 {summary.p99_ms:.1f} ms", flush=True)
+    return Row(delay, axis, value, summary)
 
 
 def markdown(rows: Sequence[Row], args: argparse.Namespace) -> str:
@@ -186,11 +199,16 @@ def markdown(rows: Sequence[Row], args: argparse.Namespace) -> str:
 
 def _cell(rows: Sequence[Row], delay: float, axis: str, value: int) -> str:
     row = _find(rows, delay, axis, value)
-    return f"{row.ops_per_s:.0f} ({row.p99_ms:.0f})"
+    return "failed" if row is None else f"{row.ops_per_s:.0f} ({row.p99_ms:.0f})"
 
 
-def _find(rows: Sequence[Row], delay: float, axis: str, value: int) -> OpSummary:
+def _find(rows: Sequence[Row], delay: float, axis: str, value: int) -> OpSummary | None:
     return next(r.summary for r in rows if (r.delay_ms, r.axis, r.value) == (delay, axis, value))
+
+
+def _calls_per_s(rows: Sequence[Row], delay: float, axis: str, value: int) -> float:
+    summary = _find(rows, delay, axis, value)
+    return math.nan if summary is None else summary.ops_per_s
 
 
 def plot(rows: Sequence[Row], args: argparse.Namespace, path: Path) -> None:
@@ -198,7 +216,7 @@ def plot(rows: Sequence[Row], args: argparse.Namespace, path: Path) -> None:
     for axis, (name, values) in zip(axes, (("threads", args.threads), ("processes", args.processes)),
                                     strict=True):
         for delay in args.delays:
-            axis.plot(values, [_find(rows, delay, name, v).ops_per_s for v in values], marker="o",
+            axis.plot(values, [_calls_per_s(rows, delay, name, v) for v in values], marker="o",
                       label=f"+{delay} ms")
         axis.set_xscale("log", base=2)
         axis.set_xticks(values, [str(v) for v in values])
@@ -218,10 +236,12 @@ def write_results(rows: Sequence[Row], args: argparse.Namespace, argv: Sequence[
     (args.out / "remote_db.md").write_text(heading + "\n" + table)
     with (args.out / "remote_db.csv").open("w", newline="") as out:
         writer = csv.writer(out)
-        writer.writerow(["delay_ms", "axis", "value", "calls_per_s", "p50_ms", "p99_ms", "errors"])
+        writer.writerow(["delay_ms", "axis", "value", "calls_per_s", "p50_ms", "p99_ms", "errors", "failure"])
         for r in rows:
-            writer.writerow([r.delay_ms, r.axis, r.value, f"{r.summary.ops_per_s:.1f}",
-                             f"{r.summary.p50_ms:.3f}", f"{r.summary.p99_ms:.3f}", r.summary.errors])
+            s = r.summary
+            figures = [f"{s.ops_per_s:.1f}", f"{s.p50_ms:.3f}", f"{s.p99_ms:.3f}", s.errors] if s \
+                else ["", "", "", ""]
+            writer.writerow([r.delay_ms, r.axis, r.value, *figures, r.failure])
     plot(rows, args, args.out / "remote_db.png")
     return table
 
