@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from db import Database, accounts, carts, catalog, orders
+from db import Database, accounts, cache, carts, catalog, orders
 from db.address_limits import AccountGuards
 from wire import BUYER_OPS, __version__
 from wire.app import App
@@ -31,5 +31,5 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
         "get_seller_rating": catalog.get_seller_rating,
         "get_purchase_history": orders.get_purchase_history,
     }
-    return App(BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy),
-               accounts.ADDRESSED_OPS)
+    return cache.server_app(settings, BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy),
+                            accounts.ADDRESSED_OPS)

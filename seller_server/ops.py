@@ -1,7 +1,7 @@
 """The seller server: a table of op name -> handler (the db transaction functions)."""
 from __future__ import annotations
 
-from db import Database, accounts, catalog
+from db import Database, accounts, cache, catalog
 from db.address_limits import AccountGuards
 from wire import SELLER_OPS, __version__
 from wire.app import App
@@ -20,5 +20,5 @@ def build_app(settings: Settings, db: Database) -> App:
         "remove_item": catalog.remove_item,
         "display_items": catalog.display_items,
     }
-    return App(SELLER_OPS, handlers, accounts.SessionGate(db, "seller", policy),
-               accounts.ADDRESSED_OPS)
+    return cache.server_app(settings, SELLER_OPS, handlers, accounts.SessionGate(db, "seller", policy),
+                            accounts.ADDRESSED_OPS)

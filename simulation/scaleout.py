@@ -293,23 +293,31 @@ def standalone_mariadb(console: Console) -> Iterator[DatabaseServer]:
     console.print(f"starting a standalone mariadbd on 127.0.0.1:{base + 1} ({run_dir})", markup=False)
     process: subprocess.Popen[bytes] | None = None
     try:
-        (node / "data").mkdir(parents=True)
-        (node / "tmp").mkdir()  # the config's tmpdir (see galera.sh: never /tmp)
-        (node / "my.cnf").write_text(standalone_config(run_dir, base))
-        _install_db(node)
-        with (node / "console.log").open("wb") as log:
-            process = subprocess.Popen(["mariadbd", f"--defaults-file={node / 'my.cnf'}"], stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_for_server(url, process, 120)
-        except StartError as exc:
-            raise StartError(f"{exc}\n{_tail(node / 'error.log')}") from exc
+        process = started_mariadbd(node, standalone_config(run_dir, base), url)
         yield DatabaseServer(f"{SINGLE} (standalone)", url, server_settings(url))
     finally:
         if process is not None:
             _stop_process(process, 60)
         shutil.rmtree(run_dir, ignore_errors=True)
         console.print("standalone mariadbd stopped")
+
+
+def started_mariadbd(node: Path, config: str, url: str) -> subprocess.Popen[bytes]:
+    """mariadbd with this configuration over a new data folder in `node`, once it answers at `url`
+    (its log's last lines in the StartError, should it not)."""
+    (node / "data").mkdir(parents=True)
+    (node / "tmp").mkdir()  # the config's tmpdir (see galera.sh: never /tmp)
+    (node / "my.cnf").write_text(config)
+    _install_db(node)
+    with (node / "console.log").open("wb") as log:
+        process = subprocess.Popen(["mariadbd", f"--defaults-file={node / 'my.cnf'}"], stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_server(url, process, 120)
+    except StartError as exc:
+        _stop_process(process, 60)
+        raise StartError(f"{exc}\n{_tail(node / 'error.log')}") from exc
+    return process
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -366,13 +374,15 @@ def database_sides(args: argparse.Namespace,
 # -- one configuration -------------------------------------------------------------------------
 
 @contextmanager
-def balanced_servers(run_dir: Path, db_url: str, processes: int) -> Iterator[tuple[Address, Address]]:
-    """servers.sh: `processes` buyer and seller servers behind HAProxy on free ports."""
+def balanced_servers(run_dir: Path, db_url: str, processes: int,
+                     options: Sequence[str] = ()) -> Iterator[tuple[Address, Address]]:
+    """servers.sh: `processes` buyer and seller servers behind HAProxy on free ports (`options`:
+    more of servers.sh's, such as --threads N)."""
     buyer, seller = ("127.0.0.1", free_port()), ("127.0.0.1", free_port())
     try:
         script("servers.sh", "start", "--dir", str(run_dir), "--db-url", db_url,
                "--buyers", str(processes), "--sellers", str(processes),
-               "--buyer-port", str(buyer[1]), "--seller-port", str(seller[1]), timeout=300)
+               "--buyer-port", str(buyer[1]), "--seller-port", str(seller[1]), *options, timeout=300)
         yield buyer, seller
     finally:
         script("servers.sh", "stop", "--dir", str(run_dir), timeout=120)

@@ -171,7 +171,8 @@ def _flood(address: Address, scale: float, tally: Attack, op: str, duration_s: f
     def one(n: int) -> None:
         rng = random.Random(n)
         try:
-            with Connection(*address, timeout=ATTACK_TIMEOUT_S, source=next(sources)) as conn:
+            with Connection(*address, timeout=ATTACK_TIMEOUT_S, source=next(sources),
+                            retry_busy=False) as conn:
                 while time.monotonic() < until:
                     name = f"storm{secrets.token_hex(4)}{rng.randrange(10**6)}"
                     try:

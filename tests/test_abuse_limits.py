@@ -18,7 +18,7 @@ STRANGER = "127.0.0.2"
 
 def _connect(market: Market, source: str, role: str = "buyer") -> Connection:
     server = market.buyer_server if role == "buyer" else market.seller_server
-    conn = Connection(*server.address, timeout=30, source=source)
+    conn = Connection(*server.address, timeout=30, source=source, retry_busy=False)
     market.connections.append(conn)
     return conn
 

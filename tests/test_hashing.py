@@ -28,7 +28,7 @@ class Flood:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def client(self, market: Market) -> None:
-        with Connection(*market.buyer_server.address, timeout=30) as conn:
+        with Connection(*market.buyer_server.address, timeout=30, retry_busy=False) as conn:
             while not self.stop.is_set():
                 started = time.perf_counter()
                 try:

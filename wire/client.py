@@ -15,13 +15,17 @@ import time
 from typing import Any
 
 from .envelope import make_request
-from .errors import error_from_wire
+from .errors import BusyError, error_from_wire
 from .framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
 from .ops import READ_ONLY_OPS
 
 # A repeatable request (read-only, or carrying an idempotency key) is tried again after
 # these pauses when the connection fails: a balancer needs a moment to notice a dead instance.
 _RETRY_PAUSES = (0.05, 0.25, 1.0)
+# A password-hashing op answered BUSY did nothing (the server's hashing queue was full):
+# tried again after these pauses, as the contract's retryable BUSY invites.
+_HASHING_OPS = frozenset({"login", "create_account"})
+_BUSY_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
 
 class ConnectionLostError(OSError):
@@ -33,13 +37,15 @@ class Connection:
 
     def __init__(self, host: str, port: int, *, timeout: float = 30.0,
                  max_frame: int = DEFAULT_MAX_FRAME, tls: ssl.SSLContext | None = None,
-                 source: str | None = None) -> None:
+                 source: str | None = None, retry_busy: bool = True) -> None:
         self.host, self.port, self.timeout, self.max_frame = host, port, timeout, max_frame
+        self.retry_busy = retry_busy  # try a login or sign-up answered BUSY again, a few times
         self.source = source  # the local address to connect from (the system's choice if None)
         self.tls = tls
         self.token: str | None = None
         self.reconnects = 0  # new sockets opened after the first
         self.resends = 0  # requests tried again after their connection failed (in flight or at connect)
+        self.busy_retries = 0  # logins and sign-ups tried again after a BUSY answer
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder(max_frame, strict=False)
         self._next_id = 0
@@ -79,12 +85,19 @@ class Connection:
     def call(self, op: str, args: dict[str, Any] | None = None, *,
              token: str | None = None) -> dict[str, Any]:
         """Send one request and return its result, raising the error code's exception."""
-        self._next_id += 1
-        message = make_request(op, args, token or self.token, self._next_id)
-        response = self._round_trip(message, _safe_to_repeat(op, args))
-        if response.get("ok"):
-            return dict(response.get("result") or {})
-        raise error_from_wire(response.get("error"))
+        busy_pauses = iter(_BUSY_PAUSES if op in _HASHING_OPS and self.retry_busy else ())
+        while True:
+            self._next_id += 1
+            message = make_request(op, args, token or self.token, self._next_id)
+            response = self._round_trip(message, _safe_to_repeat(op, args))
+            if response.get("ok"):
+                return dict(response.get("result") or {})
+            error = error_from_wire(response.get("error"))
+            pause = next(busy_pauses, None) if isinstance(error, BusyError) else None
+            if pause is None:
+                raise error
+            self.busy_retries += 1
+            time.sleep(pause)
 
     def send(self, message: dict[str, Any]) -> None:
         """Send one raw message (for pipelining and tests)."""

@@ -57,6 +57,9 @@ class Settings:
     tls_key: str | None = None
     log_level: str = "INFO"
     sqlite_synchronous: str = "NORMAL"
+    cache: str = "off"  # the catalogue read cache: off, or one-host (db/cache.py)
+    cache_mb: int = 64
+    cache_file: str | None = None
 
 
 @functools.cache
@@ -138,8 +141,10 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "hash_queue": ("MARKET_HASH_QUEUE", 0, 1_000_000),
     "housekeeping_interval_s": ("MARKET_HOUSEKEEPING_INTERVAL_S", 0.01, 10**6),
     "worker_timeout_s": ("MARKET_WORKER_TIMEOUT_S", 0.1, 10**6),
+    "cache_mb": ("MARKET_CACHE_MB", 1, 1_000_000),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_CACHE_MODES = ("off", "one-host")  # db.cache.MODES
 _SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS (the protocol package imports no db)
 
 
@@ -180,7 +185,13 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     parser.add_argument("--sqlite-synchronous",
                         default=env("MARKET_SQLITE_SYNCHRONOUS", default.sqlite_synchronous),
                         help="NORMAL (default), or FULL: SQLite's commits survive a power cut too (slower)")
+    parser.add_argument("--cache", default=env("MARKET_CACHE", default.cache),
+                        help="the catalogue read cache: off (default), or one-host when every server "
+                             "process sharing the database runs on this host")
     args = parser.parse_args(argv)
+    if args.cache not in _CACHE_MODES:
+        refuse(f"--cache {args.cache}: one of {', '.join(_CACHE_MODES)} (the cache keeps reads fresh "
+               "through shared memory, so only when every server of the database runs on this host)")
     if bool(args.tls_cert) != bool(args.tls_key):
         refuse("--tls-cert and --tls-key go together")
     if args.log_level.upper() not in _LOG_LEVELS:
@@ -217,6 +228,8 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         housekeeping_interval_s=number("MARKET_HOUSEKEEPING_INTERVAL_S", float,
                                        default.housekeeping_interval_s),
         log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
+        cache=args.cache, cache_mb=number("MARKET_CACHE_MB", int, default.cache_mb),
+        cache_file=env("MARKET_CACHE_COUNTERS"),
     )
     for field, (source, low, high) in _RANGES.items():
         value = getattr(settings, field)

@@ -19,8 +19,10 @@ fi
 
 # The settings file of the VM. The servers reach the database through the Cloud SQL Auth
 # Proxy on the VM's loopback. Each call waits for the database over the network, so more
-# calls stay in flight than on one machine (MARKET_THREADS 16, not 3); every other MARKET_*
-# setting keeps its default (.env.example). printf is a shell builtin: the password, $1, is not
+# calls stay in flight than on one machine (MARKET_THREADS 16, not 3): with the database 2 ms
+# away, 16 threads served 1.8 times the calls of 3 and 32 no more, and on two cores more
+# processes did not help (docs/studies.md#a-remote-database); every other MARKET_* setting
+# keeps its default (.env.example). printf is a shell builtin: the password, $1, is not
 # on any command line.
 market_env() {
   printf '%s\n' \
