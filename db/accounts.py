@@ -27,6 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
+from observe import events
 from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
 
 from . import login_throttle
@@ -95,6 +96,7 @@ def login(db: Database, role: str, policy: SessionPolicy, username: str, passwor
     """A new session; the same UNAUTHENTICATED message for a wrong username or password."""
     found = db.run(lambda tx: _claim_attempt_and_find_user(tx, role, policy, username))
     if not verify_password(found[1] if found else None, password) or found is None:
+        events.login_refused("wrong_credentials", username)
         raise UnauthenticatedError(WRONG_CREDENTIALS)  # counted as a failure already
     user_id = found[0]
     token = secrets.token_urlsafe(32)

@@ -46,6 +46,10 @@ class Settings:
     tls_key: str | None = None
     log_level: str = "INFO"
     sqlite_synchronous: str = "NORMAL"
+    metrics_port: int | None = None  # /metrics served on it when set
+    metrics_host: str = "127.0.0.1"
+    log_format: str = "text"
+    access_log: float = 0.0  # the fraction of requests the access log records
 
 
 @functools.cache
@@ -104,9 +108,22 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "payment_decline_rate": ("MARKET_PAYMENT_DECLINE_RATE", 0, 1),
     "login_free_failures": ("MARKET_LOGIN_FREE_FAILURES", 0, 10**9),
     "login_max_delay_s": ("MARKET_LOGIN_MAX_DELAY_S", 0, 10**9),
+    "access_log": ("MARKET_ACCESS_LOG", 0, 1),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_LOG_FORMATS = ("text", "json")  # observe.logs.FORMATS (the protocol package imports nothing else)
+_SWITCH = {"on": 1.0, "true": 1.0, "yes": 1.0, "off": 0.0, "false": 0.0, "no": 0.0, "": 0.0}
 _SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS (the protocol package imports no db)
+
+
+def _fraction_or_switch(text: str, refuse: Callable[[str], NoReturn]) -> float:
+    """on/off, or the fraction of requests to record (0.01: one in a hundred)."""
+    if text.strip().lower() in _SWITCH:
+        return _SWITCH[text.strip().lower()]
+    try:
+        return float(text)
+    except ValueError:
+        refuse(f"MARKET_ACCESS_LOG={text}: on, off, or a fraction from 0 to 1")
 
 
 def server_settings(role: str, argv: list[str] | None = None) -> Settings:
@@ -146,11 +163,19 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     parser.add_argument("--sqlite-synchronous",
                         default=env("MARKET_SQLITE_SYNCHRONOUS", default.sqlite_synchronous),
                         help="NORMAL (default), or FULL: SQLite's commits survive a power cut too (slower)")
+    parser.add_argument("--metrics-port", type=port_setting("MARKET_METRICS_PORT"),
+                        default=env("MARKET_METRICS_PORT"),
+                        help="serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (default: off)")
+    parser.add_argument("--metrics-host", default=env("MARKET_METRICS_HOST", default.metrics_host))
+    parser.add_argument("--log-format", default=env("MARKET_LOG_FORMAT", default.log_format),
+                        help="text (default) or json: one JSON object per line")
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         refuse("--tls-cert and --tls-key go together")
     if args.log_level.upper() not in _LOG_LEVELS:
         refuse(f"--log-level {args.log_level}: one of {', '.join(_LOG_LEVELS)}")
+    if args.log_format.lower() not in _LOG_FORMATS:
+        refuse(f"--log-format {args.log_format}: one of {', '.join(_LOG_FORMATS)}")
     if args.sqlite_synchronous.upper() not in _SQLITE_SYNCHRONOUS:
         refuse(f"--sqlite-synchronous {args.sqlite_synchronous}: one of {', '.join(_SQLITE_SYNCHRONOUS)}")
     settings = Settings(
@@ -166,6 +191,8 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         login_free_failures=number("MARKET_LOGIN_FREE_FAILURES", int, default.login_free_failures),
         login_max_delay_s=number("MARKET_LOGIN_MAX_DELAY_S", float, default.login_max_delay_s),
         log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host, log_format=args.log_format.lower(),
+        access_log=_fraction_or_switch(env("MARKET_ACCESS_LOG", "off"), refuse),
     )
     for field, (source, low, high) in _RANGES.items():
         value = getattr(settings, field)

@@ -5,6 +5,7 @@ With `--workers N` (N > 1) the process forks N workers that each bind the same
 port with SO_REUSEPORT, so the kernel spreads connections over N processes and
 Python gets past one core; the parent only supervises (restarts a worker that
 dies, passes SIGTERM on). The servers keep no state, so workers need no sharing.
+Logs, metrics and tracing are the package `observe`'s, imported here only (like `db`).
 """
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
     stop the server cleanly: that import (SQLAlchemy and the ops) takes most of a start."""
     stops = StopSignals()  # from here on SIGTERM and Ctrl-C stop the server cleanly, even mid-start
     settings = server_settings(role, argv)
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s {role} %(process)d %(levelname)s %(name)s: %(message)s")
+    from observe import serving  # before anything imports prometheus_client (see observe.serving)
+
+    serving.prepare(settings)
     try:
         if build_app is None:
             build_app = importlib.import_module(f"{role}_server.ops").build_app
@@ -75,6 +77,8 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
     except StopRequested:
         log.info("stopped before serving")
         return 0
+    finally:
+        serving.stopped()
 
 
 def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignals) -> int:
@@ -115,14 +119,18 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
            stops: StopSignals, ready: Callable[[Server], None], reuse_port: bool = False) -> None:
     """One server process: its own database pool, App and loop."""
     from db import Database
+    from observe import serving
 
     stops.hold()  # threads start from here: a signal must not cut that short
     database = Database(settings.db_url, pool_size=settings.threads,
                         sqlite_synchronous=settings.sqlite_synchronous)
     try:
         app = build_app(settings, database)
-        server = _bound(settings.host, port, lambda: Server(app, settings.host, port, limits_of(settings),
-                                                            reuse_port=reuse_port, tls=tls))
+        observer = serving.observer_for(settings, app)
+        server = _bound(settings.host, port, lambda: Server(
+            app, settings.host, port, limits_of(settings), reuse_port=reuse_port, tls=tls, observer=observer))
+        if not reuse_port:  # one process: it serves its own /metrics (workers: the supervisor)
+            _bound(settings.metrics_host, settings.metrics_port or 0, lambda: serving.serve_metrics(settings))
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
         # long as the process: keep it out of the collector's full passes, which scanned it all.
         gc.freeze()
@@ -143,9 +151,13 @@ class _Supervisor:
     the port all its life, so nothing else takes it while a worker is being replaced."""
 
     def __init__(self, settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None) -> None:
+        from observe import serving
+
         self.settings, self.build_app, self.tls = settings, build_app, tls
         host, port = settings.host, settings.port
         self.reserved = _bound(host, port, lambda: reserve_port(host, port))
+        self.observe = serving
+        _bound(settings.metrics_host, settings.metrics_port or 0, lambda: serving.serve_metrics(settings))
         self.port = self.reserved.getsockname()[1]
         self.workers: dict[int, float] = {}  # pid: when it started
         self.stopping = False
@@ -189,6 +201,7 @@ class _Supervisor:
         while self.workers:
             pid, status = os.wait()
             lived = time.monotonic() - self.workers.pop(pid)
+            self.observe.worker_ended(pid)
             if self.stopping:
                 failed = failed or os.waitstatus_to_exitcode(status) != 0
             elif not self.replace(pid, status, lived):
@@ -239,6 +252,7 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SS
     if pid == 0:
         os.close(ready_r)
         reserved.close()  # the supervisor's
+        importlib.import_module("observe.serving").in_worker()
         _run_worker(settings, build_app, port, tls, parent, ready_w)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     os.close(ready_w)

@@ -6,8 +6,9 @@ queue on their connection, and one thread at a time answers them in order, so
 pipelining keeps its order and the thread count stays fixed however many clients
 connect. When a connection has requests to answer, the leader hands the lead to the
 next free thread and answers them itself: the request goes on with no hand-off to
-another thread on its way. Exceptions become error responses in `respond`, the one
-place where that translation happens.
+another thread on its way. Exceptions become error responses in `answer`, the one
+place where that translation happens. An observer (wire.observer) hears of connections
+and answers: metrics, logs and tracing hang there.
 
 No thread ever waits for a client to read: an answer the socket will not take at once
 stays in the connection's outbox, the thread goes back to the pool, and the leader
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 from .envelope import error_response, request_id
 from .errors import BadFrameError, BusyError, InternalError, ProtocolError
 from .framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+from .observer import NO_SERVER_OBSERVER, ServerObserver, now_ns
 from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
@@ -59,17 +61,27 @@ class ServerLimits:
     threads: int = 3  # on two cores, with the database nearby: the lowest tail (docs/benchmarks.md)
 
 
-def respond(app: App, message: dict[str, Any] | ProtocolError) -> bytes:
-    """The framed response to one decoded message (or to a framing error), never raising."""
+def answer(app: App, message: dict[str, Any] | ProtocolError) -> tuple[dict[str, Any], bytes]:
+    """The response to one decoded message (or to a framing error), and its frame; never raising."""
     if isinstance(message, ProtocolError):
-        return encode_frame(error_response(None, message))
+        return _framed(error_response(None, message))
     try:
-        return encode_frame(app.handle(message))
+        response = app.handle(message)
+        return response, encode_frame(response)
     except ProtocolError as exc:
-        return encode_frame(error_response(request_id(message), exc))
+        return _framed(error_response(request_id(message), exc))
     except Exception:
         log.exception("internal error serving op %r", message.get("op"))
-        return encode_frame(error_response(request_id(message), InternalError()))
+        return _framed(error_response(request_id(message), InternalError()))
+
+
+def respond(app: App, message: dict[str, Any] | ProtocolError) -> bytes:
+    """The framed response to one decoded message (or to a framing error), never raising."""
+    return answer(app, message)[1]
+
+
+def _framed(response: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    return response, encode_frame(response)
 
 
 class _WorkerPool:
@@ -109,10 +121,12 @@ class _WorkerPool:
 class _Connection:
     """One client's socket, decoder and queue of requests awaiting an answer."""
 
-    def __init__(self, sock: socket.socket, max_frame: int) -> None:
+    def __init__(self, sock: socket.socket, max_frame: int, peer: str) -> None:
         self.sock = sock
+        self.peer = peer           # "host:port", for the observer
         self.decoder = FrameDecoder(max_frame)
-        self.pending: collections.deque[dict[str, Any] | ProtocolError] = collections.deque()
+        # each request with the now_ns() it was read at
+        self.pending: collections.deque[tuple[dict[str, Any] | ProtocolError, int]] = collections.deque()
         self.lock = threading.Lock()
         self.busy = False          # a thread is answering `pending`
         self.closing = False       # close once that thread is done
@@ -162,8 +176,9 @@ class Server:
 
     def __init__(self, app: App, host: str = "127.0.0.1", port: int = 0,
                  limits: ServerLimits = ServerLimits(), reuse_port: bool = False,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, observer: ServerObserver = NO_SERVER_OBSERVER) -> None:
         self.app = app
+        self.observer = observer
         self.limits = limits
         self.tls = tls
         self._listener = _listen(host, port, reuse_port)
@@ -300,12 +315,15 @@ class Server:
             self._admit(sock)
 
     def _admit(self, sock: socket.socket) -> None:
+        peer = _peer(sock)
         if len(self._connections) >= self.limits.max_connections:
+            self.observer.connection_refused(peer, "max_connections")
             _refuse_busy(sock, plaintext=self.tls is None)
             return
         sock.setblocking(True)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Connection(sock, self.limits.max_frame)
+        self.observer.connection_opened(peer)
+        conn = _Connection(sock, self.limits.max_frame, peer)
         if self.tls is not None:
             conn.tls = conn.channel = TlsChannel(self.tls)
         self._connections.add(conn)
@@ -341,6 +359,7 @@ class Server:
             plaintext = conn.tls.receive(data)
         except ssl.SSLError as exc:
             log.debug("closing a connection that does not speak TLS: %s", exc.reason)
+            self.observer.connection_refused(conn.peer, "tls_handshake")
             self._close(conn)
             return None
         if not conn.tls.flush_nowait(conn.sock) and conn.blocked_since is None:
@@ -363,8 +382,10 @@ class Server:
             return 0
         if isinstance(messages[-1], ProtocolError):
             self._stop_reading(conn)
+        read = now_ns()
+        self.observer.requests_read(len(messages))
         with conn.lock:
-            conn.pending.extend(messages)
+            conn.pending.extend((message, read) for message in messages)
             start = not conn.busy
             conn.busy = True
         if len(conn.pending) > _PAUSE_AFTER:
@@ -427,10 +448,12 @@ class Server:
                 return
             conn.closed = True
             conn.busy = False
+            self._drop_pending(conn)
         conn.reading = conn.writing = False
         self._watch_events(conn)
         self._connections.discard(conn)
         conn.sock.close()
+        self.observer.connection_closed(conn.peer)
 
     def _call_soon(self, call: Callable[[], None]) -> None:
         self._calls.append(call)
@@ -475,16 +498,28 @@ class Server:
 
     def _drain(self, conn: _Connection) -> None:
         """Answer a connection's queued requests in order (one thread at a time per connection)."""
+        self.observer.threads_busy(1)
+        try:
+            self._drain_queue(conn)
+        finally:
+            self.observer.threads_busy(-1)
+
+    def _drain_queue(self, conn: _Connection) -> None:
         while True:
             with conn.lock:
                 if not conn.pending or conn.closed or self._past_stop_deadline():
                     conn.busy = False
                     break
-                message = conn.pending.popleft()
-            if not self._send(conn, respond(self.app, message)):
-                conn.pending.clear()
+                message, read = conn.pending.popleft()
+            self.observer.answering(conn.peer, message)
+            answering = now_ns()
+            response, frame = answer(self.app, message)
+            sent = self._send(conn, frame)
+            self.observer.answer_sent(conn.peer, message, response, read, answering)
+            if not sent:
+                self._drop_pending(conn)
             elif isinstance(message, ProtocolError):
-                conn.pending.clear()
+                self._drop_pending(conn)
                 conn.closing = True
             if conn.blocked_since is not None:  # the rest when the client reads: the leader's
                 self._call_soon(lambda: self._wait_writable(conn))
@@ -494,6 +529,12 @@ class Server:
             self._call_soon(lambda: self._close(conn))
         elif not conn.reading:
             self._call_soon(lambda: self._resume_reading(conn))
+
+    def _drop_pending(self, conn: _Connection) -> None:
+        """Forget the connection's queued requests: they will not be answered."""
+        if conn.pending:
+            self.observer.requests_read(-len(conn.pending))
+            conn.pending.clear()
 
     def _send(self, conn: _Connection, frame: bytes) -> bool:
         """Send, or leave in the outbox what the socket will not take now; False if it failed."""
@@ -526,6 +567,15 @@ class Server:
         conn.writing, conn.blocked_since = False, None
         self._watch_events(conn)
         self._ready.append(conn)  # still busy: _drain answers the rest, or closes
+
+
+def _peer(sock: socket.socket) -> str:
+    """The client's "host:port" (empty once it has gone)."""
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
