@@ -451,9 +451,9 @@ class Server:
             self._drop_pending(conn)
         conn.reading = conn.writing = False
         self._watch_events(conn)
+        self.observer.connection_closed(conn.peer)
         self._connections.discard(conn)
         conn.sock.close()
-        self.observer.connection_closed(conn.peer)
 
     def _call_soon(self, call: Callable[[], None]) -> None:
         self._calls.append(call)

@@ -1,0 +1,289 @@
+"""Metrics, logs and security events of real server processes: /metrics read over HTTP after
+a known sequence of calls (one process, and --workers 2 with a worker killed), JSON log lines
+parsed one by one, and no secret anywhere in them."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import CARD, PASSWORD, free_port, unique_name
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+from test_processes import ServerProcess, _children
+
+from buyer_server.ops import build_app as build_buyer_app
+from buyer_server.payments import CountedProcessor, SimulatedProcessor
+from db import Database, RetryTransaction
+from observe.server import MarketObserver
+from wire import Connection
+from wire.config import Settings
+from wire.errors import PaymentDeclinedError, UnauthenticatedError, UnknownOpError
+from wire.server import Server, ServerLimits
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample of http://127.0.0.1:PORT/metrics, by name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def requests(samples: Samples, op: str, code: str = "OK") -> float:
+    return value(samples, "market_requests_total", server="buyer", op=op, code=code)
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[object]:
+    started: list[ServerProcess] = []
+
+    def start_server(*extra: str, env: dict[str, str] | None = None) -> ServerProcess:
+        saved = dict(os.environ)
+        os.environ.update(env or {})
+        try:
+            server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'market.db'}", 0, *extra)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        started.append(server)
+        return server.wait_ready()
+
+    yield start_server
+    for server in started:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def known_calls(conn: Connection) -> None:
+    """3 pings, an unknown op, a new account, a wrong password and a right one."""
+    for _ in range(3):
+        conn.call("ping")
+    with pytest.raises(UnknownOpError):
+        conn.call("no_such_op_" + unique_name())
+    name = unique_name()
+    conn.call("create_account", {"username": name, "password": PASSWORD, "name": name})
+    with pytest.raises(UnauthenticatedError):
+        conn.call("login", {"username": name, "password": "not the password"})
+    conn.call("login", {"username": name, "password": PASSWORD})
+
+
+def test_a_known_sequence_of_calls_gives_exactly_its_counts(start) -> None:  # type: ignore[no-untyped-def]
+    metrics_port = free_port()
+    server = start("--metrics-port", str(metrics_port))
+    with server.connect() as conn:
+        known_calls(conn)
+        with_one_open = scrape(metrics_port)
+    assert value(with_one_open, "market_connections_open", server="buyer") == 1
+    deadline = time.monotonic() + 5
+    while value(samples := scrape(metrics_port), "market_connections_open", server="buyer") and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert requests(samples, "ping") == 3
+    assert requests(samples, "unknown", "UNKNOWN_OP") == 1  # the op's own name is no label
+    assert requests(samples, "create_account") == 1
+    assert requests(samples, "login", "UNAUTHENTICATED") == 1 and requests(samples, "login") == 1
+    answered = sum(v for (name, _), v in samples.items() if name == "market_requests_total")
+    timed = sum(v for (name, _), v in samples.items() if name == "market_request_duration_seconds_count")
+    assert answered == timed == 7
+    assert value(samples, "market_request_duration_seconds_count", server="buyer", op="login") == 2
+    assert value(samples, "market_logins_refused_total", reason="wrong_credentials") == 1
+    assert value(samples, "market_connections_open", server="buyer") == 0
+    assert value(samples, "market_threads_busy", server="buyer") == 0
+    assert value(samples, "market_requests_queued", server="buyer") == 0
+    assert value(samples, "market_db_connections_in_use") == 0
+    assert server.stop() == 0
+
+
+def test_the_connection_limit_counts_refusals(start) -> None:  # type: ignore[no-untyped-def]
+    metrics_port = free_port()
+    server = start("--metrics-port", str(metrics_port), env={"MARKET_MAX_CONNECTIONS": "1"})
+    with server.connect() as held:
+        held.call("ping")
+        with socket.create_connection((server.host, server.port), timeout=5) as refused:
+            assert refused.recv(4096)  # BUSY
+    samples = scrape(metrics_port)
+    assert value(samples, "market_connections_refused_total", server="buyer", reason="max_connections") == 1
+    assert "connection refused" in server.stderr() and "max_connections" in server.stderr()
+    assert server.stop() == 0
+
+
+@pytest.mark.slow
+def test_workers_report_one_sum_that_survives_a_killed_worker(start) -> None:  # type: ignore[no-untyped-def]
+    metrics_port = free_port()
+    server = start("--workers", "2", "--metrics-port", str(metrics_port))
+    for _ in range(4):  # new connections: the kernel spreads them over both workers
+        with server.connect() as conn:
+            known_calls(conn)
+    before = scrape(metrics_port)
+    assert requests(before, "ping") == 12 and requests(before, "login", "UNAUTHENTICATED") == 4
+    held = [server.connect() for _ in range(12)]
+    for conn in held:
+        conn.call("ping")
+    victim = _children(server.proc.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (len(_children(server.proc.pid)) != 2
+                                           or victim in _children(server.proc.pid)):
+        time.sleep(0.1)
+    for conn in held:
+        conn.close()
+    for _ in range(4):
+        with server.connect() as conn:
+            conn.call("ping")
+    deadline = time.monotonic() + 5
+    while value(after := scrape(metrics_port), "market_connections_open", server="buyer") and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert requests(after, "ping") == 12 + 12 + 4  # the dead worker's counts neither lost nor doubled
+    assert requests(after, "create_account") == 4
+    timed = sum(v for (name, _), v in after.items() if name == "market_request_duration_seconds_count")
+    assert timed == 4 * 7 + 12 + 4
+    assert value(after, "market_connections_open", server="buyer") == 0  # the dead worker's left the sum
+    assert server.stop() == 0
+
+
+SECRET_PASSWORD = "a secret password 1234"
+
+
+def test_json_logs_carry_the_request_and_never_a_secret(start) -> None:  # type: ignore[no-untyped-def]
+    server = start(env={"MARKET_LOG_FORMAT": "json", "MARKET_ACCESS_LOG": "on",
+                        "MARKET_LOGIN_FREE_FAILURES": "1"})
+    name = unique_name()
+    with server.connect() as conn:
+        conn.call("create_account", {"username": name, "password": SECRET_PASSWORD, "name": name})
+        for _ in range(2):
+            with pytest.raises(UnauthenticatedError):
+                conn.call("login", {"username": name, "password": "wrong " + SECRET_PASSWORD})
+        time.sleep(1.1)  # past the one free failure's pause: the next may try, and fails
+        with pytest.raises(UnauthenticatedError):
+            conn.call("login", {"username": name, "password": "wrong " + SECRET_PASSWORD})
+    time.sleep(2.5)
+    with server.connect() as conn:
+        token = conn.call("login", {"username": name, "password": SECRET_PASSWORD})["token"]
+        conn.token = token
+        conn.call("display_cart")
+        with pytest.raises(Exception):  # noqa: B017  (an empty cart: CONFLICT, after the card was read)
+            conn.call("make_purchase", dict(CARD))
+    with socket.create_connection((server.host, server.port), timeout=5) as bad:
+        bad.sendall(b"\x00\x00\x00\x05{bad}")
+        bad.recv(4096)
+    assert server.stop() == 0
+    log = server.stderr()
+    lines = [json.loads(line) for line in log.splitlines()]  # every line one JSON object
+    assert all({"time", "level", "logger", "message", "server", "pid"} <= line.keys() for line in lines)
+    accessed = [line for line in lines if line["logger"] == "market.access"]
+    assert [line["op"] for line in accessed][:4] == ["create_account", "login", "login", "login"]
+    assert all({"request_id", "code", "duration_ms", "client"} <= line.keys() for line in accessed)
+    security = [(line["message"], line.get("username")) for line in lines
+                if line["logger"] == "market.security"]
+    assert ("login failed", name) in security and ("login throttled", name) in security
+    assert any(message == "frame rejected" for message, _ in security)
+    failed = next(line for line in lines if line["message"] == "login failed")
+    assert failed["client"].startswith("127.0.0.1:") and failed["op"] == "login"
+    for secret in (SECRET_PASSWORD, token, CARD["card_number"], CARD["card_number"][-8:]):
+        assert secret not in log
+
+
+def test_the_plain_text_log_is_the_default_and_names_the_request(start) -> None:  # type: ignore[no-untyped-def]
+    server = start(env={"MARKET_ACCESS_LOG": "1"})
+    with server.connect() as conn:
+        conn.call("ping")
+    assert server.stop() == 0
+    access = [line for line in server.stderr().splitlines() if "market.access" in line]
+    assert len(access) == 1 and "ping OK" in access[0] and "client=127.0.0.1:" in access[0]
+    assert " buyer " in access[0] and not access[0].startswith("{")
+
+
+@pytest.mark.parametrize("setting", [("--log-format", "xml"), ("--metrics-port", "http")])
+def test_a_wrong_observing_setting_is_one_line(setting: tuple[str, str], tmp_path: Path) -> None:
+    server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'x.db'}", 0, *setting)
+    assert server.proc.wait(timeout=20) == 2
+    assert setting[1] in server.stderr() and "Traceback" not in server.stderr()
+
+
+def sample(name: str, **labels: str) -> float:
+    """A sample of this process's own registry (the data layer's counters, in-process)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_a_transaction_run_again_is_counted_by_cause_and_holds_one_connection(database: Database) -> None:
+    before = sample("market_db_retries_total", cause="conflict")
+    in_use: list[float] = []
+
+    def work(tx: object) -> int:
+        in_use.append(sample("market_db_connections_in_use"))
+        if len(in_use) == 1:
+            raise RetryTransaction
+        return 1
+
+    idle = sample("market_db_connections_in_use")
+    assert database.run(work) == 1
+    assert sample("market_db_retries_total", cause="conflict") == before + 1
+    assert in_use == [idle + 1, idle + 1] and sample("market_db_connections_in_use") == idle
+
+
+@pytest.mark.parametrize(("decline_rate", "outcome"), [(0.0, "approved"), (1.0, "declined")])
+def test_charges_are_counted_by_outcome(decline_rate: float, outcome: str) -> None:
+    processor = CountedProcessor(SimulatedProcessor(decline_rate))
+    before = sample("market_payments_total", outcome=outcome)
+    try:
+        processor.charge(100, CARD["card_name"], CARD["card_number"], CARD["card_expiry"], None)
+    except PaymentDeclinedError:
+        assert outcome == "declined"
+    assert sample("market_payments_total", outcome=outcome) == before + 1
+
+
+def test_a_processor_that_fails_counts_an_error() -> None:
+    class Down:
+        def charge(self, *args: object) -> None:
+            raise ConnectionError("the processor cannot be reached")
+
+    before = sample("market_payments_total", outcome="error")
+    with pytest.raises(ConnectionError):
+        CountedProcessor(Down()).charge(100, "A", "4111111111111111", "12/39", None)
+    assert sample("market_payments_total", outcome="error") == before + 1
+
+
+def test_threads_racing_are_all_counted(tmp_path: Path) -> None:
+    """16 clients at once over 4 threads: every answer counted and timed once, gauges back to 0."""
+    db = Database(f"sqlite:///{tmp_path / 'race.db'}", pool_size=4)
+    db.create_schema()
+    app = build_buyer_app(Settings(role="buyer"), db)
+    server = Server(app, limits=ServerLimits(threads=4), observer=MarketObserver("race", app.specs))
+    server.start()
+    try:
+        def client(_: int) -> None:
+            with Connection(*server.address, timeout=10) as conn:
+                for _ in range(25):
+                    conn.call("ping")
+                with pytest.raises(UnknownOpError):
+                    conn.call("nope")
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(client, range(16)))
+        deadline = time.monotonic() + 5
+        while server.connection_count and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        server.shutdown()
+        db.close()
+    assert sample("market_requests_total", server="race", op="ping", code="OK") == 16 * 25
+    assert sample("market_requests_total", server="race", op="unknown", code="UNKNOWN_OP") == 16
+    assert sample("market_request_duration_seconds_count", server="race", op="ping") == 16 * 25
+    for gauge in ("market_connections_open", "market_threads_busy", "market_requests_queued"):
+        assert sample(gauge, server="race") == 0, gauge
