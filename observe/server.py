@@ -10,7 +10,7 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
-from wire.observer import ServerObserver, now_ns
+from wire.observer import ServerObserver
 
 from . import metrics
 from .logs import REQUEST, access, security
@@ -54,8 +54,8 @@ class MarketObserver(ServerObserver):
             REQUEST.set({"request_id": message.get("id"), "op": self._op(message), "client": peer})
 
     def answer_sent(self, peer: str, message: dict[str, Any] | Exception, response: dict[str, Any],
-                    read_ns: int, answering_ns: int) -> None:
-        answered = now_ns()
+                    marks: tuple[int, int, int]) -> None:
+        read_ns, _, answered = marks
         error = response.get("error")
         code = error.get("code", "INTERNAL") if error else "OK"
         op = self._op(message) if isinstance(message, dict) else metrics.FRAME_ERROR_OP
@@ -69,7 +69,7 @@ class MarketObserver(ServerObserver):
         if self.access_sample and (self.access_sample >= 1.0 or random.random() < self.access_sample):
             self._access(peer, message, op, code, (answered - read_ns) / 1e6)
         if self.trace is not None:
-            self.trace.records.append(("S", message.get("id"), op, read_ns, answering_ns, answered))
+            self.trace.records.append(("S", message.get("id"), op, *marks))
 
     def _op(self, message: dict[str, Any]) -> str:
         op = message.get("op")

@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from db import Database
 from db.audit import audit
+from observe.trace import trace_clients
 from wire.config import add_tls_arguments, positive_int
 from wire.tls import optional_client_context
 
@@ -161,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `market-sim`."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    trace_clients()  # with MARKET_TRACE_DIR set: per-call timestamps for simulation.tail
     console = Console()
     if not console.is_terminal:
         console = Console(width=140)

@@ -29,10 +29,10 @@ class ServerObserver:
         """A thread takes up a queued request; what it logs until answer_sent is about this one."""
 
     def answer_sent(self, peer: str, message: dict[str, Any] | Exception, response: dict[str, Any],
-                    read_ns: int, answering_ns: int) -> None:
-        """An answer was handed to the socket; read_ns and answering_ns are now_ns() marks of
-        when its request was read and when a thread took it up. `message` is an exception
-        for a frame that could not be read (BAD_FRAME, FRAME_TOO_LARGE)."""
+                    marks: tuple[int, int, int]) -> None:
+        """An answer was handed to the socket; marks are the now_ns() of its request's reading,
+        of a thread taking it up and of the answer, ready, going to the socket. `message` is an
+        exception for a frame that could not be read (BAD_FRAME, FRAME_TOO_LARGE)."""
 
     def threads_busy(self, delta: int) -> None:
         """A thread of the pool started (+1) or finished (-1) answering a connection's queue."""

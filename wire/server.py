@@ -514,8 +514,9 @@ class Server:
             self.observer.answering(conn.peer, message)
             answering = now_ns()
             response, frame = answer(self.app, message)
+            answered = now_ns()  # before the send: a client may read the answer before it returns
             sent = self._send(conn, frame)
-            self.observer.answer_sent(conn.peer, message, response, read, answering)
+            self.observer.answer_sent(conn.peer, message, response, (read, answering, answered))
             if not sent:
                 self._drop_pending(conn)
             elif isinstance(message, ProtocolError):
