@@ -31,6 +31,7 @@ from wire.tls import optional_client_context
 from .mixes import MIXES
 from .report import write_reports
 from .scenario import Address, RunResult, SimulationError, run_once
+from .server_latency import during, report, scrape
 from .servers import ServerStartError, parse_address, running_servers
 from .stats import summarise
 
@@ -40,6 +41,13 @@ def _int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError("expected positive integers separated by commas")
     return values
+
+
+def _address_list(text: str) -> list[Address]:
+    try:
+        return [parse_address(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _mix_list(text: str) -> list[str]:
@@ -66,6 +74,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                          "starting the servers: a fresh SQLite file in --out)")
     parser.add_argument("--buyer", type=parse_address, help="drive a running buyer server at HOST:PORT")
     parser.add_argument("--seller", type=parse_address, help="drive a running seller server at HOST:PORT")
+    parser.add_argument("--metrics", type=_address_list, metavar="HOST:PORT,HOST:PORT",
+                        help="the running servers' metrics addresses (--metrics-port): report each op's "
+                             "server latency next to the clients'")
     parser.add_argument("--workers", type=int, help="server processes per role (for the servers it starts)")
     parser.add_argument("--out", type=Path, default=Path("sim-results"), help="results folder")
     parser.add_argument("--seed", type=int, help="random seed of the simulated users")
@@ -78,6 +89,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--buyer and --seller go together")
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
+    if args.metrics and not args.buyer:
+        parser.error("--metrics goes with --buyer/--seller: the servers' metrics addresses")
     if args.buyer and not args.db_url:
         parser.error("--db-url is required with --buyer/--seller: the audit reads the database")
     return args
@@ -127,12 +140,16 @@ def run_all(args: argparse.Namespace, buyer: Address, seller: Address, database:
             def show(done: int, base: int = finished) -> None:
                 progress.update(task, completed=base + done)
 
+            before = scrape(args.metrics) if args.metrics else {}
             result = run_once(MIXES[mix], users, args.calls, buyer, seller, run=run, seed=seed,
                               on_progress=show, tls=optional_client_context(args.tls_ca, args.tls))
             finished += 2 * users * args.calls
             progress.update(task, completed=finished)
             result.violations = audit(database, result.acknowledged)
             console.print(_describe(result))
+            if args.metrics:  # latency in ms; what the server's lacks is network and the client's own
+                for line in report(result, during(before, scrape(args.metrics))):
+                    console.print(f"  {line}", markup=False, highlight=False)
             results.append(result)
     return results
 

@@ -4,6 +4,7 @@ parsed one by one, and no secret anywhere in them."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -19,10 +20,12 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from test_processes import ServerProcess, _children
 
+import simulation.__main__ as sim
 from buyer_server.ops import build_app as build_buyer_app
 from buyer_server.payments import CountedProcessor, SimulatedProcessor
 from db import Database, RetryTransaction
 from observe.server import MarketObserver
+from simulation import server_latency
 from wire import Connection
 from wire.config import Settings
 from wire.errors import PaymentDeclinedError, UnauthenticatedError, UnknownOpError
@@ -287,3 +290,41 @@ def test_threads_racing_are_all_counted(tmp_path: Path) -> None:
     assert sample("market_request_duration_seconds_count", server="race", op="ping") == 16 * 25
     for gauge in ("market_connections_open", "market_threads_busy", "market_requests_queued"):
         assert sample(gauge, server="race") == 0, gauge
+
+
+def test_market_sim_reports_the_servers_latency_next_to_the_clients(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db_url = f"sqlite:///{tmp_path / 'sim.db'}"
+    ports = {role: free_port() for role in ("buyer", "seller")}
+    servers = {role: ServerProcess(role, db_url, 0, "--metrics-port", str(ports[role])).wait_ready()
+               for role in ("buyer", "seller")}
+    try:
+        code = sim.main(["--users", "1", "--calls", "30", "--repeats", "1", "--no-progress",
+                         "--buyer", f"127.0.0.1:{servers['buyer'].port}",
+                         "--seller", f"127.0.0.1:{servers['seller'].port}", "--db-url", db_url,
+                         "--out", str(tmp_path / "out"),
+                         "--metrics", f"127.0.0.1:{ports['buyer']},127.0.0.1:{ports['seller']}"])
+    finally:
+        for server in servers.values():
+            server.stop()
+    assert code == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "server p50" in line)
+    rows = out[out.index(header):].splitlines()[1:]
+    measured = [row.split() for row in rows if row.startswith("  ") and len(row.split()) == 5]
+    assert measured, out
+    for op, *figures in measured:
+        assert all(not math.isnan(float(figure)) for figure in figures), (op, figures)
+
+
+def test_a_histograms_quantile_is_interpolated_within_its_bucket() -> None:
+    buckets = {0.001: 50.0, 0.01: 90.0, 0.1: 100.0, math.inf: 100.0}
+    assert server_latency.quantile(buckets, 0.5) == pytest.approx(0.001)
+    assert server_latency.quantile(buckets, 0.7) == pytest.approx(0.001 + 0.009 * 0.5)
+    assert server_latency.quantile(buckets, 0.99) == pytest.approx(0.01 + 0.09 * 0.9)
+    assert math.isnan(server_latency.quantile({0.1: 0.0, math.inf: 0.0}, 0.5))
+    assert server_latency.quantile({0.1: 0.0, math.inf: 4.0}, 0.5) == 0.1  # past the last bound
+    before = {"ping": {0.001: 5.0, math.inf: 6.0}}
+    after = {"ping": {0.001: 7.0, math.inf: 9.0}, "login": {0.001: 1.0, math.inf: 1.0}}
+    assert server_latency.during(before, after) == {"ping": {0.001: 2.0, math.inf: 3.0},
+                                                    "login": {0.001: 1.0, math.inf: 1.0}}
