@@ -53,8 +53,8 @@ def serve_metrics(settings: Any) -> None:
     try:
         _http, _ = start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
     except OSError as exc:
-        raise OSError(exc.errno, f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
-                                 f"{exc.strerror or exc}") from None
+        raise OSError(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
+                      f"{exc.strerror or exc}") from None
     log.info("metrics at http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
 
 

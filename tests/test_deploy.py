@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import fresh_mysql_database, require_tool
+from conftest import free_port, fresh_mysql_database, require_tool
 from sqlalchemy import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,6 +279,8 @@ def container_environment(service: dict[str, Any], database_url: str) -> dict[st
     assert compose_url.host == "db", compose_url
     env["MARKET_DB_URL"] = url.set(drivername=compose_url.drivername).render_as_string(hide_password=False)
     env.update({setting: "0" for setting in SERVERS.values()})
+    if env.get("MARKET_METRICS_PORT"):  # each container has its own 9100: here they need two ports
+        env["MARKET_METRICS_PORT"] = str(free_port())
     return {**env, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
@@ -653,3 +655,34 @@ def test_the_docs_copy_the_settings_secret_only_into_a_private_temporary_file() 
     docs = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
     copies = re.findall(r"gcloud secrets versions access latest --secret=market-env\s*>\s*(\S+)", docs)
     assert copies == ['"$f"'] and 'f=$(mktemp)' in docs and 'rm -f "$f"' in docs
+
+
+# ---- deploy/observe: Prometheus and Grafana (compose profile `observe`) ----
+
+def test_compose_observe_profile_scrapes_both_servers_on_their_metrics_port() -> None:
+    services = compose()["services"]
+    assert services["prometheus"]["profiles"] == services["grafana"]["profiles"] == ["observe"]
+    port = interpolate(str(services["buyer"]["environment"]["MARKET_METRICS_PORT"]), env_example_values())
+    scrape = yaml.safe_load((ROOT / "deploy" / "observe" / "prometheus.yml").read_text(encoding="utf-8"))
+    targets = {target for job in scrape["scrape_configs"] for group in job["static_configs"]
+               for target in group["targets"]}
+    assert targets == {f"{role}:{port}" for role in SERVERS}
+    for volume in services["prometheus"]["volumes"] + services["grafana"]["volumes"]:
+        assert (ROOT / volume.split(":")[0]).is_file(), volume
+
+
+def test_the_dashboard_queries_only_metrics_the_servers_export() -> None:
+    from prometheus_client import REGISTRY
+
+    import observe.metrics  # noqa: F401  (registers them)
+
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "gauge": [""]}
+    exported = {family.name + suffix for family in REGISTRY.collect()
+                for suffix in suffixes.get(family.type, [])}
+    dashboard = json.loads((ROOT / "deploy" / "observe" / "grafana" / "market.json").read_text("utf-8"))
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"\bmarket_\w+", target["expr"])}
+    titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
+    assert queried and queried <= exported, queried - exported
+    for shown in ("requests per second", "errors", "latency p99", "connections", "pool"):
+        assert shown in titles, shown

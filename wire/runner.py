@@ -53,6 +53,14 @@ def _bound(host: str, port: int, bind: Callable[[], T]) -> T:
         raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def _serve_metrics(serving: Any, settings: Settings) -> None:
+    """/metrics served if asked for, or CannotListen saying why not."""
+    try:
+        serving.serve_metrics(settings)
+    except OSError as exc:
+        raise CannotListen(str(exc)) from None
+
+
 def limits_of(settings: Settings) -> ServerLimits:
     """The server loop's limits from settings."""
     return ServerLimits(max_connections=settings.max_connections, max_frame=settings.max_frame,
@@ -130,7 +138,7 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
         server = _bound(settings.host, port, lambda: Server(
             app, settings.host, port, limits_of(settings), reuse_port=reuse_port, tls=tls, observer=observer))
         if not reuse_port:  # one process: it serves its own /metrics (workers: the supervisor)
-            _bound(settings.metrics_host, settings.metrics_port or 0, lambda: serving.serve_metrics(settings))
+            _serve_metrics(serving, settings)
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
         # long as the process: keep it out of the collector's full passes, which scanned it all.
         gc.freeze()
@@ -157,7 +165,7 @@ class _Supervisor:
         host, port = settings.host, settings.port
         self.reserved = _bound(host, port, lambda: reserve_port(host, port))
         self.observe = serving
-        _bound(settings.metrics_host, settings.metrics_port or 0, lambda: serving.serve_metrics(settings))
+        _serve_metrics(serving, settings)
         self.port = self.reserved.getsockname()[1]
         self.workers: dict[int, float] = {}  # pid: when it started
         self.stopping = False
