@@ -48,7 +48,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "time": _rfc3339(record.created),
             "level": record.levelname, "logger": record.name, "message": record.getMessage(),
             "server": self.server, "pid": record.process,
         }
@@ -59,6 +59,12 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(line, default=str).decode()
+
+
+def _rfc3339(created: float) -> str:
+    """2026-01-31T12:00:00.123Z: UTC, milliseconds (what Cloud Logging and fluent-bit parse)."""
+    moment = datetime.fromtimestamp(created, UTC)
+    return f"{moment:%Y-%m-%dT%H:%M:%S}.{moment.microsecond // 1000:03d}Z"
 
 
 class TextFormatter(logging.Formatter):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import socket
 import time
@@ -189,6 +190,7 @@ def test_json_logs_carry_the_request_and_never_a_secret(start) -> None:  # type:
     log = server.stderr()
     lines = [json.loads(line) for line in log.splitlines()]  # every line one JSON object
     assert all({"time", "level", "logger", "message", "server", "pid"} <= line.keys() for line in lines)
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"]) for line in lines)
     accessed = [line for line in lines if line["logger"] == "market.access"]
     assert [line["op"] for line in accessed][:4] == ["create_account", "login", "login", "login"]
     assert all({"request_id", "code", "duration_ms", "client"} <= line.keys() for line in accessed)
