@@ -18,9 +18,10 @@ from typing import Any
 import orjson
 
 FORMATS = ("text", "json")
-# the request a thread is answering: {"request_id", "op", "client"}; set by the server's observer
-REQUEST: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("market_request",
-                                                                                 default=None)
+# the request a thread is answering: (request id, op, client address); set by the server's observer
+REQUEST: contextvars.ContextVar[tuple[Any, str, str] | None] = contextvars.ContextVar("market_request",
+                                                                                       default=None)
+_REQUEST_FIELDS = ("request_id", "op", "client")
 security = logging.getLogger("market.security")
 access = logging.getLogger("market.access")
 # what a record's `extra` may carry into a JSON line (a password, token or card never is one)
@@ -33,7 +34,7 @@ class _RequestFields(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         request = REQUEST.get()
         if request is not None:
-            for name, value in request.items():
+            for name, value in zip(_REQUEST_FIELDS, request, strict=True):
                 if not hasattr(record, name):
                     setattr(record, name, value)
         return True

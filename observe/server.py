@@ -1,5 +1,6 @@
-"""The server loop's observer: metrics, the request context of log lines, the sampled access
-log, security events of the loop and tracing, in one object: a request pays one call per hook.
+"""The server loop's observers. LogObserver, always on: the request context of log lines,
+security events of the loop, the sampled access log and tracing. MarketObserver adds the
+metrics, when they are served: metrics off costs a request nothing of theirs.
 
 Label children are looked up in dicts made once per (op, code): an answer costs a few dict
 lookups, a counter increment and a histogram observation.
@@ -16,9 +17,11 @@ from . import metrics
 from .logs import REQUEST, access, security
 from .trace import TraceFile
 
+Message = dict[str, Any] | Exception
 
-class MarketObserver(ServerObserver):
-    """Observes one server (buyer or seller) serving `ops`."""
+
+class LogObserver(ServerObserver):
+    """Logs what the loop sees of one server (buyer or seller) serving `ops`."""
 
     def __init__(self, server: str, ops: Iterable[str], *, access_sample: float = 0.0,
                  trace: TraceFile | None = None) -> None:
@@ -26,6 +29,43 @@ class MarketObserver(ServerObserver):
         self.ops = frozenset(ops)
         self.access_sample = access_sample
         self.trace = trace
+
+    def connection_refused(self, peer: str, reason: str) -> None:
+        security.warning("connection refused", extra={"client": peer, "reason": reason})
+
+    def answering(self, peer: str, message: Message) -> None:
+        if isinstance(message, dict):
+            REQUEST.set((message.get("id"), self.op_of(message), peer))
+
+    def answer_sent(self, peer: str, message: Message, response: dict[str, Any],
+                    marks: tuple[int, int, int]) -> None:
+        REQUEST.set(None)
+        error = response.get("error")
+        if not isinstance(message, dict):
+            security.warning("frame rejected", extra={"client": peer, "code": error and error.get("code"),
+                                                      "reason": error and error.get("message")})
+            return
+        if self.access_sample and (self.access_sample >= 1.0 or random.random() < self.access_sample):
+            op, duration_ms = self.op_of(message), (marks[2] - marks[0]) / 1e6
+            code = error.get("code", "INTERNAL") if error else "OK"
+            access.info("%s %s %.2f ms", op, code, duration_ms,
+                        extra={"request_id": message.get("id"), "op": op, "code": code,
+                               "duration_ms": round(duration_ms, 3), "client": peer})
+        if self.trace is not None:
+            self.trace.records.append(("S", message.get("id"), self.op_of(message), *marks))
+
+    def op_of(self, message: dict[str, Any]) -> str:
+        """The op's name, or "unknown" for a name this server does not serve."""
+        op = message.get("op")
+        return op if op in self.ops else metrics.UNKNOWN_OP  # type: ignore[return-value]
+
+
+class MarketObserver(LogObserver):
+    """LogObserver plus the loop's metrics (observe.metrics)."""
+
+    def __init__(self, server: str, ops: Iterable[str], *, access_sample: float = 0.0,
+                 trace: TraceFile | None = None) -> None:
+        super().__init__(server, ops, access_sample=access_sample, trace=trace)
         self._counts: dict[tuple[str, str], Any] = {}
         self._durations: dict[str, Any] = {}
         self._open = metrics.CONNECTIONS_OPEN.labels(server)
@@ -40,7 +80,7 @@ class MarketObserver(ServerObserver):
 
     def connection_refused(self, peer: str, reason: str) -> None:
         metrics.CONNECTIONS_REFUSED.labels(self.server, reason).inc()
-        security.warning("connection refused", extra={"client": peer, "reason": reason})
+        super().connection_refused(peer, reason)
 
     def requests_read(self, count: int) -> None:
         self._queued.inc(count)
@@ -48,32 +88,18 @@ class MarketObserver(ServerObserver):
     def threads_busy(self, delta: int) -> None:
         self._busy.inc(delta)
 
-    def answering(self, peer: str, message: dict[str, Any] | Exception) -> None:
+    def answering(self, peer: str, message: Message) -> None:
         self._queued.dec()
-        if isinstance(message, dict):
-            REQUEST.set({"request_id": message.get("id"), "op": self._op(message), "client": peer})
+        super().answering(peer, message)
 
-    def answer_sent(self, peer: str, message: dict[str, Any] | Exception, response: dict[str, Any],
+    def answer_sent(self, peer: str, message: Message, response: dict[str, Any],
                     marks: tuple[int, int, int]) -> None:
-        read_ns, _, answered = marks
         error = response.get("error")
         code = error.get("code", "INTERNAL") if error else "OK"
-        op = self._op(message) if isinstance(message, dict) else metrics.FRAME_ERROR_OP
+        op = self.op_of(message) if isinstance(message, dict) else metrics.FRAME_ERROR_OP
         self._count(op, code).inc()
-        self._duration(op).observe((answered - read_ns) / 1e9)
-        REQUEST.set(None)
-        if not isinstance(message, dict):
-            security.warning("frame rejected", extra={"client": peer, "code": code,
-                                                      "reason": error.get("message") if error else None})
-            return
-        if self.access_sample and (self.access_sample >= 1.0 or random.random() < self.access_sample):
-            self._access(peer, message, op, code, (answered - read_ns) / 1e6)
-        if self.trace is not None:
-            self.trace.records.append(("S", message.get("id"), op, *marks))
-
-    def _op(self, message: dict[str, Any]) -> str:
-        op = message.get("op")
-        return op if op in self.ops else metrics.UNKNOWN_OP  # type: ignore[return-value]
+        self._duration(op).observe((marks[2] - marks[0]) / 1e9)
+        super().answer_sent(peer, message, response, marks)
 
     def _count(self, op: str, code: str) -> Any:
         child = self._counts.get((op, code))
@@ -86,9 +112,3 @@ class MarketObserver(ServerObserver):
         if child is None:
             child = self._durations[op] = metrics.DURATION.labels(self.server, op)
         return child
-
-    def _access(self, peer: str, message: dict[str, Any], op: str, code: str, duration_ms: float) -> None:
-        access.info("%s %s %.2f ms", op, code, duration_ms,
-                    extra={"request_id": message.get("id"), "op": op, "code": code,
-                           "duration_ms": round(duration_ms, 3), "client": peer})
-

@@ -83,9 +83,11 @@ def stopped() -> None:
 
 
 def observer_for(settings: Any, app: Any) -> Any:
-    """The server loop's observer for this App (a wire.observer.ServerObserver)."""
-    from .server import MarketObserver
+    """The server loop's observer for this App (a wire.observer.ServerObserver): with the
+    metrics when they are served, else the logs' alone."""
+    from .server import LogObserver, MarketObserver
     from .trace import trace_file
 
-    return MarketObserver(settings.role, getattr(app, "specs", ()), access_sample=settings.access_log,
-                          trace=trace_file())
+    kind = LogObserver if settings.metrics_port is None else MarketObserver
+    return kind(settings.role, getattr(app, "specs", ()), access_sample=settings.access_log,
+                trace=trace_file())
