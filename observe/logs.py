@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -93,7 +92,11 @@ def configure(server: str, level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(level.upper())
 
 
-def configure_from_env(server: str, level: str | None = None) -> None:
-    """configure() from MARKET_LOG_FORMAT and MARKET_LOG_LEVEL (for programs without Settings)."""
-    fmt = os.environ.get("MARKET_LOG_FORMAT", "text").lower()
-    configure(server, level or os.environ.get("MARKET_LOG_LEVEL", "INFO"), fmt if fmt in FORMATS else "text")
+def configure_from_env(server: str) -> None:
+    """configure() from MARKET_LOG_FORMAT and MARKET_LOG_LEVEL (for `market serve`, which has no
+    server Settings; the servers it starts check the values and refuse wrong ones)."""
+    from wire.config import env
+
+    fmt, level = str(env("MARKET_LOG_FORMAT", "text")).lower(), str(env("MARKET_LOG_LEVEL", "INFO")).upper()
+    configure(server, level if level in logging.getLevelNamesMapping() else "INFO",
+              fmt if fmt in FORMATS else "text")
