@@ -24,7 +24,7 @@ _REQUEST_FIELDS = ("request_id", "op", "client")
 security = logging.getLogger("market.security")
 access = logging.getLogger("market.access")
 # what a record's `extra` may carry into a JSON line (a password, token or card never is one)
-_FIELDS = ("request_id", "op", "code", "duration_ms", "client", "username", "reason")
+_FIELDS = ("request_id", "op", "code", "duration_ms", "client", "username", "reason", "events")
 
 
 class _RequestFields(logging.Filter):

@@ -8,6 +8,8 @@ lookups, a counter increment and a histogram observation.
 from __future__ import annotations
 
 import random
+import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,6 +20,28 @@ from .logs import REQUEST, access, security
 from .trace import TraceFile
 
 Message = dict[str, Any] | Exception
+_BURST_S = 1.0  # at most one line per this many seconds for each kind of loop event
+
+
+class _Bursts:
+    """Keeps a storm of one event (refused connections, bad frames) to a line a second, each
+    saying how many it stands for: a flood must not drown the log or slow the loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def due(self, kind: str) -> int:
+        """0 if this event's line is held back; else how many events the line stands for."""
+        now = time.monotonic()
+        with self._lock:
+            held = self._held.get(kind, 0) + 1
+            if now < self._next.get(kind, 0.0):
+                self._held[kind] = held
+                return 0
+            self._next[kind], self._held[kind] = now + _BURST_S, 0
+            return held
 
 
 class LogObserver(ServerObserver):
@@ -29,9 +53,11 @@ class LogObserver(ServerObserver):
         self.ops = frozenset(ops)
         self.access_sample = access_sample
         self.trace = trace
+        self._bursts = _Bursts()
 
     def connection_refused(self, peer: str, reason: str) -> None:
-        security.warning("connection refused", extra={"client": peer, "reason": reason})
+        if events := self._bursts.due(f"refused {reason}"):
+            security.warning("connection refused", extra={"client": peer, "reason": reason, "events": events})
 
     def answering(self, peer: str, message: Message) -> None:
         if isinstance(message, dict):
@@ -42,8 +68,10 @@ class LogObserver(ServerObserver):
         REQUEST.set(None)
         error = response.get("error")
         if not isinstance(message, dict):
-            security.warning("frame rejected", extra={"client": peer, "code": error and error.get("code"),
-                                                      "reason": error and error.get("message")})
+            if events := self._bursts.due("frame rejected"):
+                security.warning("frame rejected", extra={"client": peer, "code": error and error.get("code"),
+                                                          "reason": error and error.get("message"),
+                                                          "events": events})
             return
         if self.access_sample and (self.access_sample >= 1.0 or random.random() < self.access_sample):
             op, duration_ms = self.op_of(message), (marks[2] - marks[0]) / 1e6

@@ -214,11 +214,17 @@ def test_the_plain_text_log_is_the_default_and_names_the_request(start) -> None:
     assert " buyer " in access[0] and not access[0].startswith("{")
 
 
-@pytest.mark.parametrize("setting", [("--log-format", "xml"), ("--metrics-port", "http")])
-def test_a_wrong_observing_setting_is_one_line(setting: tuple[str, str], tmp_path: Path) -> None:
-    server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'x.db'}", 0, *setting)
+@pytest.mark.parametrize("setting", [("--log-format", "xml"), ("--metrics-port", "http"),
+                                     ("MARKET_ACCESS_LOG", "lots"), ("MARKET_ACCESS_LOG", "2")])
+def test_a_wrong_observing_setting_is_one_line(setting: tuple[str, str], tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    name, value = setting
+    if name.startswith("MARKET_"):
+        monkeypatch.setenv(name, value)
+    server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'x.db'}", 0,
+                           *(() if name.startswith("MARKET_") else setting))
     assert server.proc.wait(timeout=20) == 2
-    assert setting[1] in server.stderr() and "Traceback" not in server.stderr()
+    assert value in server.stderr() and "Traceback" not in server.stderr()
 
 
 def sample(name: str, **labels: str) -> float:
@@ -330,3 +336,31 @@ def test_a_histograms_quantile_is_interpolated_within_its_bucket() -> None:
     after = {"ping": {0.001: 7.0, math.inf: 9.0}, "login": {0.001: 1.0, math.inf: 1.0}}
     assert server_latency.during(before, after) == {"ping": {0.001: 2.0, math.inf: 3.0},
                                                     "login": {0.001: 1.0, math.inf: 1.0}}
+
+
+def test_a_storm_of_refused_connections_is_all_counted_but_logged_a_line_a_second(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'storm.db'}", pool_size=2)
+    db.create_schema()
+    app = build_buyer_app(Settings(role="buyer"), db)
+    server = Server(app, limits=ServerLimits(max_connections=1), observer=MarketObserver("storm", app.specs))
+    server.start()
+    try:
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="market.security"), Connection(*server.address) as held:
+            held.call("ping")
+            for _ in range(30):
+                with socket.create_connection(server.address, timeout=5) as refused:
+                    refused.recv(4096)  # BUSY, then closed
+            time.sleep(1.1)
+            with socket.create_connection(server.address, timeout=5) as refused:
+                refused.recv(4096)
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+        db.close()
+    assert sample("market_connections_refused_total", server="storm", reason="max_connections") == 31
+    lines = [record for record in caplog.records if record.getMessage() == "connection refused"]
+    events = [line.events for line in lines]  # type: ignore[attr-defined]
+    assert events[0] == 1 and sum(events) == 31  # the last line, a second on, tells of those held back
+    assert 2 <= len(lines) <= took + 1
