@@ -3,6 +3,7 @@ a known sequence of calls (one process, and --workers 2 with a worker killed), J
 parsed one by one, and no secret anywhere in them."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -270,14 +271,24 @@ def test_a_processor_that_fails_counts_an_error() -> None:
     assert sample("market_payments_total", outcome="error") == before + 1
 
 
-def test_threads_racing_are_all_counted(tmp_path: Path) -> None:
-    """16 clients at once over 4 threads: every answer counted and timed once, gauges back to 0."""
-    db = Database(f"sqlite:///{tmp_path / 'race.db'}", pool_size=4)
+@contextlib.contextmanager
+def observed_server(tmp_path: Path, name: str, limits: ServerLimits) -> Iterator[Server]:
+    """An in-process buyer server whose metrics carry server=`name`."""
+    db = Database(f"sqlite:///{tmp_path / f'{name}.db'}", pool_size=4)
     db.create_schema()
     app = build_buyer_app(Settings(role="buyer"), db)
-    server = Server(app, limits=ServerLimits(threads=4), observer=MarketObserver("race", app.specs))
+    server = Server(app, limits=limits, observer=MarketObserver(name, app.specs))
     server.start()
     try:
+        yield server
+    finally:
+        server.shutdown()
+        db.close()
+
+
+def test_threads_racing_are_all_counted(tmp_path: Path) -> None:
+    """16 clients at once over 4 threads: every answer counted and timed once, gauges back to 0."""
+    with observed_server(tmp_path, "race", ServerLimits(threads=4)) as server:
         def client(_: int) -> None:
             with Connection(*server.address, timeout=10) as conn:
                 for _ in range(25):
@@ -290,9 +301,6 @@ def test_threads_racing_are_all_counted(tmp_path: Path) -> None:
         deadline = time.monotonic() + 5
         while server.connection_count and time.monotonic() < deadline:
             time.sleep(0.02)
-    finally:
-        server.shutdown()
-        db.close()
     assert sample("market_requests_total", server="race", op="ping", code="OK") == 16 * 25
     assert sample("market_requests_total", server="race", op="unknown", code="UNKNOWN_OP") == 16
     assert sample("market_request_duration_seconds_count", server="race", op="ping") == 16 * 25
@@ -340,12 +348,7 @@ def test_a_histograms_quantile_is_interpolated_within_its_bucket() -> None:
 
 def test_a_storm_of_refused_connections_is_all_counted_but_logged_a_line_a_second(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    db = Database(f"sqlite:///{tmp_path / 'storm.db'}", pool_size=2)
-    db.create_schema()
-    app = build_buyer_app(Settings(role="buyer"), db)
-    server = Server(app, limits=ServerLimits(max_connections=1), observer=MarketObserver("storm", app.specs))
-    server.start()
-    try:
+    with observed_server(tmp_path, "storm", ServerLimits(max_connections=1)) as server:
         started = time.monotonic()
         with caplog.at_level("WARNING", logger="market.security"), Connection(*server.address) as held:
             held.call("ping")
@@ -356,9 +359,6 @@ def test_a_storm_of_refused_connections_is_all_counted_but_logged_a_line_a_secon
             with socket.create_connection(server.address, timeout=5) as refused:
                 refused.recv(4096)
         took = time.monotonic() - started
-    finally:
-        server.shutdown()
-        db.close()
     assert sample("market_connections_refused_total", server="storm", reason="max_connections") == 31
     lines = [record for record in caplog.records if record.getMessage() == "connection refused"]
     events = [line.events for line in lines]  # type: ignore[attr-defined]
