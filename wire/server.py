@@ -75,11 +75,6 @@ def answer(app: App, message: dict[str, Any] | ProtocolError) -> tuple[dict[str,
         return _framed(error_response(request_id(message), InternalError()))
 
 
-def respond(app: App, message: dict[str, Any] | ProtocolError) -> bytes:
-    """The framed response to one decoded message (or to a framing error), never raising."""
-    return answer(app, message)[1]
-
-
 def _framed(response: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     return response, encode_frame(response)
 
