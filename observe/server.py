@@ -44,6 +44,16 @@ class _Bursts:
             return held
 
 
+def _loggable(request_id: Any) -> Any:
+    """The client's request id as a log field: a number, or at most 64 printable characters
+    (an id is the client's to choose; a line of the log is not)."""
+    if request_id is None or isinstance(request_id, int) and not isinstance(request_id, bool):
+        return request_id
+    text = request_id if isinstance(request_id, str) else repr(request_id)
+    text = text if text.isprintable() else repr(text)
+    return text if len(text) <= 64 else text[:63] + "…"
+
+
 class LogObserver(ServerObserver):
     """Logs what the loop sees of one server (buyer or seller) serving `ops`."""
 
@@ -61,7 +71,7 @@ class LogObserver(ServerObserver):
 
     def answering(self, peer: str, message: Message) -> None:
         if isinstance(message, dict):
-            REQUEST.set((message.get("id"), self.op_of(message), peer))
+            REQUEST.set((_loggable(message.get("id")), self.op_of(message), peer))
 
     def answer_sent(self, peer: str, message: Message, response: dict[str, Any],
                     marks: tuple[int, int, int]) -> None:
@@ -77,15 +87,16 @@ class LogObserver(ServerObserver):
             op, duration_ms = self.op_of(message), (marks[2] - marks[0]) / 1e6
             code = error.get("code", "INTERNAL") if error else "OK"
             access.info("%s %s %.2f ms", op, code, duration_ms,
-                        extra={"request_id": message.get("id"), "op": op, "code": code,
+                        extra={"request_id": _loggable(message.get("id")), "op": op, "code": code,
                                "duration_ms": round(duration_ms, 3), "client": peer})
         if self.trace is not None:
             self.trace.records.append(("S", message.get("id"), self.op_of(message), *marks))
 
     def op_of(self, message: dict[str, Any]) -> str:
-        """The op's name, or "unknown" for a name this server does not serve."""
+        """The op's name, or "unknown" for a name this server does not serve (or no name: a
+        client may send a list there, which no set lookup takes)."""
         op = message.get("op")
-        return op if op in self.ops else metrics.UNKNOWN_OP  # type: ignore[return-value]
+        return op if isinstance(op, str) and op in self.ops else metrics.UNKNOWN_OP
 
 
 class MarketObserver(LogObserver):

@@ -26,11 +26,12 @@ import simulation.__main__ as sim
 from buyer_server.ops import build_app as build_buyer_app
 from buyer_server.payments import CountedProcessor, SimulatedProcessor
 from db import Database, RetryTransaction
-from observe.server import MarketObserver
+from observe.server import LogObserver, MarketObserver
 from simulation import server_latency
 from wire import Connection
 from wire.config import Settings
 from wire.errors import PaymentDeclinedError, UnauthenticatedError, UnknownOpError
+from wire.framing import encode_frame
 from wire.server import Server, ServerLimits
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -272,12 +273,14 @@ def test_a_processor_that_fails_counts_an_error() -> None:
 
 
 @contextlib.contextmanager
-def observed_server(tmp_path: Path, name: str, limits: ServerLimits) -> Iterator[Server]:
+def observed_server(tmp_path: Path, name: str, limits: ServerLimits = ServerLimits(),
+                    observer: type[LogObserver] = MarketObserver,
+                    access_sample: float = 0.0) -> Iterator[Server]:
     """An in-process buyer server whose metrics carry server=`name`."""
     db = Database(f"sqlite:///{tmp_path / f'{name}.db'}", pool_size=4)
     db.create_schema()
     app = build_buyer_app(Settings(role="buyer"), db)
-    server = Server(app, limits=limits, observer=MarketObserver(name, app.specs))
+    server = Server(app, limits=limits, observer=observer(name, app.specs, access_sample=access_sample))
     server.start()
     try:
         yield server
@@ -364,3 +367,28 @@ def test_a_storm_of_refused_connections_is_all_counted_but_logged_a_line_a_secon
     events = [line.events for line in lines]  # type: ignore[attr-defined]
     assert events[0] == 1 and sum(events) == 31  # the last line, a second on, tells of those held back
     assert 2 <= len(lines) <= took + 1
+
+
+@pytest.mark.parametrize("op", [["a", "list"], {"a": "dict"}, None, 7])
+def test_an_op_that_is_no_name_is_answered_and_counted_as_unknown(tmp_path: Path, op: object) -> None:
+    with observed_server(tmp_path, f"odd{abs(hash(str(op)))}", ServerLimits()) as server, \
+            socket.create_connection(server.address, timeout=5) as sock:
+        sock.sendall(encode_frame({"id": 1, "op": op}))
+        answer = sock.recv(4096)
+        name = server.observer.server  # type: ignore[attr-defined]
+    assert b"BAD_REQUEST" in answer
+    assert sample("market_requests_total", server=name, op="unknown", code="BAD_REQUEST") == 1
+
+
+def test_a_hostile_request_id_is_cut_short_and_printable_in_the_access_log(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with observed_server(tmp_path, "ids", observer=LogObserver, access_sample=1.0) as server, \
+            caplog.at_level("INFO", logger="market.access"), \
+            socket.create_connection(server.address, timeout=5) as sock:
+        sock.sendall(encode_frame({"id": "x\nFAKE LINE " + "y" * 5000, "op": "ping"}))
+        assert b"FAKE LINE" in sock.recv(65536)  # the answer carries the id back whole
+        deadline = time.monotonic() + 5
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.02)
+    logged = caplog.records[0].request_id  # type: ignore[attr-defined]
+    assert len(logged) <= 64 and "\n" not in logged and logged.startswith("'x\\nFAKE LINE")
