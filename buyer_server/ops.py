@@ -4,6 +4,7 @@ from __future__ import annotations
 from functools import partial
 
 from db import Database, accounts, carts, catalog, orders
+from db.address_limits import AccountGuards
 from wire import BUYER_OPS, __version__
 from wire.app import App
 from wire.config import Settings
@@ -16,7 +17,8 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
     policy = accounts.SessionPolicy.from_settings(settings)
     processor = CountedProcessor(processor or SimulatedProcessor(settings.payment_decline_rate))
     handlers = {
-        **accounts.account_handlers(db, "buyer", policy, __version__),
+        **accounts.account_handlers(db, "buyer", policy,
+                                    __version__, AccountGuards.for_settings(settings)),
         "search_items": catalog.search_items,
         "get_item": catalog.get_item,
         "add_to_cart": carts.add_to_cart,
@@ -29,4 +31,5 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
         "get_seller_rating": catalog.get_seller_rating,
         "get_purchase_history": orders.get_purchase_history,
     }
-    return App(BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy))
+    return App(BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy),
+               accounts.ADDRESSED_OPS)

@@ -195,3 +195,21 @@ def _negatives(name: str, row: Any, columns: tuple[str, ...]) -> Iterator[str]:
     for column in columns:
         if getattr(row, column) < 0:
             yield f"{name}: {column} is negative ({getattr(row, column)})"
+
+
+def audit_with_totals(database: Database) -> tuple[list[str], dict[str, int]]:
+    """The violations and what was checked (`book_totals`), read in one transaction."""
+    return database.run(lambda tx: (violations(tx), book_totals(tx)), write=False)
+
+
+def book_totals(tx: Connection) -> dict[str, int]:
+    """Rows per table, the units sold and the money the orders took (in cents)."""
+    tables = {"users": users, "items": items, "orders": orders, "order lines": order_lines,
+              "feedback": feedback}
+    totals = {name: int(tx.execute(select(func.count()).select_from(table)).scalar_one())
+              for name, table in tables.items()}
+    totals["units sold"] = int(tx.execute(select(func.coalesce(func.sum(order_lines.c.quantity), 0)))
+                               .scalar_one())
+    totals["cents taken"] = int(tx.execute(select(func.coalesce(func.sum(orders.c.total_cents), 0)))
+                                .scalar_one())
+    return totals

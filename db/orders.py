@@ -14,9 +14,9 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Connection,
     Integer,
     String,
+    Update,
     and_,
     bindparam,
     delete,
@@ -32,8 +32,8 @@ from wire.values import decode_cursor, encode_cursor, format_money, format_time
 from .accounts import Session
 from .catalog import item_for_session, split_page, unlist
 from .database import RetryTransaction, now_ms
-from .prepared import Prepared, PreparedRows, run_together
 from .schema import cart_lines, feedback, items, order_lines, orders, saved_cart_lines, users
+from .unit_of_work import UnitOfWork
 
 # charge(amount_cents, card_name, card_number, card_expiry, idempotency_key); raises on refusal.
 Charge = Callable[[int, str, str, str, str | None], None]
@@ -41,35 +41,34 @@ Charge = Callable[[int, str, str, str, str | None], None]
 
 # The cart with its items' sellers, names, prices and stock, locked (in item order, as the
 # stock updates take them) so that what the order records is exact.
-_CART_LINES = Prepared(select(cart_lines.c.item_id, cart_lines.c.quantity, items.c.seller_id, items.c.name,
+_CART_LINES = (select(cart_lines.c.item_id, cart_lines.c.quantity, items.c.seller_id, items.c.name,
                               items.c.price_cents, items.c.quantity.label("available"))
                        .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
                        .where(cart_lines.c.session_id == bindparam("session_id"))
                        .order_by(cart_lines.c.item_id).with_for_update())
-_ADD_SOLD = Prepared(update(users).where(users.c.user_id == bindparam("seller_id"))
+_ADD_SOLD = (update(users).where(users.c.user_id == bindparam("seller_id"))
                      .values(items_sold=users.c.items_sold + bindparam("n")))
-_NEW_ORDER = Prepared(insert(orders).values(buyer_id=bindparam("buyer_id"), total_cents=0,
+_NEW_ORDER = (insert(orders).values(buyer_id=bindparam("buyer_id"), total_cents=0,
                                             idempotency_key=bindparam("key"), created_ms=bindparam("now")))
-_NEW_LINES = PreparedRows(order_lines, ("order_id", "item_id", "buyer_id", "seller_id", "name", "quantity",
-                                        "price_cents"))
-_TAKE_STOCK = Prepared(update(items)
+_NEW_LINES = insert(order_lines)
+_TAKE_STOCK = (update(items)
                        .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
                        .values(quantity=items.c.quantity - bindparam("n"),
                                sold=items.c.sold + bindparam("n")))
-_SET_TOTAL = Prepared(update(orders).where(orders.c.order_id == bindparam("order_id"))
+_SET_TOTAL = (update(orders).where(orders.c.order_id == bindparam("order_id"))
                       .values(total_cents=bindparam("total")))
-_EMPTY_CART = Prepared(delete(cart_lines).where(cart_lines.c.session_id == bindparam("session_id")))
-_EMPTY_SAVED = Prepared(delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id")))
-_ORDER_BY_KEY = Prepared(select(orders.c.order_id, orders.c.total_cents)
+_EMPTY_CART = (delete(cart_lines).where(cart_lines.c.session_id == bindparam("session_id")))
+_EMPTY_SAVED = (delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id")))
+_ORDER_BY_KEY = (select(orders.c.order_id, orders.c.total_cents)
                          .where(orders.c.buyer_id == bindparam("buyer_id"),
                                 orders.c.idempotency_key == bindparam("key")))
-_ORDER_LINES = Prepared(select(order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
+_ORDER_LINES = (select(order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
                                order_lines.c.price_cents.label("cents"))
                         .where(order_lines.c.order_id == bindparam("order_id"))
                         .order_by(order_lines.c.item_id))
 
 
-def make_purchase(tx: Connection, session: Session, card_name: str, card_number: str,
+def make_purchase(tx: UnitOfWork, session: Session, card_name: str, card_number: str,
                   card_expiry: str, idempotency_key: str | None, *, charge: Charge) -> dict[str, Any]:
     """Buy the whole cart or nothing."""
     # The session's row first: a cart change of the session on another connection waits for
@@ -88,31 +87,31 @@ def make_purchase(tx: Connection, session: Session, card_name: str, card_number:
     # What is left is written with the COMMIT: nothing in it is read back.
     lines = _write_lines(tx, session.user_id, order_id, cart)
     total = sum(line["cents"] * line["quantity"] for line in lines)
-    _SET_TOTAL.defer(tx, {"order_id": order_id, "total": total})
-    charge(total, card_name, card_number, card_expiry, idempotency_key)
-    _EMPTY_CART.defer(tx, {"session_id": session.session_id})
-    _EMPTY_SAVED.defer(tx, {"buyer_id": session.user_id})
+    tx.execute(_SET_TOTAL, {"order_id": order_id, "total": total})
+    tx.call_outside(charge, total, card_name, card_number, card_expiry, idempotency_key)
+    tx.execute(_EMPTY_CART, {"session_id": session.session_id})
+    tx.execute(_EMPTY_SAVED, {"buyer_id": session.user_id})
     return _receipt(order_id, total, lines)
 
 
-def _order_and_cart(tx: Connection, session: Session, key: str | None) -> tuple[int, list[Any]]:
+def _order_and_cart(tx: UnitOfWork, session: Session, key: str | None) -> tuple[int, Sequence[Any]]:
     """A new order's id, and the cart it buys, locked: one query, the order first."""
     order = {"buyer_id": session.user_id, "key": key, "now": now_ms()}
     try:
-        created, cart = run_together(tx, [(_NEW_ORDER, order),
-                                          (_CART_LINES, {"session_id": session.session_id})])
+        created = tx.execute(_NEW_ORDER, order)
+        cart = tx.execute(_CART_LINES, {"session_id": session.session_id}).all()
     except IntegrityError:
         raise RetryTransaction from None  # the same key has just committed: replay it
-    return int(created.lastrowid), _CART_LINES.rows_of(tx, cart)
+    return int(created.lastrowid), cart
 
 
-def _take_stock(tx: Connection, cart: Sequence[Any]) -> None:
+def _take_stock(tx: UnitOfWork, cart: Sequence[Any]) -> None:
     """Take the cart's units, every line in one query; the item rows are locked, so `available`
     is exact, and each conditional update's row count is checked all the same."""
     for line in cart:
         if line.quantity > line.available:
             raise _short_of(line)
-    taken = run_together(tx, [(_TAKE_STOCK, {"item_id": ln.item_id, "n": ln.quantity}) for ln in cart])
+    taken = [tx.execute(_TAKE_STOCK, {"item_id": ln.item_id, "n": ln.quantity}) for ln in cart]
     for line, result in zip(cart, taken, strict=True):
         if result.rowcount != 1:
             raise _short_of(line)
@@ -122,17 +121,17 @@ def _short_of(line: Any) -> ConflictError:
     return ConflictError(f"item {line.item_id}: only {line.available} left")
 
 
-def _write_lines(tx: Connection, buyer_id: int, order_id: int,
+def _write_lines(tx: UnitOfWork, buyer_id: int, order_id: int,
                  cart: Sequence[Any]) -> list[dict[str, Any]]:
     """The order's lines, each seller's units sold, and the search index of what sold out."""
-    _NEW_LINES.defer(tx, [
+    tx.execute(_NEW_LINES, [
         {"order_id": order_id, "item_id": ln.item_id, "buyer_id": buyer_id, "seller_id": ln.seller_id,
          "name": ln.name, "quantity": ln.quantity, "price_cents": ln.price_cents} for ln in cart])
     sold: Counter[int] = Counter()
     for ln in cart:
         sold[ln.seller_id] += ln.quantity
     for seller_id in sorted(sold):
-        _ADD_SOLD.defer(tx, {"seller_id": seller_id, "n": sold[seller_id]})
+        tx.execute(_ADD_SOLD, {"seller_id": seller_id, "n": sold[seller_id]})
     unlist(tx, [ln.item_id for ln in cart if ln.available == ln.quantity])  # the last units went
     return [{"item_id": ln.item_id, "name": ln.name, "quantity": ln.quantity, "cents": ln.price_cents}
             for ln in cart]
@@ -144,15 +143,15 @@ def _receipt(order_id: int, total: int, lines: list[dict[str, Any]]) -> dict[str
                        "price": format_money(ln["cents"])} for ln in lines]}
 
 
-def _order_by_key(tx: Connection, buyer_id: int, key: str) -> dict[str, Any] | None:
-    order = _ORDER_BY_KEY.first(tx, {"buyer_id": buyer_id, "key": key})
+def _order_by_key(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
+    order = tx.execute(_ORDER_BY_KEY, {"buyer_id": buyer_id, "key": key}).first()
     if order is None:
         return None
-    rows = _ORDER_LINES.all(tx, {"order_id": order.order_id})
+    rows = tx.execute(_ORDER_LINES, {"order_id": order.order_id}).all()
     return _receipt(order.order_id, order.total_cents, [r._asdict() for r in rows])
 
 
-def provide_feedback(tx: Connection, session: Session, item_id: int, vote: str) -> dict[str, Any]:
+def provide_feedback(tx: UnitOfWork, session: Session, item_id: int, vote: str) -> dict[str, Any]:
     """One vote per item bought, counted for the item and its seller."""
     # The item's row locked first, as a purchase locks it: else the vote's insert holds it
     # shared (its foreign key) and the count's update then waits behind a purchase waiting
@@ -161,21 +160,21 @@ def provide_feedback(tx: Connection, session: Session, item_id: int, vote: str) 
     who = {"buyer_id": session.user_id, "item_id": item_id, "vote": vote, "now": now_ms(),
            "seller_id": item.seller_id}
     try:
-        voted = _VOTE_IF_BOUGHT.execute(tx, who).rowcount
+        voted = tx.execute(_VOTE_IF_BOUGHT, who).rowcount
     except IntegrityError:
         raise ConflictError(f"you have already rated item {item_id}") from None
     if voted != 1:
         raise ForbiddenError(f"you have not bought item {item_id}")
     for statement in _COUNT_VOTE[vote]:
-        statement.defer(tx, who)  # with the COMMIT
+        tx.execute(statement, who)  # with the COMMIT
     return {}
 
 
-def _count_vote(column: str) -> tuple[Prepared, Prepared]:
+def _count_vote(column: str) -> tuple[Update, Update]:
     """+1 on the item's and on its seller's thumbs_up or thumbs_down."""
-    return (Prepared(update(items).where(items.c.item_id == bindparam("item_id"))
+    return ((update(items).where(items.c.item_id == bindparam("item_id"))
                      .values({column: items.c[column] + 1})),
-            Prepared(update(users).where(users.c.user_id == bindparam("seller_id"))
+            (update(users).where(users.c.user_id == bindparam("seller_id"))
                      .values({column: users.c[column] + 1})))
 
 
@@ -186,13 +185,13 @@ _VOTE_OF_BUYER = (select(order_lines.c.buyer_id, order_lines.c.item_id, bindpara
                   .where(order_lines.c.buyer_id == bindparam("buyer_id"),
                          order_lines.c.item_id == bindparam("item_id"))
                   .limit(1))
-_VOTE_IF_BOUGHT = Prepared(insert(feedback).from_select(["buyer_id", "item_id", "vote", "created_ms"],
+_VOTE_IF_BOUGHT = (insert(feedback).from_select(["buyer_id", "item_id", "vote", "created_ms"],
                                                         _VOTE_OF_BUYER))
 _COUNT_VOTE = {"up": _count_vote("thumbs_up"), "down": _count_vote("thumbs_down")}
 
 
 _FIRST_PAGE = (2**62, 0)  # a cursor before every (order_id, item_id)
-_HISTORY = Prepared(
+_HISTORY = (
     select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
            order_lines.c.price_cents, orders.c.created_ms, feedback.c.vote)
     .join_from(order_lines, orders, orders.c.order_id == order_lines.c.order_id)
@@ -206,12 +205,12 @@ _HISTORY = Prepared(
     .limit(bindparam("limit", type_=Integer)))
 
 
-def get_purchase_history(tx: Connection, session: Session, limit: int,
+def get_purchase_history(tx: UnitOfWork, session: Session, limit: int,
                          cursor: str | None) -> dict[str, Any]:
     """The buyer's purchased lines, newest order first."""
     last_order, last_item = decode_cursor(cursor, 2) if cursor else _FIRST_PAGE
-    rows = _HISTORY.all(tx, {"buyer_id": session.user_id, "last_order": last_order,
-                             "last_item": last_item, "limit": limit + 1})
+    rows = tx.execute(_HISTORY, {"buyer_id": session.user_id, "last_order": last_order,
+                             "last_item": last_item, "limit": limit + 1}).all()
     rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.order_id, r.item_id))
     return {"purchases": [_history_line(r) for r in rows], "next_cursor": next_cursor}
 

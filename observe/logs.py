@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
+import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +27,28 @@ security = logging.getLogger("market.security")
 access = logging.getLogger("market.access")
 # what a record's `extra` may carry into a JSON line (a password, token or card never is one)
 _FIELDS = ("request_id", "op", "code", "duration_ms", "client", "username", "reason", "events")
+_BURST_S = 1.0  # at most one line per this many seconds for each kind of event (Bursts)
+
+
+class Bursts:
+    """Keeps a storm of one event (refused connections, bad frames, throttled logins) to a line
+    a second, each saying how many it stands for: a flood must not drown the log or slow the loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def due(self, kind: str) -> int:
+        """0 if this event's line is held back; else how many events the line stands for."""
+        now = time.monotonic()
+        with self._lock:
+            held = self._held.get(kind, 0) + 1
+            if now < self._next.get(kind, 0.0):
+                self._held[kind] = held
+                return 0
+            self._next[kind], self._held[kind] = now + _BURST_S, 0
+            return held
 
 
 class _RequestFields(logging.Filter):

@@ -22,7 +22,9 @@ DURATION = Histogram("market_request_duration_seconds",
 CONNECTIONS_OPEN = Gauge("market_connections_open", "Client connections open.", ["server"],
                          multiprocess_mode="livesum")
 CONNECTIONS_REFUSED = Counter("market_connections_refused",
-                              "Connections turned away, by reason (max_connections, tls_handshake).",
+                              "Connections turned away, by reason (max_connections, "
+                              "max_connections_per_address, new_connections_per_address, tls_handshake, "
+                              "out_of_descriptors), or left unread a while (memory).",
                               ["server", "reason"])
 THREADS_BUSY = Gauge("market_threads_busy", "Worker threads answering requests.", ["server"],
                      multiprocess_mode="livesum")
@@ -35,6 +37,9 @@ DB_RETRIES = Counter("market_db_retries",
                      "Transactions run again, by cause (deadlock, reconnect, conflict), or given up "
                      "after a lock wait (lock_wait).", ["cause"])
 LOGINS_REFUSED = Counter("market_logins_refused",
-                         "Logins refused, by reason (wrong_credentials, throttled).", ["reason"])
+                         "Logins refused, by reason (wrong_credentials, throttled, address_throttled, busy).",
+                         ["reason"])
+SIGNUPS_REFUSED = Counter("market_signups_refused", "Sign-ups refused, by reason (address_limit, busy).",
+                          ["reason"])
 PAYMENTS = Counter("market_payments", "Card charges at purchase, by outcome (approved, declined, error).",
                    ["outcome"])

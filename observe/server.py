@@ -8,40 +8,16 @@ lookups, a counter increment and a histogram observation.
 from __future__ import annotations
 
 import random
-import threading
-import time
 from collections.abc import Iterable
 from typing import Any
 
-from wire.observer import ServerObserver
+from wire.observer import SUPERVISOR, ServerObserver
 
 from . import metrics
-from .logs import REQUEST, access, security
+from .logs import REQUEST, Bursts, access, security
 from .trace import TraceFile
 
 Message = dict[str, Any] | Exception
-_BURST_S = 1.0  # at most one line per this many seconds for each kind of loop event
-
-
-class _Bursts:
-    """Keeps a storm of one event (refused connections, bad frames) to a line a second, each
-    saying how many it stands for: a flood must not drown the log or slow the loop."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._next: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def due(self, kind: str) -> int:
-        """0 if this event's line is held back; else how many events the line stands for."""
-        now = time.monotonic()
-        with self._lock:
-            held = self._held.get(kind, 0) + 1
-            if now < self._next.get(kind, 0.0):
-                self._held[kind] = held
-                return 0
-            self._next[kind], self._held[kind] = now + _BURST_S, 0
-            return held
 
 
 def _loggable(request_id: Any) -> Any:
@@ -63,32 +39,33 @@ class LogObserver(ServerObserver):
         self.ops = frozenset(ops)
         self.access_sample = access_sample
         self.trace = trace
-        self._bursts = _Bursts()
+        self._bursts = Bursts()
 
-    def connection_refused(self, peer: str, reason: str) -> None:
+    def connection_refused(self, address: str, reason: str) -> None:
         if events := self._bursts.due(f"refused {reason}"):
-            security.warning("connection refused", extra={"client": peer, "reason": reason, "events": events})
+            message = "connection paused" if reason == "memory" else "connection refused"
+            security.warning(message, extra={"client": address, "reason": reason, "events": events})
 
-    def answering(self, peer: str, message: Message) -> None:
+    def answering(self, address: str, message: Message) -> None:
         if isinstance(message, dict):
-            REQUEST.set((_loggable(message.get("id")), self.op_of(message), peer))
+            REQUEST.set((_loggable(message.get("id")), self.op_of(message), address))
 
-    def answer_sent(self, peer: str, message: Message, response: dict[str, Any],
+    def answer_sent(self, address: str, message: Message, response: dict[str, Any],
                     marks: tuple[int, int, int]) -> None:
         REQUEST.set(None)
         error = response.get("error")
         if not isinstance(message, dict):
             if events := self._bursts.due("frame rejected"):
-                security.warning("frame rejected", extra={"client": peer, "code": error and error.get("code"),
-                                                          "reason": error and error.get("message"),
-                                                          "events": events})
+                security.warning("frame rejected", extra={
+                    "client": address, "code": error and error.get("code"),
+                    "reason": error and error.get("message"), "events": events})
             return
         if self.access_sample and (self.access_sample >= 1.0 or random.random() < self.access_sample):
             op, duration_ms = self.op_of(message), (marks[2] - marks[0]) / 1e6
             code = error.get("code", "INTERNAL") if error else "OK"
             access.info("%s %s %.2f ms", op, code, duration_ms,
                         extra={"request_id": _loggable(message.get("id")), "op": op, "code": code,
-                               "duration_ms": round(duration_ms, 3), "client": peer})
+                               "duration_ms": round(duration_ms, 3), "client": address})
         if self.trace is not None:
             self.trace.records.append(("S", message.get("id"), self.op_of(message), *marks))
 
@@ -111,15 +88,19 @@ class MarketObserver(LogObserver):
         self._busy = metrics.THREADS_BUSY.labels(server)
         self._queued = metrics.REQUESTS_QUEUED.labels(server)
 
-    def connection_opened(self, peer: str) -> None:
-        self._open.inc()
+    # The supervisor's health checks (a ping every few seconds per worker) are no client's:
+    # their connections and answers are not counted (their queueing and threads are).
+    def connection_opened(self, address: str) -> None:
+        if address != SUPERVISOR:
+            self._open.inc()
 
-    def connection_closed(self, peer: str) -> None:
-        self._open.dec()
+    def connection_closed(self, address: str) -> None:
+        if address != SUPERVISOR:
+            self._open.dec()
 
-    def connection_refused(self, peer: str, reason: str) -> None:
+    def connection_refused(self, address: str, reason: str) -> None:
         metrics.CONNECTIONS_REFUSED.labels(self.server, reason).inc()
-        super().connection_refused(peer, reason)
+        super().connection_refused(address, reason)
 
     def requests_read(self, count: int) -> None:
         self._queued.inc(count)
@@ -127,18 +108,19 @@ class MarketObserver(LogObserver):
     def threads_busy(self, delta: int) -> None:
         self._busy.inc(delta)
 
-    def answering(self, peer: str, message: Message) -> None:
+    def answering(self, address: str, message: Message) -> None:
         self._queued.dec()
-        super().answering(peer, message)
+        super().answering(address, message)
 
-    def answer_sent(self, peer: str, message: Message, response: dict[str, Any],
+    def answer_sent(self, address: str, message: Message, response: dict[str, Any],
                     marks: tuple[int, int, int]) -> None:
-        error = response.get("error")
-        code = error.get("code", "INTERNAL") if error else "OK"
-        op = self.op_of(message) if isinstance(message, dict) else metrics.FRAME_ERROR_OP
-        self._count(op, code).inc()
-        self._duration(op).observe((marks[2] - marks[0]) / 1e9)
-        super().answer_sent(peer, message, response, marks)
+        if address != SUPERVISOR:
+            error = response.get("error")
+            code = error.get("code", "INTERNAL") if error else "OK"
+            op = self.op_of(message) if isinstance(message, dict) else metrics.FRAME_ERROR_OP
+            self._count(op, code).inc()
+            self._duration(op).observe((marks[2] - marks[0]) / 1e9)
+        super().answer_sent(address, message, response, marks)
 
     def _count(self, op: str, code: str) -> Any:
         child = self._counts.get((op, code))

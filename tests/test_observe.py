@@ -201,7 +201,7 @@ def test_json_logs_carry_the_request_and_never_a_secret(start) -> None:  # type:
     assert ("login failed", name) in security and ("login throttled", name) in security
     assert any(message == "frame rejected" for message, _ in security)
     failed = next(line for line in lines if line["message"] == "login failed")
-    assert failed["client"].startswith("127.0.0.1:") and failed["op"] == "login"
+    assert failed["client"] == "127.0.0.1" and failed["op"] == "login"
     for secret in (SECRET_PASSWORD, token, CARD["card_number"], CARD["card_number"][-8:]):
         assert secret not in log
 
@@ -212,7 +212,7 @@ def test_the_plain_text_log_is_the_default_and_names_the_request(start) -> None:
         conn.call("ping")
     assert server.stop() == 0
     access = [line for line in server.stderr().splitlines() if "market.access" in line]
-    assert len(access) == 1 and "ping OK" in access[0] and "client=127.0.0.1:" in access[0]
+    assert len(access) == 1 and "ping OK" in access[0] and "client=127.0.0.1]" in access[0]
     assert " buyer " in access[0] and not access[0].startswith("{")
 
 
@@ -321,7 +321,7 @@ def test_market_sim_reports_the_servers_latency_next_to_the_clients(
         code = sim.main(["--users", "1", "--calls", "30", "--repeats", "1", "--no-progress",
                          "--buyer", f"127.0.0.1:{servers['buyer'].port}",
                          "--seller", f"127.0.0.1:{servers['seller'].port}", "--db-url", db_url,
-                         "--out", str(tmp_path / "out"),
+                         "--allow-live", "--out", str(tmp_path / "out"),
                          "--metrics", f"127.0.0.1:{ports['buyer']},127.0.0.1:{ports['seller']}"])
     finally:
         for server in servers.values():

@@ -63,7 +63,7 @@ def test_version_2_gets_one_index_for_unlisting_an_items_keywords(database: Data
     database.create_schema()
 
     def by_item(tx: Connection) -> list[str]:
-        return [ix["name"] for ix in inspect(tx).get_indexes("item_keywords")
+        return [ix["name"] for ix in inspect(tx.core).get_indexes("item_keywords")
                 if ix["column_names"][:1] == ["item_id"]]
 
     assert len(database.run(by_item)) == 1
@@ -86,7 +86,7 @@ def test_version_2_on_mysql_compares_keywords_and_idempotency_keys_exactly(datab
     def types(tx: Connection) -> list[str]:
         wanted = (("item_keywords", "keyword"), ("orders", "idempotency_key"))
         return [str(column["type"]) for table, name in wanted
-                for column in inspect(tx).get_columns(table) if column["name"] == name]
+                for column in inspect(tx.core).get_columns(table) if column["name"] == name]
 
     assert database.run(types) == ["VARBINARY(32)", "VARBINARY(512)"]
     assert database.run(lambda tx: tx.execute(select(item_keywords.c.keyword)).scalars().all()) == ["old"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CARD, PASSWORD, unique_name
+from test_processes import ServerProcess, a_frozen_worker_is_replaced
 
 from buyer_server.ops import build_app
 from db import Database
@@ -196,6 +197,16 @@ def test_a_failed_handshake_is_counted_and_logged_as_a_security_event(
         db.close()
     refused = [record for record in caplog.records if record.getMessage() == "connection refused"]
     assert refused and refused[0].reason == "tls_handshake"  # type: ignore[attr-defined]
-    assert refused[0].client.startswith("127.0.0.1:")  # type: ignore[attr-defined]
+    assert refused[0].client == "127.0.0.1"  # type: ignore[attr-defined]
     assert REGISTRY.get_sample_value("market_connections_refused_total",
                                      {"server": "tls-test", "reason": "tls_handshake"}) == 1
+
+
+@pytest.mark.slow
+def test_a_frozen_tls_worker_is_killed_and_replaced(tmp_path: Path, certificate: tuple[str, str]) -> None:
+    """The supervisor's health checks speak TLS to a TLS server's workers."""
+    server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'market.db'}", 0, "--workers", "2",
+                           "--tls-cert", certificate[0], "--tls-key", certificate[1],
+                           MARKET_WORKER_TIMEOUT_S="2")
+    a_frozen_worker_is_replaced(server, lambda: Connection(server.host, server.port, timeout=10,
+                                                           tls=client_context(certificate[0])))

@@ -27,18 +27,20 @@ class Gate(Protocol):
 class App:
     """A server's ops: specs from wire.ops paired with handlers.
 
-    Public handlers are called as handler(**args); private ones as
-    handler(tx, session, **args) inside the gate's transaction.
+    Public handlers are called as handler(**args), those named in `addressed` as
+    handler(peer, **args) with the client's address (None when unknown), for limits per
+    address; private ones as handler(tx, session, **args) inside the gate's transaction.
     """
 
-    def __init__(self, specs: dict[str, OpSpec], handlers: dict[str, Handler], gate: Gate) -> None:
+    def __init__(self, specs: dict[str, OpSpec], handlers: dict[str, Handler], gate: Gate,
+                 addressed: frozenset[str] = frozenset()) -> None:
         missing = set(specs) ^ set(handlers)
         if missing:
             raise ValueError(f"ops without a spec or a handler: {sorted(missing)}")
-        self.specs, self.handlers, self.gate = specs, handlers, gate
+        self.specs, self.handlers, self.gate, self.addressed = specs, handlers, gate, addressed
 
-    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
-        """The response to one request message (errors are raised, not returned)."""
+    def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]:
+        """The response to one request message from `peer` (errors are raised, not returned)."""
         op = message.get("op")
         if not isinstance(op, str):
             raise BadRequestError("op: required, must be a string")
@@ -48,7 +50,8 @@ class App:
         handler = self.handlers[op]
         if spec.public:
             request = parse_request(message)
-            return ok_response(request.id, handler(**spec.validate(request.args)))
+            args = spec.validate(request.args)
+            return ok_response(request.id, handler(peer, **args) if op in self.addressed else handler(**args))
         token = message.get("token")
         if not token or not isinstance(token, str):
             raise UnauthenticatedError(f"{op} needs a token; log in first")
