@@ -365,8 +365,8 @@ def test_compose_sim_profile_runs_the_simulator_against_both_servers() -> None:
     assert sim["depends_on"] == {role: {"condition": "service_healthy"} for role in SERVERS}
     command = sim["command"]
     ports = {role: services[role]["environment"][setting] for role, setting in SERVERS.items()}
-    assert command == ["market-sim", "--buyer", f"buyer:{ports['buyer']}",
-                       "--seller", f"seller:{ports['seller']}"]  # the database URL from its file
+    assert command == ["market-sim", "--buyer", f"buyer:{ports['buyer']}",  # the database URL from its file
+                       "--seller", f"seller:{ports['seller']}", "--allow-live"]  # it writes: loadtest- names
     assert sim["environment"]["MARKET_DB_URL_FILE"] == sim["configs"][0]["target"]
     assert all("profiles" not in services[name] for name in ("db", *SERVERS))
 

@@ -202,7 +202,7 @@ from wire.server import Server, ServerLimits
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 logging.basicConfig(level=logging.INFO)
 class Pong:
-    def handle(self, message):
+    def handle(self, message, peer=None):
         return {"ok": True, "result": {"pong": True}}
 server = Server(Pong(), limits=ServerLimits(threads=2))
 signal.signal(signal.SIGTERM, lambda *_: server.shutdown(wait=False))
