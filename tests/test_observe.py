@@ -25,12 +25,14 @@ from test_processes import ServerProcess, _children
 import simulation.__main__ as sim
 from buyer_server.ops import build_app as build_buyer_app
 from buyer_server.payments import CountedProcessor, SimulatedProcessor
-from db import Database, RetryTransaction
+from db import Database, RetryTransaction, accounts
+from db.accounts import SessionPolicy
+from db.address_limits import AccountGuards
 from observe.server import LogObserver, MarketObserver
 from simulation import server_latency
 from wire import Connection
 from wire.config import Settings
-from wire.errors import PaymentDeclinedError, UnauthenticatedError, UnknownOpError
+from wire.errors import BusyError, PaymentDeclinedError, UnauthenticatedError, UnknownOpError
 from wire.framing import encode_frame
 from wire.server import Server, ServerLimits
 
@@ -248,6 +250,43 @@ def test_a_transaction_run_again_is_counted_by_cause_and_holds_one_connection(da
     assert database.run(work) == 1
     assert sample("market_db_retries_total", cause="conflict") == before + 1
     assert in_use == [idle + 1, idle + 1] and sample("market_db_connections_in_use") == idle
+
+
+def test_refused_logins_and_sign_ups_are_counted_by_reason(database: Database) -> None:
+    """Each guard before a hash counts its refusals under its own reason."""
+    settings = Settings(role="buyer", hash_queue=1, signups_per_address_hour=1, login_free_failures=1,
+                        login_address_free_failures=3, login_account_free_failures=100)
+    guards, policy = AccountGuards.for_settings(settings), SessionPolicy.from_settings(settings)
+    def refused(metric: str, *reasons: str) -> dict[str, float]:
+        return {reason: sample(f"market_{metric}_refused_total", reason=reason) for reason in reasons}
+
+    logins = refused("logins", "wrong_credentials", "throttled", "address_throttled", "busy")
+    signups = refused("signups", "address_limit", "busy")
+    name, address = unique_name(), "192.0.2.1"
+
+    def login(password: str, username: str = name) -> None:
+        accounts.login(database, "buyer", policy, guards, address, username, password)
+
+    accounts.create_account(database, "buyer", guards, address, name, PASSWORD, "N")
+    with pytest.raises(BusyError):  # one sign-up an hour from the address
+        accounts.create_account(database, "buyer", guards, address, unique_name(), PASSWORD, "N")
+    with guards.hashing.admitted():  # the queue's one place taken
+        with pytest.raises(BusyError):
+            login(PASSWORD)
+        with pytest.raises(BusyError):
+            accounts.create_account(database, "buyer", guards, "192.0.2.2", unique_name(), PASSWORD, "N")
+    with pytest.raises(UnauthenticatedError, match="wrong username"):
+        login("guess")
+    with pytest.raises(UnauthenticatedError, match="for this username"):  # one free failure
+        login("guess")
+    with pytest.raises(UnauthenticatedError, match="wrong username"):  # another name: the third
+        login("guess", unique_name())
+    with pytest.raises(UnauthenticatedError, match="from your address"):
+        login("guess", unique_name())
+    now = refused("logins", *logins), refused("signups", *signups)
+    assert {reason: now[0][reason] - logins[reason] for reason in logins} == {
+        "wrong_credentials": 2, "throttled": 1, "address_throttled": 1, "busy": 1}
+    assert {reason: now[1][reason] - signups[reason] for reason in signups} == {"address_limit": 1, "busy": 1}
 
 
 @pytest.mark.parametrize(("decline_rate", "outcome"), [(0.0, "approved"), (1.0, "declined")])
