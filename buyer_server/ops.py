@@ -9,13 +9,13 @@ from wire import BUYER_OPS, __version__
 from wire.app import App
 from wire.config import Settings
 
-from .payments import PaymentProcessor, SimulatedProcessor
+from .payments import CountedProcessor, PaymentProcessor, SimulatedProcessor
 
 
 def build_app(settings: Settings, db: Database, processor: PaymentProcessor | None = None) -> App:
     """The buyer server's App over a database."""
     policy = accounts.SessionPolicy.from_settings(settings)
-    processor = processor or SimulatedProcessor(settings.payment_decline_rate)
+    processor = CountedProcessor(processor or SimulatedProcessor(settings.payment_decline_rate))
     handlers = {
         **accounts.account_handlers(db, "buyer", policy,
                                     __version__, AccountGuards.for_settings(settings)),

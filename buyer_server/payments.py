@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from typing import Protocol
 
+from observe import events
 from wire.errors import PaymentDeclinedError
 
 
@@ -30,3 +31,23 @@ class SimulatedProcessor:
         """Approve, or decline at the configured rate."""
         if self.decline_rate and random.random() < self.decline_rate:
             raise PaymentDeclinedError(f"the card ending {card_number[-4:]} was declined")
+
+
+class CountedProcessor:
+    """A processor whose charges are counted by outcome (market_payments_total)."""
+
+    def __init__(self, processor: PaymentProcessor) -> None:
+        self.processor = processor
+
+    def charge(self, amount_cents: int, card_name: str, card_number: str, card_expiry: str,
+               idempotency_key: str | None) -> None:
+        """The processor's charge, its outcome counted: approved, declined or error."""
+        try:
+            self.processor.charge(amount_cents, card_name, card_number, card_expiry, idempotency_key)
+        except PaymentDeclinedError:
+            events.payment("declined")
+            raise
+        except Exception:
+            events.payment("error")
+            raise
+        events.payment("approved")

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from observe import logs
 from wire import PROTOCOL_VERSION, Connection, ProtocolError, __version__
 from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, add_tls_arguments, env, port_setting, positive_int
 from wire.errors import UnauthenticatedError
@@ -26,10 +28,13 @@ from wire.tls import optional_client_context
 
 from .launch import PORT_SETTINGS, add_shell_arguments
 
+log = logging.getLogger("market.serve")
+
 
 def serve(args: argparse.Namespace) -> int:
     """Run the buyer and seller servers until Ctrl-C or SIGTERM, or until one of them stops
     (then the other is stopped too: half a marketplace is no use)."""
+    logs.configure_from_env("serve")
     extra = ["--db-url", args.db_url, "--host", args.host]
     parent = os.getpid()  # the servers stop with it, even when it is killed outright
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -54,8 +59,7 @@ def serve(args: argparse.Namespace) -> int:
     on_its_own = not stopping  # a server stopped without being asked: a failure, whatever its status
     if on_its_own:
         role, code = ended[0]
-        print(f"market serve: the {role} server stopped (exit status {code}); stopping the other",
-              file=sys.stderr)
+        log.error("the %s server stopped (exit status %d); stopping the other", role, code)
         stop(signal.SIGTERM, None)
     codes = [proc.wait() for proc in procs.values()]
     failed = next((code if code > 0 else 1 for code in codes if code != 0), 0)

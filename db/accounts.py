@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,10 +27,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
+from observe import events
+from wire.errors import BusyError, ConflictError, ProtocolError, UnauthenticatedError
 
 from . import login_throttle
-from .address_limits import AccountGuards
+from .address_limits import AccountGuards, Backoff
 from .database import Database, inserted_id, now_ms
 from .engine import LOCK_WAIT_S
 from .schema import cart_lines, saved_cart_lines, sessions, users
@@ -82,8 +83,12 @@ def token_hash(token: str) -> str:
 def create_account(db: Database, role: str, guards: AccountGuards, peer: str | None, username: str,
                    password: str, name: str) -> dict[str, Any]:
     """A new buyer or seller account from the address `peer`; CONFLICT when the username is taken."""
-    with guards.hashing.admitted():
-        guards.signups.take(peer)
+    with guards.hashing.admitted(on_full=lambda: events.signup_refused("busy", username)):
+        try:
+            guards.signups.take(peer)
+        except BusyError:
+            events.signup_refused("address_limit", username)
+            raise
         password_hash = guards.hashing.hash(password)
     row = {"role": role, "username": username, "name": name, "password_hash": password_hash,
            "created_ms": now_ms()}
@@ -102,11 +107,13 @@ def login(db: Database, role: str, policy: SessionPolicy, guards: AccountGuards,
     per address); the account's own count stops only addresses that failed for it, so a
     stranger's guesses never keep the right password from another address out."""
     attempt = (peer, role, username)
-    with guards.hashing.admitted():  # first: an attempt answered BUSY is not counted
-        guards.by_address.claim(peer)
-        failed_here = guards.by_username.claim(attempt) > 0
+    # first: an attempt answered BUSY is not counted
+    with guards.hashing.admitted(on_full=lambda: events.login_refused("busy", username)):
+        _claim(guards.by_address, peer, username)
+        failed_here = _claim(guards.by_username, attempt, username) > 0
         found = db.run(lambda tx: _claim_attempt_and_find_user(tx, role, policy, username, failed_here))
         if not guards.hashing.verify(found[1] if found else None, password) or found is None:
+            events.login_refused("wrong_credentials", username)
             raise UnauthenticatedError(WRONG_CREDENTIALS)  # counted as a failure already
     guards.by_username.succeeded(attempt, clear=True)
     guards.by_address.succeeded(peer, clear=False)  # a right login of one's own clears no guesses
@@ -114,6 +121,15 @@ def login(db: Database, role: str, policy: SessionPolicy, guards: AccountGuards,
     token = secrets.token_urlsafe(32)
     db.run(lambda tx: _open_session(tx, role, user_id, username, token_hash(token), policy))
     return {"token": token, "user_id": user_id, "idle_timeout_s": policy.idle_s}
+
+
+def _claim(backoff: Backoff, key: Hashable, username: str) -> int:
+    """backoff.claim(key), a refusal counted and logged under the backoff's reason."""
+    try:
+        return backoff.claim(key)
+    except UnauthenticatedError:
+        events.login_refused(backoff.reason, username)
+        raise
 
 
 def _claim_attempt_and_find_user(tx: Connection, role: str, policy: SessionPolicy,

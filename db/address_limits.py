@@ -28,10 +28,11 @@ def _now_ms() -> int:
 class Backoff:
     """Failed attempts per key: past the free ones, the next must wait 1, 2, 4, ... s after
     the last. Each attempt counts itself before its password is checked, so attempts sent at
-    once take turns; `succeeded` takes it back (or clears the key)."""
+    once take turns; `succeeded` takes it back (or clears the key). `reason` names its
+    refusals in the metrics and the security log."""
 
-    def __init__(self, policy: ThrottlePolicy, message: str) -> None:
-        self._policy, self._message = policy, message
+    def __init__(self, policy: ThrottlePolicy, message: str, reason: str) -> None:
+        self._policy, self._message, self.reason = policy, message, reason
         self._lock = threading.Lock()
         self._counts: dict[Hashable, tuple[int, int]] = {}  # key: (failures, last attempt, ms)
 
@@ -100,6 +101,6 @@ class AccountGuards:
         """The guards a server's settings (wire.config.Settings) ask for."""
         return cls(HashingQueue.for_settings(settings), SignupLimit(settings.signups_per_address_hour),
                    Backoff(ThrottlePolicy(settings.login_free_failures, settings.login_max_delay_s),
-                           "too many login attempts for this username"),
+                           "too many login attempts for this username", "throttled"),
                    Backoff(ThrottlePolicy(settings.login_address_free_failures, settings.login_max_delay_s),
-                           "too many login attempts from your address"))
+                           "too many login attempts from your address", "address_throttled"))

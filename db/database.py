@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
+from observe import events
 from wire.errors import BusyError, UnavailableError
 
 from .engine import LOCK_WAIT_S, PROGRESS_KEY, RECYCLE_S, UNIT_KEY, WalKeeper, is_sqlite, make_engine
@@ -118,7 +119,7 @@ class Database:
                 hold = False
                 continue
             except RetryTransaction:
-                pass
+                events.transaction_retried("conflict")
             except IntegrityError:
                 raise
             except PoolTimeoutError:
@@ -127,20 +128,24 @@ class Database:
                 if exc.connection_invalidated:  # the database restarted, most likely: all died
                     self._connections.retire_all()
                     if progress[0] == 0 and attempt == 0:
+                        events.transaction_retried("reconnect")
                         continue  # nothing ran yet: run it on a fresh connection
                 if _is_unavailable(exc):
                     log.warning("database unavailable: %s", exc.orig)
                     raise UnavailableError("the database cannot be reached; nothing was changed") from None
                 if _is_lock_wait_timeout(exc):
+                    events.transaction_retried("lock_wait")
                     log.warning("waited %d s for a lock: %s", LOCK_WAIT_S, exc.orig)
                     raise BusyError(_LOCK_WAITED) from None
                 if not _is_deadlock(exc):
                     raise
+                events.transaction_retried("deadlock")
             time.sleep(random.uniform(0, 0.002 * 2**attempt))
         raise BusyError("the database is too busy to finish this; nothing was changed")
 
     def _run_once(self, work: Callable[[Any], T], write: bool, progress: list[int], hold: bool = True) -> T:
         conn = self._connections.take()
+        events.db_connections_in_use(1)
         try:
             conn.info[PROGRESS_KEY] = progress
             conn.info[UNIT_KEY] = True
@@ -161,6 +166,7 @@ class Database:
             if not conn.invalidated:
                 conn.info.pop(UNIT_KEY, None)
             self._connections.give(conn)
+            events.db_connections_in_use(-1)
 
     def create_schema(self, wait_s: float = SCHEMA_WAIT_S) -> None:
         """Create missing tables; safe when several servers start at once.

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from observe import events
 from wire.errors import UnauthenticatedError
 
 from .database import RetryTransaction, now_ms
@@ -64,6 +65,7 @@ def claim_attempt(tx: Connection, policy: ThrottlePolicy, role: str, username: s
         return
     wait_ms = row.last_failure_ms + policy.delay_ms(row.failures) - now
     if wait_ms > 0 and enforce:
+        events.login_refused("throttled", username)
         raise UnauthenticatedError("too many login attempts for this username; "
                                    f"try again in {max(1, round(wait_ms / 1000))} s")
     tx.execute(update(lf).where((lf.c.role == role) & (lf.c.username == username))

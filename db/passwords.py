@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -67,9 +67,12 @@ class HashingQueue:
         return cls(admitted_hashes(settings.threads, settings.hash_queue))
 
     @contextlib.contextmanager
-    def admitted(self) -> Iterator[None]:
-        """A place in the queue for the block's hashes, or BUSY at once when it is full."""
+    def admitted(self, on_full: Callable[[], None] | None = None) -> Iterator[None]:
+        """A place in the queue for the block's hashes, or BUSY at once when it is full
+        (on_full called first: the caller counts the refusal)."""
         if not self._admitted.acquire(blocking=False):
+            if on_full is not None:
+                on_full()
             raise BusyError(HASHES_FULL)
         try:
             yield

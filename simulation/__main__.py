@@ -26,12 +26,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from db import Database
 from db.audit import audit
+from observe.trace import trace_clients
 from wire.config import add_tls_arguments, env, positive_int
 from wire.tls import optional_client_context
 
 from .behaviour import LIVE_DATA_WARNING, LOAD_TEST_PREFIX
 from .mixes import MIXES
 from .scenario import Address, RunResult, SimulationError, run_once
+from .server_latency import during, report, scrape
 from .servers import ServerStartError, parse_address, running_servers
 from .stats import summarise
 
@@ -41,6 +43,13 @@ def _int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError("expected positive integers separated by commas")
     return values
+
+
+def _address_list(text: str) -> list[Address]:
+    try:
+        return [parse_address(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _mix_list(text: str) -> list[str]:
@@ -71,6 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--allow-live", action="store_true",
                         help=f"let --buyer/--seller write into that marketplace: accounts and items "
                              f"named {LOAD_TEST_PREFIX}..., purchases of its stock")
+    parser.add_argument("--metrics", type=_address_list, metavar="HOST:PORT,HOST:PORT",
+                        help="the running servers' metrics addresses (--metrics-port): report each op's "
+                             "server latency next to the clients'")
     parser.add_argument("--workers", type=int, help="server processes per role (for the servers it starts)")
     parser.add_argument("--out", type=Path, default=Path("sim-results"), help="results folder")
     parser.add_argument("--seed", type=int, help="random seed of the simulated users")
@@ -85,6 +97,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--buyer and --seller go together")
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
+    if args.metrics and not args.buyer:
+        parser.error("--metrics goes with --buyer/--seller: the servers' metrics addresses")
     if args.buyer and not args.db_url:
         parser.error("--db-url is required with --buyer/--seller: the audit reads the database")
     if args.buyer and not args.allow_live:
@@ -136,12 +150,16 @@ def run_all(args: argparse.Namespace, buyer: Address, seller: Address, database:
             def show(done: int, base: int = finished) -> None:
                 progress.update(task, completed=base + done)
 
+            before = scrape(args.metrics) if args.metrics else {}
             result = run_once(MIXES[mix], users, args.calls, buyer, seller, run=run, seed=seed,
                               on_progress=show, tls=optional_client_context(args.tls_ca, args.tls))
             finished += 2 * users * args.calls
             progress.update(task, completed=finished)
             result.violations = audit(database, result.acknowledged)
             console.print(_describe(result))
+            if args.metrics:  # latency in ms; what the server's lacks is network and the client's own
+                for line in report(result, during(before, scrape(args.metrics))):
+                    console.print(f"  {line}", markup=False, highlight=False)
             results.append(result)
     return results
 
@@ -186,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {missing}", file=sys.stderr)
         return 2
     from .report import write_reports
+
+    trace_clients()  # with MARKET_TRACE_DIR set: per-call timestamps for simulation.tail
     console = Console()
     if not console.is_terminal:
         console = Console(width=140)

@@ -1,10 +1,10 @@
 """Where a call's time goes, from per-request timestamps (docs/benchmarks.md, "The thirteenth
 machine: where the 100 + 100 tail waits").
 
-The timestamps come from `simulation/trace_requests.patch`, applied to a worktree (it is
-an experiment's instrument, kept out of the product): every client and server process of a
-run writes one file to $MARKET_TRACE_DIR. This joins each call the simulator made with the
-server's record of it and splits its latency into segments:
+The timestamps come from the hooks of the server loop and the client connection
+(observe.trace), switched on by MARKET_TRACE_DIR: every client and server process of a run
+started with it set writes one file there at exit. This joins each call the simulator made
+with the server's record of it and splits its latency into segments:
 
     send       the client building and encoding the request
     to_read    its send, then in the server's socket until the leader read it

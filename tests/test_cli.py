@@ -4,6 +4,7 @@ and as scripts (-c and standard input), against real servers over an SQLite file
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -506,10 +507,12 @@ def test_a_write_cut_off_in_flight_is_reported_not_repeated(home: Path) -> None:
         listener.close()
 
 
-def _serve(tmp_path: Path, buyer_port: int, seller_port: int) -> subprocess.Popen[str]:
+def _serve(tmp_path: Path, buyer_port: int, seller_port: int,
+           env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([MARKET, "serve", "--db-url", f"sqlite:///{tmp_path / 'served.db'}",
                              "--buyer-port", str(buyer_port), "--seller-port", str(seller_port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
 
 
 def _answers(port: int) -> bool:
@@ -551,8 +554,24 @@ def test_serve_stops_the_other_server_when_one_cannot_start(tmp_path: Path) -> N
             serve.kill()
     assert serve.returncode == 2
     assert f"error: buyer server: cannot listen on 127.0.0.1:{buyer_port}: Address already in use" in err
-    assert "market serve: the buyer server stopped (exit status 2); stopping the other" in err
+    assert "market.serve: the buyer server stopped (exit status 2); stopping the other" in err
     assert not _answers(seller_port)
+
+
+def test_serve_and_its_servers_log_json_lines_with_one_setting(tmp_path: Path) -> None:
+    seller_port = free_port()
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        buyer_port = taken.getsockname()[1]
+        serve = _serve(tmp_path, buyer_port, seller_port, env={"MARKET_LOG_FORMAT": "json"})
+        try:
+            _, err = serve.communicate(timeout=60)
+        finally:
+            serve.kill()
+    logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert {(line["server"], line["logger"]) for line in logged} >= {("serve", "market.serve"),
+                                                                     ("seller", "market.runner")}
+    stopped = next(line for line in logged if line["logger"] == "market.serve")
+    assert stopped["level"] == "ERROR" and "the buyer server stopped" in stopped["message"]
 
 
 def test_serve_fails_when_one_server_stops_cleanly_on_its_own(tmp_path: Path) -> None:
@@ -568,7 +587,7 @@ def test_serve_fails_when_one_server_stops_cleanly_on_its_own(tmp_path: Path) ->
     finally:
         serve.kill()
     assert serve.returncode == 1  # before: 0, as if all had gone well
-    assert "market serve: the seller server stopped (exit status 0); stopping the other" in err
+    assert "market.serve: the seller server stopped (exit status 0); stopping the other" in err
     assert not _answers(buyer_port)
 
 

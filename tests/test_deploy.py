@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import fresh_mysql_database, require_tool
+from conftest import free_port, fresh_mysql_database, require_tool
 from sqlalchemy import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -365,9 +365,8 @@ def test_compose_sim_profile_runs_the_simulator_against_both_servers() -> None:
     assert sim["depends_on"] == {role: {"condition": "service_healthy"} for role in SERVERS}
     command = sim["command"]
     ports = {role: services[role]["environment"][setting] for role, setting in SERVERS.items()}
-    assert command == ["market-sim", "--buyer", f"buyer:{ports['buyer']}",
-                       "--seller", f"seller:{ports['seller']}",  # the database URL from its file
-                       "--allow-live"]  # the compose file's own marketplace, made for it
+    assert command == ["market-sim", "--buyer", f"buyer:{ports['buyer']}",  # the database URL from its file
+                       "--seller", f"seller:{ports['seller']}", "--allow-live"]  # it writes: loadtest- names
     assert sim["environment"]["MARKET_DB_URL_FILE"] == sim["configs"][0]["target"]
     assert all("profiles" not in services[name] for name in ("db", *SERVERS))
 
@@ -397,6 +396,8 @@ def container_environment(service: dict[str, Any], database_url: str, folder: Pa
     for name in ("MARKET_TLS_CERT", "MARKET_TLS_KEY", "MARKET_TLS_CA"):  # the tls volume's files
         env[name] = env[name].replace("/app/tls", str(folder / "tls"))
     env.update({setting: "0" for setting in SERVERS.values()})
+    if env.get("MARKET_METRICS_PORT"):  # each container has its own 9100: here they need two ports
+        env["MARKET_METRICS_PORT"] = str(free_port())
     return {**env, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
@@ -879,6 +880,37 @@ def test_the_docs_copy_the_settings_secret_only_into_a_private_temporary_file() 
     docs = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
     copies = re.findall(r"gcloud secrets versions access latest --secret=market-env\s*>\s*(\S+)", docs)
     assert copies == ['"$f"'] and 'f=$(mktemp)' in docs and 'rm -f "$f"' in docs
+
+
+# ---- deploy/observe: Prometheus and Grafana (compose profile `observe`) ----
+
+def test_compose_observe_profile_scrapes_both_servers_on_their_metrics_port() -> None:
+    services = compose()["services"]
+    assert services["prometheus"]["profiles"] == services["grafana"]["profiles"] == ["observe"]
+    port = interpolate(str(services["buyer"]["environment"]["MARKET_METRICS_PORT"]), env_example_values())
+    scrape = yaml.safe_load((ROOT / "deploy" / "observe" / "prometheus.yml").read_text(encoding="utf-8"))
+    targets = {target for job in scrape["scrape_configs"] for group in job["static_configs"]
+               for target in group["targets"]}
+    assert targets == {f"{role}:{port}" for role in SERVERS}
+    for volume in services["prometheus"]["volumes"] + services["grafana"]["volumes"]:
+        assert (ROOT / volume.split(":")[0]).is_file(), volume
+
+
+def test_the_dashboard_queries_only_metrics_the_servers_export() -> None:
+    from prometheus_client import REGISTRY
+
+    import observe.metrics  # noqa: F401  (registers them)
+
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "gauge": [""]}
+    exported = {family.name + suffix for family in REGISTRY.collect()
+                for suffix in suffixes.get(family.type, [])}
+    dashboard = json.loads((ROOT / "deploy" / "observe" / "grafana" / "market.json").read_text("utf-8"))
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"\bmarket_\w+", target["expr"])}
+    titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
+    assert queried and queried <= exported, queried - exported
+    for shown in ("requests per second", "errors", "latency p99", "connections", "pool"):
+        assert shown in titles, shown
 
 
 # ---- the GCP scripts: who may connect, and TLS ----

@@ -19,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from test_processes import ServerProcess
 from test_server_loop import read_messages, tiny_app
 
+from observe.server import MarketObserver
 from wire.framing import encode_frame
+from wire.observer import NO_SERVER_OBSERVER, ServerObserver
 from wire.server import Server, ServerLimits
 
 PING = encode_frame({"op": "ping"})
@@ -32,8 +35,8 @@ PING = encode_frame({"op": "ping"})
 def serve() -> Iterator[Any]:
     servers: list[Server] = []
 
-    def start(**limits: Any) -> Server:
-        server = Server(tiny_app(), limits=ServerLimits(**{"threads": 3, **limits}))
+    def start(observer: ServerObserver = NO_SERVER_OBSERVER, **limits: Any) -> Server:
+        server = Server(tiny_app(), limits=ServerLimits(**{"threads": 3, **limits}), observer=observer)
         server.start()
         servers.append(server)
         return server
@@ -49,6 +52,16 @@ def stops_within(server: Server, seconds: float) -> bool:
     stopper.start()
     stopper.join(seconds)
     return not stopper.is_alive()
+
+
+def counted(server: str) -> MarketObserver:
+    """An observer counting into market_* metrics labelled server=`server` (one name a test)."""
+    return MarketObserver(server, ("ping", "slow"))
+
+
+def refusals(server: str, reason: str) -> float:
+    return REGISTRY.get_sample_value("market_connections_refused_total",
+                                     {"server": server, "reason": reason}) or 0.0
 
 
 def connect_many(address: tuple[str, int], count: int, source: str = "127.0.0.1") -> list[socket.socket]:
@@ -130,17 +143,18 @@ def busy_answers(socks: list[socket.socket]) -> list[str]:
 
 
 def test_one_address_cannot_take_every_connection(serve: Any) -> None:
-    server = serve(max_connections=300, max_connections_per_address=100)
+    server = serve(counted("storm-cap"), max_connections=300, max_connections_per_address=100)
     hogs = connect_many(server.address, 300)
     refused = busy_answers(hogs)
     assert len(refused) == 200 and "your address" in refused[0]
     assert server.connection_count == 100
+    assert refusals("storm-cap", "max_connections_per_address") == 200
     assert answers_a_ping(server, source="127.0.0.2")  # another client still gets in
     close_all(hogs)
 
 
 def test_one_address_cannot_open_connections_faster_than_its_rate(serve: Any) -> None:
-    server = serve(max_connections_per_address=10, new_connections_per_s_per_address=2)
+    server = serve(counted("storm-rate"), max_connections_per_address=10, new_connections_per_s_per_address=2)
     first = connect_many(server.address, 10)  # the whole burst
     wait_until(lambda: server.connection_count == 10)
     close_all(first)
@@ -148,6 +162,7 @@ def test_one_address_cannot_open_connections_faster_than_its_rate(serve: Any) ->
     burst = connect_many(server.address, 5)
     refused = busy_answers(burst)
     assert len(refused) >= 4 and "new connections" in refused[0]
+    assert refusals("storm-rate", "new_connections_per_address") == len(refused)
     assert answers_a_ping(server, source="127.0.0.2")
     time.sleep(1.1)  # two new connections a second come back
     assert answers_a_ping(server)
@@ -166,7 +181,9 @@ def test_requests_read_and_not_answered_are_bounded(serve: Any, limit_mib: int,
     """60 connections each complete a 512 KiB request while every thread is busy: past
     the limit the server stops reading the connections that hold the most. (With no
     practical limit, the second case shows the storm does hold all 30 MiB at once.)"""
-    server = serve(threads=2, max_queued_bytes=limit_mib << 20, max_connections_per_address=1000)
+    name = f"storm-memory-{limit_mib}"
+    server = serve(counted(name), threads=2, max_queued_bytes=limit_mib << 20,
+                   max_connections_per_address=1000)
     socks = connect_many(server.address, 60)
     peak = [0]
     watching = threading.Event()
@@ -190,21 +207,25 @@ def test_requests_read_and_not_answered_are_bounded(serve: Any, limit_mib: int,
     watcher.join()
     if bound_mib is None:
         assert peak[0] > 20 << 20
+        assert refusals(name, "memory") == 0
     else:
         assert peak[0] <= bound_mib << 20
+        assert refusals(name, "memory") > 0  # connections left unread a while are counted
     assert server._queued.total == 0
     close_all(socks)
 
 
 _SERVER_UNDER_A_DESCRIPTOR_LIMIT = """
-import logging, resource, signal, sys
+import resource, signal, sys
+from observe.logs import configure
+from observe.server import LogObserver
 from wire.server import Server, ServerLimits
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-logging.basicConfig(level=logging.INFO)
+configure("buyer")
 class Pong:
     def handle(self, message, peer=None):
         return {"ok": True, "result": {"pong": True}}
-server = Server(Pong(), limits=ServerLimits(threads=2))
+server = Server(Pong(), limits=ServerLimits(threads=2), observer=LogObserver("buyer", ["ping"]))
 signal.signal(signal.SIGTERM, lambda *_: server.shutdown(wait=False))
 print(server.address[1], flush=True)
 server.serve_forever()
@@ -230,7 +251,9 @@ def test_out_of_descriptors_the_server_waits_instead_of_spinning(tmp_path: Path)
         time.sleep(2)
         assert cpu_seconds(proc.pid) - before < 0.3  # before: as much of a core as it got
         log.seek(0)
-        assert log.read().count("cannot accept") == 1  # before: a line per try, megabytes
+        logged = log.read()
+        assert logged.count("cannot accept") == 1  # before: a line per try, megabytes
+        assert "connection refused [client= reason=out_of_descriptors events=1]" in logged
         close_all(socks)
         with socket.create_connection(address, timeout=10) as sock:  # accepting again
             sock.sendall(PING)

@@ -1,25 +1,24 @@
-"""simulation/trace_requests.patch still applies and, applied to a copy of the code, gives
-simulation.tail what it needs: a real server process and a real client, joined per call."""
+"""Tracing, switched on by MARKET_TRACE_DIR, gives simulation.tail what it needs: a real server
+process and a real client, on the code as it is, joined per call."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import require_tool
 
 from simulation import tail
 
 ROOT = Path(__file__).resolve().parent.parent
-PATCH = ROOT / "simulation" / "trace_requests.patch"
 
 CLIENT = """
 import sys
+from observe.trace import trace_clients
 from wire import Connection
+trace_clients()
 with Connection("127.0.0.1", int(sys.argv[1]), timeout=10) as conn:
     for _ in range(5):
         conn.call("ping")
@@ -28,28 +27,16 @@ with Connection("127.0.0.1", int(sys.argv[1]), timeout=10) as conn:
 """
 
 
-@pytest.fixture
-def patched_copy(tmp_path: Path) -> Path:
-    require_tool("git")  # the patch is applied with git apply
-    copy = tmp_path / "code"
-    for package in ("wire", "db", "buyer_server"):
-        shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(["git", "apply", str(PATCH)], cwd=copy, check=True, capture_output=True)
-    return copy
-
-
-def test_a_traced_server_and_client_give_every_call_its_segments(patched_copy: Path, tmp_path: Path) -> None:
+def test_a_traced_server_and_client_give_every_call_its_segments(tmp_path: Path) -> None:
     trace_dir = tmp_path / "trace"
-    env = {**os.environ, "MARKET_TRACE_DIR": str(trace_dir), "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(patched_copy)}
+    env = {**os.environ, "MARKET_TRACE_DIR": str(trace_dir), "PYTHONUNBUFFERED": "1"}
     server = subprocess.Popen(
         [sys.executable, "-m", "buyer_server", "--port", "0", "--db-url", f"sqlite:///{tmp_path / 't.db'}"],
-        cwd=patched_copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert server.stdout is not None
         port = server.stdout.readline().strip().rsplit(":", 1)[1]
-        subprocess.run([sys.executable, "-c", CLIENT, port], cwd=patched_copy, env=env, check=True,
-                       timeout=60)
+        subprocess.run([sys.executable, "-c", CLIENT, port], cwd=ROOT, env=env, check=True, timeout=60)
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=20) == 0
@@ -66,6 +53,16 @@ def test_a_traced_server_and_client_give_every_call_its_segments(patched_copy: P
     lines = tail.report(calls, servers)
     assert lines[0] == "7 calls"
     assert any(line.startswith("p99 and up: 1 calls") and "in 100% of them" in line for line in lines)
+
+
+def test_without_the_setting_nothing_is_traced(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MARKET_TRACE_DIR"}
+    script = ("import os; from observe.trace import trace_file, trace_clients; from wire import Connection; "
+              "trace_clients(); print(trace_file(), Connection.observer.request_id(7))")
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert out.split() == ["None", "7"]
+    assert not list(tmp_path.iterdir())
 
 
 def test_join_leaves_out_the_set_up_and_calls_the_server_never_saw() -> None:

@@ -173,6 +173,35 @@ def test_tls_clients_that_read_late_or_never_hold_no_thread(certificate: tuple[s
         server.shutdown()
 
 
+def test_a_failed_handshake_is_counted_and_logged_as_a_security_event(
+        tmp_path: Path, certificate: tuple[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    from prometheus_client import REGISTRY
+
+    from observe.server import MarketObserver
+
+    db = Database(f"sqlite:///{tmp_path / 'tls.db'}", pool_size=2)
+    db.create_schema()
+    app = build_app(Settings(role="buyer"), db)
+    server = Server(app, tls=server_context(*certificate), observer=MarketObserver("tls-test", app.specs))
+    server.start()
+    try:
+        with caplog.at_level("WARNING", logger="market.security"), \
+                socket.create_connection(server.address, timeout=5) as plain:
+            plain.sendall(encode_frame({"id": 1, "op": "ping"}))
+            assert plain.recv(4096) == b""  # closed without an answer
+            deadline = time.monotonic() + 5
+            while not caplog.records and time.monotonic() < deadline:
+                time.sleep(0.02)
+    finally:
+        server.shutdown()
+        db.close()
+    refused = [record for record in caplog.records if record.getMessage() == "connection refused"]
+    assert refused and refused[0].reason == "tls_handshake"  # type: ignore[attr-defined]
+    assert refused[0].client == "127.0.0.1"  # type: ignore[attr-defined]
+    assert REGISTRY.get_sample_value("market_connections_refused_total",
+                                     {"server": "tls-test", "reason": "tls_handshake"}) == 1
+
+
 @pytest.mark.slow
 def test_a_frozen_tls_worker_is_killed_and_replaced(tmp_path: Path, certificate: tuple[str, str]) -> None:
     """The supervisor's health checks speak TLS to a TLS server's workers."""

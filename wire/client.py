@@ -17,6 +17,7 @@ from typing import Any
 from .envelope import make_request
 from .errors import BusyError, error_from_wire
 from .framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+from .observer import NO_CLIENT_OBSERVER, ClientObserver, now_ns
 from .ops import READ_ONLY_OPS
 
 # A repeatable request (read-only, or carrying an idempotency key) is tried again after
@@ -35,6 +36,8 @@ class ConnectionLostError(OSError):
 class Connection:
     """One persistent connection to a buyer or seller server."""
 
+    observer: ClientObserver = NO_CLIENT_OBSERVER  # set on the class to trace every connection
+
     def __init__(self, host: str, port: int, *, timeout: float = 30.0,
                  max_frame: int = DEFAULT_MAX_FRAME, tls: ssl.SSLContext | None = None,
                  source: str | None = None, retry_busy: bool = True) -> None:
@@ -50,6 +53,7 @@ class Connection:
         self._decoder = FrameDecoder(max_frame, strict=False)
         self._next_id = 0
         self._used = False  # connected before: a new socket counts as a reconnect
+        self._sending = self._first_byte = 0  # now_ns() marks of the last call, for the observer
 
     def __enter__(self) -> Connection:
         return self
@@ -88,8 +92,10 @@ class Connection:
         busy_pauses = iter(_BUSY_PAUSES if op in _HASHING_OPS and self.retry_busy else ())
         while True:
             self._next_id += 1
-            message = make_request(op, args, token or self.token, self._next_id)
+            start = now_ns()
+            message = make_request(op, args, token or self.token, self.observer.request_id(self._next_id))
             response = self._round_trip(message, _safe_to_repeat(op, args))
+            self.observer.call_done(message["id"], op, start, self._sending, self._first_byte, now_ns())
             if response.get("ok"):
                 return dict(response.get("result") or {})
             error = error_from_wire(response.get("error"))
@@ -106,13 +112,16 @@ class Connection:
 
     def _send_frame(self, message: dict[str, Any]) -> None:
         assert self._sock is not None
-        self._sock.sendall(encode_frame(message))
+        frame = encode_frame(message)
+        self._sending = now_ns()
+        self._sock.sendall(frame)
 
     def receive(self) -> dict[str, Any]:
         """Read one raw response message."""
         assert self._sock is not None
         while (message := self._decoder.next_message()) is None:
             data = self._sock.recv(65536)
+            self._first_byte = now_ns()
             if not data:
                 raise ConnectionResetError("the server closed the connection")
             self._decoder.feed(data)

@@ -60,6 +60,10 @@ class Settings:
     cache: str = "off"  # the catalogue read cache: off, or one-host (db/cache.py)
     cache_mb: int = 64
     cache_file: str | None = None
+    metrics_port: int | None = None  # /metrics served on it when set
+    metrics_host: str = "127.0.0.1"
+    log_format: str = "text"
+    access_log: float = 0.0  # the fraction of requests the access log records
 
 
 @functools.cache
@@ -135,6 +139,7 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "payment_decline_rate": ("MARKET_PAYMENT_DECLINE_RATE", 0, 1),
     "login_free_failures": ("MARKET_LOGIN_FREE_FAILURES", 0, 10**9),
     "login_max_delay_s": ("MARKET_LOGIN_MAX_DELAY_S", 0, 10**9),
+    "access_log": ("MARKET_ACCESS_LOG", 0, 1),
     "login_address_free_failures": ("MARKET_LOGIN_ADDRESS_FREE_FAILURES", 0, 10**9),
     "login_account_free_failures": ("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", 0, 10**9),
     "signups_per_address_hour": ("MARKET_SIGNUPS_PER_ADDRESS_HOUR", 0, 10**9),
@@ -145,7 +150,19 @@ _RANGES: dict[str, tuple[str, float, float]] = {
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _CACHE_MODES = ("off", "one-host")  # db.cache.MODES
+_LOG_FORMATS = ("text", "json")  # observe.logs.FORMATS (the protocol package imports nothing else)
+_SWITCH = {"on": 1.0, "true": 1.0, "yes": 1.0, "off": 0.0, "false": 0.0, "no": 0.0, "": 0.0}
 _SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS (the protocol package imports no db)
+
+
+def _fraction_or_switch(text: str, refuse: Callable[[str], NoReturn]) -> float:
+    """on/off, or the fraction of requests to record (0.01: one in a hundred)."""
+    if text.strip().lower() in _SWITCH:
+        return _SWITCH[text.strip().lower()]
+    try:
+        return float(text)
+    except ValueError:
+        refuse(f"MARKET_ACCESS_LOG={text}: on, off, or a fraction from 0 to 1")
 
 
 def server_settings(role: str, argv: list[str] | None = None) -> Settings:
@@ -188,6 +205,12 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     parser.add_argument("--cache", default=env("MARKET_CACHE", default.cache),
                         help="the catalogue read cache: off (default), or one-host when every server "
                              "process sharing the database runs on this host")
+    parser.add_argument("--metrics-port", type=port_setting("MARKET_METRICS_PORT"),
+                        default=env("MARKET_METRICS_PORT") or None,
+                        help="serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (default: off)")
+    parser.add_argument("--metrics-host", default=env("MARKET_METRICS_HOST", default.metrics_host))
+    parser.add_argument("--log-format", default=env("MARKET_LOG_FORMAT", default.log_format),
+                        help="text (default) or json: one JSON object per line")
     args = parser.parse_args(argv)
     if args.cache not in _CACHE_MODES:
         refuse(f"--cache {args.cache}: one of {', '.join(_CACHE_MODES)} (the cache keeps reads fresh "
@@ -196,6 +219,8 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         refuse("--tls-cert and --tls-key go together")
     if args.log_level.upper() not in _LOG_LEVELS:
         refuse(f"--log-level {args.log_level}: one of {', '.join(_LOG_LEVELS)}")
+    if args.log_format.lower() not in _LOG_FORMATS:
+        refuse(f"--log-format {args.log_format}: one of {', '.join(_LOG_FORMATS)}")
     if args.sqlite_synchronous.upper() not in _SQLITE_SYNCHRONOUS:
         refuse(f"--sqlite-synchronous {args.sqlite_synchronous}: one of {', '.join(_SQLITE_SYNCHRONOUS)}")
     settings = Settings(
@@ -230,6 +255,8 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
         cache=args.cache, cache_mb=number("MARKET_CACHE_MB", int, default.cache_mb),
         cache_file=env("MARKET_CACHE_COUNTERS"),
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host, log_format=args.log_format.lower(),
+        access_log=_fraction_or_switch(env("MARKET_ACCESS_LOG", "off"), refuse),
     )
     for field, (source, low, high) in _RANGES.items():
         value = getattr(settings, field)

@@ -5,6 +5,7 @@ With `--workers N` (N > 1) the process forks N workers that each bind the same
 port with SO_REUSEPORT, so the kernel spreads connections over N processes and
 Python gets past one core; the parent only supervises (restarts a worker that
 dies, passes SIGTERM on). The servers keep no state, so workers need no sharing.
+Logs, metrics and tracing are the package `observe`'s, imported here only (like `db`).
 """
 from __future__ import annotations
 
@@ -53,6 +54,14 @@ def _bound(host: str, port: int, bind: Callable[[], T]) -> T:
         raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def _serve_metrics(serving: Any, settings: Settings) -> None:
+    """/metrics served if asked for, or CannotListen saying why not."""
+    try:
+        serving.serve_metrics(settings)
+    except OSError as exc:
+        raise CannotListen(str(exc)) from None
+
+
 def limits_of(settings: Settings) -> ServerLimits:
     """The server loop's limits from settings."""
     return ServerLimits(max_connections=settings.max_connections, max_frame=settings.max_frame,
@@ -71,8 +80,9 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
     stop the server cleanly: that import (SQLAlchemy and the ops) takes most of a start."""
     stops = StopSignals()  # from here on SIGTERM and Ctrl-C stop the server cleanly, even mid-start
     settings = server_settings(role, argv)
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s {role} %(process)d %(levelname)s %(name)s: %(message)s")
+    from observe import serving  # before anything imports prometheus_client (see observe.serving)
+
+    serving.prepare(settings)
     try:
         if build_app is None:
             build_app = importlib.import_module(f"{role}_server.ops").build_app
@@ -80,6 +90,8 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
     except StopRequested:
         log.info("stopped before serving")
         return 0
+    finally:
+        serving.stopped()
 
 
 def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignals) -> int:
@@ -122,6 +134,7 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
     """One server process: its own database pool, App and loop."""
     from db import Database
     from db.housekeeping import Housekeeper
+    from observe import serving
 
     stops.hold()  # threads start from here: a signal must not cut that short
     database = Database(settings.db_url, pool_size=settings.threads,
@@ -130,8 +143,11 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
     try:
         app = build_app(settings, database)
         housekeeper.start()
-        server = _bound(settings.host, port, lambda: Server(app, settings.host, port, limits_of(settings),
-                                                            reuse_port=reuse_port, tls=tls))
+        observer = serving.observer_for(settings, app)
+        server = _bound(settings.host, port, lambda: Server(
+            app, settings.host, port, limits_of(settings), reuse_port=reuse_port, tls=tls, observer=observer))
+        if not reuse_port:  # one process: it serves its own /metrics (workers: the supervisor)
+            _serve_metrics(serving, settings)
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
         # long as the process: keep it out of the collector's full passes, which scanned it all.
         gc.freeze()
@@ -154,9 +170,13 @@ class _Supervisor:
     its life, so nothing else takes it while a worker is being replaced."""
 
     def __init__(self, settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None) -> None:
+        from observe import serving
+
         self.settings, self.build_app, self.tls = settings, build_app, tls
         host, port = settings.host, settings.port
         self.reserved = _bound(host, port, lambda: reserve_port(host, port))
+        self.observe = serving
+        _serve_metrics(serving, settings)
         self.port = self.reserved.getsockname()[1]
         self.workers: dict[int, float] = {}  # pid: when it started
         self.stopping = False
@@ -203,6 +223,7 @@ class _Supervisor:
         while self.workers:
             pid, status = os.wait()
             lived = time.monotonic() - self.workers.pop(pid)
+            self.observe.worker_ended(pid)
             if self.stopping:
                 failed = failed or os.waitstatus_to_exitcode(status) != 0
             elif not self.replace(pid, status, lived):
@@ -254,6 +275,7 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SS
         os.close(ready_r)
         reserved.close()  # the supervisor's
         health.close()
+        importlib.import_module("observe.serving").in_worker()
         _run_worker(settings, build_app, port, tls, parent, ready_w, health.port)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     os.close(ready_w)

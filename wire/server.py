@@ -6,8 +6,9 @@ queue on their connection, and one thread at a time answers them in order, so
 pipelining keeps its order and the thread count stays fixed however many clients
 connect. When a connection has requests to answer, the leader hands the lead to the
 next free thread and answers them itself: the request goes on with no hand-off to
-another thread on its way. Exceptions become error responses in `respond`, the one
-place where that translation happens.
+another thread on its way. Exceptions become error responses in `answer`, the one
+place where that translation happens. An observer (wire.observer) hears of connections
+and answers: metrics, logs and tracing hang there.
 
 No thread ever waits for a client to read: an answer the socket will not take at once
 stays in the connection's outbox, the thread goes back to the pool, and the leader
@@ -39,6 +40,7 @@ from typing import Any, Protocol
 from .envelope import error_response, request_id
 from .errors import BadFrameError, BusyError, InternalError, ProtocolError
 from .framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+from .observer import NO_SERVER_OBSERVER, SUPERVISOR, ServerObserver, now_ns
 from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
@@ -49,6 +51,12 @@ _HOLDS_A_LOT = 65536  # bytes a connection holds that, past the process's limit,
 _ACCEPT_PAUSE_S = 0.5  # out of file descriptors: how long the listener is left alone
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _LOOK_FIRST = (lambda _: None, None)  # wakes a pool thread to look at the calls that go first
+# why a connection is turned away (the observer's reason): what the client is told, with BUSY
+_REFUSALS = {
+    "max_connections": "too many connections; try again later",
+    "max_connections_per_address": "too many connections from your address; close some and try again",
+    "new_connections_per_address": "too many new connections from your address; try again in a moment",
+}
 
 
 class App(Protocol):
@@ -74,18 +82,24 @@ class ServerLimits:
     max_queued_bytes: int = 64 * DEFAULT_MAX_FRAME  # ... on all connections of the process
 
 
-def respond(app: App, message: dict[str, Any] | ProtocolError, peer: str | None = None) -> bytes:
-    """The framed response to one decoded message (or to a framing error), never raising;
+def answer(app: App, message: dict[str, Any] | ProtocolError,
+           peer: str | None = None) -> tuple[dict[str, Any], bytes]:
+    """The response to one decoded message (or to a framing error), and its frame; never raising.
     `peer` is the client's address, for the App's limits per address."""
     if isinstance(message, ProtocolError):
-        return encode_frame(error_response(None, message))
+        return _framed(error_response(None, message))
     try:
-        return encode_frame(app.handle(message, peer))
+        response = app.handle(message, peer)
+        return response, encode_frame(response)
     except ProtocolError as exc:
-        return encode_frame(error_response(request_id(message), exc))
+        return _framed(error_response(request_id(message), exc))
     except Exception:
         log.exception("internal error serving op %r", message.get("op"))
-        return encode_frame(error_response(request_id(message), InternalError()))
+        return _framed(error_response(request_id(message), InternalError()))
+
+
+def _framed(response: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    return response, encode_frame(response)
 
 
 class _WorkerPool:
@@ -142,14 +156,15 @@ class _WorkerPool:
 class _Connection:
     """One client's socket, decoder and queue of requests awaiting an answer."""
 
-    def __init__(self, sock: socket.socket, max_frame: int) -> None:
+    def __init__(self, sock: socket.socket, max_frame: int, address: str) -> None:
         self.sock = sock
+        self.address = address     # the client's IP address: its limits, the App's and the logs'
         self.decoder = FrameDecoder(max_frame)
-        self.pending: collections.deque[bytes | ProtocolError] = collections.deque()
+        # each request's frame (undecoded) with the now_ns() it was read at
+        self.pending: collections.deque[tuple[bytes | ProtocolError, int]] = collections.deque()
         self.queued_bytes = 0      # the frames in `pending`
         self.partial_bytes = 0     # of a frame not yet complete, as counted in the process's total
         self.finishing = False     # read while memory is short, to finish the frame it holds
-        self.address = ""          # the client's IP address
         self.lock = threading.Lock()
         self.busy = False          # a thread is answering `pending`
         self.closing = False       # close once that thread is done
@@ -199,8 +214,9 @@ class Server:
 
     def __init__(self, app: App, host: str = "127.0.0.1", port: int = 0,
                  limits: ServerLimits = ServerLimits(), reuse_port: bool = False,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, observer: ServerObserver = NO_SERVER_OBSERVER) -> None:
         self.app = app
+        self.observer = observer
         self.limits = limits
         self.tls = tls
         self._listener = _listen(host, port, reuse_port)
@@ -271,7 +287,7 @@ class Server:
 
     def adopt(self, sock: socket.socket) -> None:
         """Serve a socket connected elsewhere as if accepted (a supervisor's health checks)."""
-        self._call_soon(lambda: self._admit(sock, "supervisor", checked=True))
+        self._call_soon(lambda: self._admit(sock, SUPERVISOR, checked=True))
 
     # -- the leader ---------------------------------------------------------------
 
@@ -370,6 +386,7 @@ class Server:
                         "raise the descriptor limit (ulimit -n) or lower MARKET_MAX_CONNECTIONS",
                         exc.strerror)
             self._accept_pause_logged = True
+        self.observer.connection_refused("", "out_of_descriptors")
         self._selector.unregister(self._listener)
         self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE_S
 
@@ -382,13 +399,14 @@ class Server:
     def _admit(self, sock: socket.socket, address: str, checked: bool = False) -> None:
         refusal = "" if checked else self._refusal(address)
         if refusal:
-            _refuse_busy(sock, refusal, plaintext=self.tls is None)
+            self.observer.connection_refused(address, refusal)
+            _refuse_busy(sock, _REFUSALS[refusal], plaintext=self.tls is None)
             return
         self._accept_pause_logged = False  # a descriptor shortage is logged again once it recurs
         sock.setblocking(True)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Connection(sock, self.limits.max_frame)
-        conn.address = address
+        self.observer.connection_opened(address)
+        conn = _Connection(sock, self.limits.max_frame, address)
         if self.tls is not None:
             conn.tls = conn.channel = TlsChannel(self.tls)
         self._connections.add(conn)
@@ -396,17 +414,17 @@ class Server:
         self._watch_events(conn)
 
     def _refusal(self, address: str) -> str:
-        """Why a new connection from `address` is turned away ("" if it is not)."""
+        """Why a new connection from `address` is turned away, a key of _REFUSALS ("" if it is not)."""
         if len(self._connections) >= self.limits.max_connections:
-            return "too many connections; try again later"
+            return "max_connections"
         if self._per_address[address] >= self.limits.max_connections_per_address:
-            return "too many connections from your address; close some and try again"
+            return "max_connections_per_address"
         bucket = self._arrivals.get(address)
         if bucket is None:
             bucket = self._arrivals[address] = _Bucket(self.limits.new_connections_per_s_per_address,
                                                        self.limits.max_connections_per_address)
         if not bucket.take():
-            return "too many new connections from your address; try again in a moment"
+            return "new_connections_per_address"
         return ""
 
     def _read(self, conn: _Connection) -> None:
@@ -440,6 +458,7 @@ class Server:
             plaintext = conn.tls.receive(data)
         except ssl.SSLError as exc:
             log.debug("closing a connection that does not speak TLS: %s", exc.reason)
+            self.observer.connection_refused(conn.address, "tls_handshake")
             self._close(conn)
             return None
         if not conn.tls.flush_nowait(conn.sock) and conn.blocked_since is None:
@@ -459,8 +478,10 @@ class Server:
         if not frames:
             return 0
         size = sum(len(frame) for frame in frames if isinstance(frame, bytes))
+        read = now_ns()
+        self.observer.requests_read(len(frames))
         with conn.lock:
-            conn.pending.extend(frames)
+            conn.pending.extend((frame, read) for frame in frames)
             conn.queued_bytes += size
             start = not conn.busy
             conn.busy = True
@@ -483,6 +504,7 @@ class Server:
         if (conn.reading and not conn.finishing and self._queued.over()
                 and conn.queued_bytes + partial >= _HOLDS_A_LOT):
             self._stop_reading(conn)
+            self.observer.connection_refused(conn.address, "memory")
             if not conn.busy:  # (a busy one is paused when its answers are sent: _resume_reading)
                 self._memory_paused.add(conn)
 
@@ -569,6 +591,7 @@ class Server:
             conn.busy = False
         conn.reading = conn.writing = False
         self._watch_events(conn)
+        self.observer.connection_closed(conn.address)
         self._connections.discard(conn)
         self._memory_paused.discard(conn)
         self._queued.add_partial(-conn.partial_bytes)
@@ -625,18 +648,31 @@ class Server:
 
     def _drain(self, conn: _Connection) -> None:
         """Answer a connection's queued requests in order (one thread at a time per connection)."""
+        self.observer.threads_busy(1)
+        try:
+            self._drain_queue(conn)
+        finally:
+            self.observer.threads_busy(-1)
+
+    def _drain_queue(self, conn: _Connection) -> None:
         while True:
             with conn.lock:
                 if not conn.pending or conn.closed or self._past_stop_deadline():
                     conn.busy = False
                     break
-                frame = conn.pending.popleft()
+                frame, read = conn.pending.popleft()
                 size = len(frame) if isinstance(frame, bytes) else 0
                 conn.queued_bytes -= size
             if self._queued.add(-size) and self._memory_paused:
                 self._wake()  # the leader reads the paused connections again (or one of them)
+            answering = now_ns()  # before decoding: a request waits undecoded, its decoding is service
             message = _decode(conn, frame)
-            if not self._send(conn, respond(self.app, message, conn.address)):
+            self.observer.answering(conn.address, message)
+            response, answer_frame = answer(self.app, message, conn.address)
+            answered = now_ns()  # before the send: a client may read the answer before it returns
+            sent = self._send(conn, answer_frame)
+            self.observer.answer_sent(conn.address, message, response, (read, answering, answered))
+            if not sent:
                 self._forget_pending(conn)
             elif isinstance(message, ProtocolError):
                 self._forget_pending(conn)
@@ -653,9 +689,12 @@ class Server:
     def _forget_pending(self, conn: _Connection) -> None:
         """Drop the requests a connection has queued: it is closing, they go unanswered."""
         with conn.lock:
+            dropped = len(conn.pending)
             conn.pending.clear()
             size, conn.queued_bytes = conn.queued_bytes, 0
         self._queued.add(-size)
+        if dropped:
+            self.observer.requests_read(-dropped)
 
     def _send(self, conn: _Connection, frame: bytes) -> bool:
         """Send, or leave in the outbox what the socket will not take now; False if it failed."""

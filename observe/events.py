@@ -1,0 +1,50 @@
+"""Events of the data layer and the ops worth a count or a security log line: refused logins
+and sign-ups, transactions run again, card charges, database connections in use. One
+function each, so the code that sees the event spends one line on it.
+"""
+from __future__ import annotations
+
+from . import metrics
+from .logs import Bursts, security
+
+# Refusals that cost the server nothing (no hash) come in floods: a line a second of each
+# reason, counting what it stands for. A wrong password cost a hash: each has its line.
+_bursts = Bursts()
+_LOGIN_MESSAGES = {"wrong_credentials": "login failed", "throttled": "login throttled",
+                   "address_throttled": "login throttled", "busy": "login refused"}
+
+
+def login_refused(reason: str, username: str) -> None:
+    """A login refused: "wrong_credentials"; "throttled" (too many failures for the username)
+    or "address_throttled" (from the address); "busy" (the hashing queue is full). The
+    client's address comes from the request's log context."""
+    metrics.LOGINS_REFUSED.labels(reason).inc()
+    events = 1 if reason == "wrong_credentials" else _bursts.due(f"login {reason}")
+    if events:
+        security.warning(_LOGIN_MESSAGES.get(reason, "login refused"),
+                         extra={"username": username[:64], "reason": reason, "events": events})
+
+
+def signup_refused(reason: str, username: str) -> None:
+    """A sign-up refused: "address_limit" (too many accounts from the address this hour) or
+    "busy" (the hashing queue is full)."""
+    metrics.SIGNUPS_REFUSED.labels(reason).inc()
+    if events := _bursts.due(f"sign-up {reason}"):
+        security.warning("sign-up refused", extra={"username": username[:64], "reason": reason,
+                                                   "events": events})
+
+
+def transaction_retried(cause: str) -> None:
+    """A transaction given another go ("deadlock", "reconnect", "conflict") or given up on a
+    lock wait ("lock_wait")."""
+    metrics.DB_RETRIES.labels(cause).inc()
+
+
+def payment(outcome: str) -> None:
+    """A card charge's outcome: "approved", "declined" or "error"."""
+    metrics.PAYMENTS.labels(outcome).inc()
+
+
+def db_connections_in_use(delta: int) -> None:
+    """A database connection was taken (+1) for a transaction or given back (-1)."""
+    metrics.DB_CONNECTIONS_IN_USE.inc(delta)

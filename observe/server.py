@@ -1,0 +1,135 @@
+"""The server loop's observers. LogObserver, always on: the request context of log lines,
+security events of the loop, the sampled access log and tracing. MarketObserver adds the
+metrics, when they are served: metrics off costs a request nothing of theirs.
+
+Label children are looked up in dicts made once per (op, code): an answer costs a few dict
+lookups, a counter increment and a histogram observation.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from typing import Any
+
+from wire.observer import SUPERVISOR, ServerObserver
+
+from . import metrics
+from .logs import REQUEST, Bursts, access, security
+from .trace import TraceFile
+
+Message = dict[str, Any] | Exception
+
+
+def _loggable(request_id: Any) -> Any:
+    """The client's request id as a log field: a number, or at most 64 printable characters
+    (an id is the client's to choose; a line of the log is not)."""
+    if request_id is None or isinstance(request_id, int) and not isinstance(request_id, bool):
+        return request_id
+    text = request_id if isinstance(request_id, str) else repr(request_id)
+    text = text if text.isprintable() else repr(text)
+    return text if len(text) <= 64 else text[:63] + "…"
+
+
+class LogObserver(ServerObserver):
+    """Logs what the loop sees of one server (buyer or seller) serving `ops`."""
+
+    def __init__(self, server: str, ops: Iterable[str], *, access_sample: float = 0.0,
+                 trace: TraceFile | None = None) -> None:
+        self.server = server
+        self.ops = frozenset(ops)
+        self.access_sample = access_sample
+        self.trace = trace
+        self._bursts = Bursts()
+
+    def connection_refused(self, address: str, reason: str) -> None:
+        if events := self._bursts.due(f"refused {reason}"):
+            message = "connection paused" if reason == "memory" else "connection refused"
+            security.warning(message, extra={"client": address, "reason": reason, "events": events})
+
+    def answering(self, address: str, message: Message) -> None:
+        if isinstance(message, dict):
+            REQUEST.set((_loggable(message.get("id")), self.op_of(message), address))
+
+    def answer_sent(self, address: str, message: Message, response: dict[str, Any],
+                    marks: tuple[int, int, int]) -> None:
+        REQUEST.set(None)
+        error = response.get("error")
+        if not isinstance(message, dict):
+            if events := self._bursts.due("frame rejected"):
+                security.warning("frame rejected", extra={
+                    "client": address, "code": error and error.get("code"),
+                    "reason": error and error.get("message"), "events": events})
+            return
+        if self.access_sample and (self.access_sample >= 1.0 or random.random() < self.access_sample):
+            op, duration_ms = self.op_of(message), (marks[2] - marks[0]) / 1e6
+            code = error.get("code", "INTERNAL") if error else "OK"
+            access.info("%s %s %.2f ms", op, code, duration_ms,
+                        extra={"request_id": _loggable(message.get("id")), "op": op, "code": code,
+                               "duration_ms": round(duration_ms, 3), "client": address})
+        if self.trace is not None:
+            self.trace.records.append(("S", message.get("id"), self.op_of(message), *marks))
+
+    def op_of(self, message: dict[str, Any]) -> str:
+        """The op's name, or "unknown" for a name this server does not serve (or no name: a
+        client may send a list there, which no set lookup takes)."""
+        op = message.get("op")
+        return op if isinstance(op, str) and op in self.ops else metrics.UNKNOWN_OP
+
+
+class MarketObserver(LogObserver):
+    """LogObserver plus the loop's metrics (observe.metrics)."""
+
+    def __init__(self, server: str, ops: Iterable[str], *, access_sample: float = 0.0,
+                 trace: TraceFile | None = None) -> None:
+        super().__init__(server, ops, access_sample=access_sample, trace=trace)
+        self._counts: dict[tuple[str, str], Any] = {}
+        self._durations: dict[str, Any] = {}
+        self._open = metrics.CONNECTIONS_OPEN.labels(server)
+        self._busy = metrics.THREADS_BUSY.labels(server)
+        self._queued = metrics.REQUESTS_QUEUED.labels(server)
+
+    # The supervisor's health checks (a ping every few seconds per worker) are no client's:
+    # their connections and answers are not counted (their queueing and threads are).
+    def connection_opened(self, address: str) -> None:
+        if address != SUPERVISOR:
+            self._open.inc()
+
+    def connection_closed(self, address: str) -> None:
+        if address != SUPERVISOR:
+            self._open.dec()
+
+    def connection_refused(self, address: str, reason: str) -> None:
+        metrics.CONNECTIONS_REFUSED.labels(self.server, reason).inc()
+        super().connection_refused(address, reason)
+
+    def requests_read(self, count: int) -> None:
+        self._queued.inc(count)
+
+    def threads_busy(self, delta: int) -> None:
+        self._busy.inc(delta)
+
+    def answering(self, address: str, message: Message) -> None:
+        self._queued.dec()
+        super().answering(address, message)
+
+    def answer_sent(self, address: str, message: Message, response: dict[str, Any],
+                    marks: tuple[int, int, int]) -> None:
+        if address != SUPERVISOR:
+            error = response.get("error")
+            code = error.get("code", "INTERNAL") if error else "OK"
+            op = self.op_of(message) if isinstance(message, dict) else metrics.FRAME_ERROR_OP
+            self._count(op, code).inc()
+            self._duration(op).observe((marks[2] - marks[0]) / 1e9)
+        super().answer_sent(address, message, response, marks)
+
+    def _count(self, op: str, code: str) -> Any:
+        child = self._counts.get((op, code))
+        if child is None:
+            child = self._counts[op, code] = metrics.REQUESTS.labels(self.server, op, code)
+        return child
+
+    def _duration(self, op: str) -> Any:
+        child = self._durations.get(op)
+        if child is None:
+            child = self._durations[op] = metrics.DURATION.labels(self.server, op)
+        return child
