@@ -54,6 +54,9 @@ def running_servers(db_url: str, log_dir: Path,
 def running_server_processes(db_url: str, log_dir: Path,
                              extra_args: tuple[str, ...] = ()) -> Iterator[dict[str, ServerProcess]]:
     """Both servers as processes (to watch or signal), stopped at the end if still running."""
+    from db.migrations import make_current  # the servers refuse a database not current
+
+    make_current(db_url)
     processes: list[subprocess.Popen[str]] = []
     try:
         servers = {}

@@ -57,6 +57,7 @@ class Settings:
     tls_key: str | None = None
     log_level: str = "INFO"
     sqlite_synchronous: str = "NORMAL"
+    upgrade_schema: bool = False  # upgrade an older schema at start instead of refusing it
 
 
 @functools.cache
@@ -180,6 +181,10 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     parser.add_argument("--sqlite-synchronous",
                         default=env("MARKET_SQLITE_SYNCHRONOUS", default.sqlite_synchronous),
                         help="NORMAL (default), or FULL: SQLite's commits survive a power cut too (slower)")
+    parser.add_argument("--upgrade-schema", action="store_true",
+                        default=env("MARKET_UPGRADE_SCHEMA", "0") not in ("", "0"),
+                        help="bring an empty or older database to this code's schema at start, instead "
+                             "of refusing it (scripts/start.sh does on its SQLite default)")
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         refuse("--tls-cert and --tls-key go together")
@@ -217,6 +222,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         housekeeping_interval_s=number("MARKET_HOUSEKEEPING_INTERVAL_S", float,
                                        default.housekeeping_interval_s),
         log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
+        upgrade_schema=args.upgrade_schema,
     )
     for field, (source, low, high) in _RANGES.items():
         value = getattr(settings, field)
