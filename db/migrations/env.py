@@ -4,7 +4,9 @@ from alembic import context
 
 from db.schema import metadata
 
-connection = context.config.attributes["connection"]
+connection = context.config.attributes.get("connection")
+if connection is None:  # the alembic command itself: it would skip our lock
+    raise SystemExit("error: upgrade databases with `market db upgrade --db-url URL` (it takes the lock)")
 # one transaction per revision: a revision done stays done if a later one fails
 context.configure(connection=connection, target_metadata=metadata, transaction_per_migration=True)
 with context.begin_transaction():
