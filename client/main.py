@@ -5,6 +5,8 @@
   market serve            both servers in the foreground (SQLite by default)
   market health HOST:PORT ping a server; exit 0 when it answers (--ready: and its database)
   market seed             bulk-load sellers and items into a database (for scale measurements)
+  market db upgrade       bring a database to this code's schema (made from nothing if empty)
+  market db current       print a database's schema revision, and whether it is the newest
   market audit            check the books of a whole database; exit 0 when they balance, 1 when not
   market --version        the marketplace's version and its protocol's
 """
@@ -149,6 +151,54 @@ def audit(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
+def db_upgrade(args: argparse.Namespace) -> int:
+    """Bring the database to head under the upgrade lock; say what was done."""
+    from db.migrations import upgrade
+
+    def report(database: Any) -> str:
+        before, after = upgrade(database)
+        if before.current == after.current:
+            return f"the database {database.where} is at revision {after.current} (head): nothing to do"
+        return (f"upgraded the database {database.where} from revision "
+                f"{before.current or 'none (empty)'} to {after.current} (head)")
+    return _on_database(args.db_url, report)
+
+
+def db_current(args: argparse.Namespace) -> int:
+    """Print the database's revision and whether it is head; exit 1 when it is not."""
+    from db.migrations import revision_of
+
+    if _missing_sqlite_file(args.db_url):
+        print(f"error: no such database file: {args.db_url}", file=sys.stderr)
+        return 2
+    found: list[bool] = []
+
+    def report(database: Any) -> str:
+        revision = revision_of(database)
+        found.append(revision.is_head)
+        state = "head" if revision.is_head else f"not head: this code's head is {revision.head}"
+        if revision.is_newer:
+            state = f"newer than this code's head {revision.head}"
+        return f"{revision.current or 'none (empty database)'} ({state})"
+    code = _on_database(args.db_url, report)
+    return code if code or all(found) else 1
+
+
+def _on_database(db_url: str, report: Any) -> int:
+    """Print report(database)'s line; one line and exit 2 on a database it cannot use."""
+    from db import Database, DatabaseUnusable
+
+    database = Database(db_url, pool_size=1)
+    try:
+        print(report(database))
+        return 0
+    except DatabaseUnusable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        database.close()
+
+
 def _missing_sqlite_file(db_url: str) -> bool:
     """True for a SQLite URL whose file does not exist (opening it would create it, empty)."""
     from sqlalchemy import make_url
@@ -186,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sellers", type=positive_int, default=100_000)
     p.add_argument("--items", type=positive_int, default=1_000_000)
     p.set_defaults(func=seed)
+    p = sub.add_parser("db", help="the database's schema: upgrade it, or show its revision")
+    db_sub = p.add_subparsers(dest="db_command", required=True)
+    for name, func, text in (("upgrade", db_upgrade, "bring the database to this code's schema"),
+                             ("current", db_current, "print the database's revision; exit 1 if not head")):
+        q = db_sub.add_parser(name, help=text)
+        q.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+        q.set_defaults(func=func)
     p = sub.add_parser("audit", help="check the books of a whole database (run it with no load)")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
     p.set_defaults(func=audit)

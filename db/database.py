@@ -12,7 +12,6 @@ more than the rest of a write's transaction handling.
 """
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import random
@@ -21,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import VARBINARY, Connection, CursorResult, delete, insert, inspect, select, text, update
+from sqlalchemy import Connection, CursorResult
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -30,16 +29,6 @@ from observe import events
 from wire.errors import BusyError, UnavailableError
 
 from .engine import LOCK_WAIT_S, PROGRESS_KEY, RECYCLE_S, UNIT_KEY, WalKeeper, is_sqlite, make_engine
-from .schema import (
-    SCHEMA_VERSION,
-    item_keyword_pairs,
-    item_keywords,
-    items,
-    keyword_pair_rows,
-    metadata,
-    orders,
-    schema_info,
-)
 from .unit_of_work import ReplayUnheld, UnitOfWork
 
 T = TypeVar("T")
@@ -60,9 +49,6 @@ _SQLITE_UNAVAILABLE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE
                        sqlite3.SQLITE_CANTOPEN}
 _ALL_IN_USE = "every database connection is in use; try again"
 _LOCK_WAITED = f"waited {LOCK_WAIT_S} s for a lock another request held; nothing was changed; try again"
-# How long a starting server waits for another's creation or upgrade of the schema (a
-# million items took 66 s to upgrade to version 3 here)
-SCHEMA_WAIT_S = 600.0
 _OPENED_KEY = "market_opened"  # connection info: when its Connection was opened (monotonic)
 
 
@@ -72,10 +58,6 @@ class RetryTransaction(Exception):
 
 class DatabaseUnusable(RuntimeError):
     """The database cannot be used at all (found at start): the message says why, in one line."""
-
-
-class _NewerSchema(RuntimeError):
-    """The database was made by a newer version of the marketplace."""
 
 
 def inserted_id(result: CursorResult[Any]) -> int:
@@ -168,51 +150,26 @@ class Database:
             self._connections.give(conn)
             events.db_connections_in_use(-1)
 
-    def create_schema(self, wait_s: float = SCHEMA_WAIT_S) -> None:
-        """Create missing tables; safe when several servers start at once.
+    def create_schema(self) -> None:
+        """Make the database current, whatever it held (db.migrations.make_current)."""
+        from .migrations import make_current  # the migrations use this module: imported late
 
-        A server that finds another creating or upgrading the schema (its lock held past
-        LOCK_WAIT_S) goes on waiting, for up to `wait_s`: an upgrade of a large catalogue
-        takes minutes. DatabaseUnusable when the database cannot be reached, opened or
-        entered at all, or the schema stays locked past `wait_s`."""
-        deadline, attempt = time.monotonic() + wait_s, 0
-        while True:
-            try:
-                self._run_once(_create_or_upgrade, True, [0])
-                return
-            except _NewerSchema as exc:
-                raise DatabaseUnusable(f"cannot use the database {self._where}: {exc}") from None
-            except DBAPIError as exc:  # OperationalError and IntegrityError among them
-                if _is_unusable(exc):
-                    raise DatabaseUnusable(self._unusable_message(exc)) from None
-                if _is_lock_wait_timeout(exc):
-                    self._wait_again_or_give_up(deadline, wait_s)
-                    continue
-                attempt += 1
-                if attempt == 5:
-                    raise
-                time.sleep(0.2 * attempt)  # another process is creating it right now
-
-    def _wait_again_or_give_up(self, deadline: float, wait_s: float) -> None:
-        """Past a lock wait on the schema: log and go on, or DatabaseUnusable past the deadline."""
-        if time.monotonic() >= deadline:
-            raise DatabaseUnusable(
-                f"cannot use the database {self._where}: its schema stayed locked for over "
-                f"{wait_s:g} s (another server creating or upgrading it?); nothing was changed")
-        log.warning("the schema is locked, most likely by another server creating or upgrading "
-                    "it: still waiting (up to %g s in all)", wait_s)
+        make_current(self)
 
     @property
-    def _where(self) -> str:
+    def where(self) -> str:
         """The database's URL as the user wrote it, without its password."""
         return make_url(self.url).render_as_string(hide_password=True)
 
-    def _unusable_message(self, exc: DBAPIError) -> str:
+    def unusable_reason(self, exc: DBAPIError) -> str | None:
+        """One line on why the database cannot be used at all (at start), or None if it can."""
+        if not _is_unusable(exc):
+            return None
         reason = " ".join(str(exc.orig).split())
         if _errno(exc) == 1049:
             reason += (f"; create it first: CREATE DATABASE {self.engine.url.database} "
                        "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        return f"cannot use the database {self._where}: {reason}"
+        return f"cannot use the database {self.where}: {reason}"
 
     @property
     def is_sqlite(self) -> bool:
@@ -226,26 +183,6 @@ def _quietly_roll_back(tx: UnitOfWork) -> None:
         tx.rollback()
     except DBAPIError as exc:
         log.debug("rollback failed: %s", exc.orig)
-
-
-def _create_or_upgrade(tx: UnitOfWork) -> None:
-    tx.flush()
-    conn = tx.core
-    metadata.create_all(conn, checkfirst=True)
-    version = _locked_version(conn)
-    if version is None:
-        conn.execute(insert(schema_info).values(version=SCHEMA_VERSION))
-    elif version != SCHEMA_VERSION:
-        _upgrade(conn, version)
-    else:  # a write changing nothing: a database this server may not write is found now
-        conn.execute(update(schema_info).values(version=schema_info.c.version))
-
-
-def _locked_version(conn: Connection) -> int | None:
-    """The schema's version, locked until the transaction ends, so that of two servers
-    starting at once the second waits for the first's upgrade and then finds it done."""
-    version = conn.execute(select(schema_info.c.version).with_for_update()).scalar()
-    return None if version is None else int(version)
 
 
 class _Connections:
@@ -309,67 +246,6 @@ class _Connections:
                 conn.close()
         for _ in range(drained):
             self._slots.put(None)
-
-
-def _upgrade(conn: Connection, version: int) -> None:
-    """Bring a database made by an earlier version of the schema up to this one.
-
-    Changes of tables come first and may run twice: on MySQL each ends the transaction,
-    and with it the lock on schema_info, which is then taken again for the changes of rows.
-    """
-    if version > SCHEMA_VERSION:
-        raise _NewerSchema(f"it has schema version {version}, newer than this code's "
-                           f"{SCHEMA_VERSION}: run a newer version of the marketplace")
-    _index_keywords_by_item(conn)  # version 3
-    _compare_exactly(conn)  # version 3
-    locked = _locked_version(conn)
-    if locked == SCHEMA_VERSION:
-        return  # another server finished the upgrade meanwhile
-    if version < 2:  # version 2: the search index holds items on sale only
-        conn.execute(delete(item_keywords).where(
-            item_keywords.c.item_id.in_(select(items.c.item_id).where(items.c.quantity == 0))))
-    if version < 3:  # version 3: item_keyword_pairs, for the items already on sale
-        _fill_keyword_pairs(conn)
-    conn.execute(update(schema_info).values(version=SCHEMA_VERSION))
-    log.info("schema upgraded from version %d to %d", version, SCHEMA_VERSION)
-
-
-def _fill_keyword_pairs(conn: Connection, chunk: int = 10_000) -> None:
-    """Index the keyword pairs of every item on sale, a chunk of items at a time; pairs are
-    made in Python (keyword_pair_rows), exactly as put_item makes them."""
-    after, filled = 0, 0
-    while True:
-        page = conn.execute(select(items.c.item_id, items.c.keywords)
-                            .where(items.c.item_id > after, items.c.quantity > 0)
-                            .order_by(items.c.item_id).limit(chunk)).all()
-        if not page:
-            break
-        rows = [pair for item in page for pair in keyword_pair_rows(item.item_id, json.loads(item.keywords))]
-        if rows:
-            conn.execute(insert(item_keyword_pairs), rows)
-        after, filled = page[-1].item_id, filled + len(rows)
-    log.info("indexed %d keyword pairs of the items on sale", filled)
-
-
-def _index_keywords_by_item(conn: Connection) -> None:
-    """An index for unlisting an item's keywords, unless one leads with item_id already (MySQL
-    made one for the foreign key; SQLite had none and read the whole table per sold-out item)."""
-    existing = inspect(conn).get_indexes(item_keywords.name)
-    if not any(index["column_names"][:1] == ["item_id"] for index in existing):
-        next(ix for ix in item_keywords.indexes if ix.name == "ix_item_keywords_item").create(conn)
-
-
-def _compare_exactly(conn: Connection) -> None:
-    """Keywords and idempotency keys to schema.ExactText's type (SQLite's compare exactly already)."""
-    if is_sqlite(conn.engine):
-        return
-    for column in (item_keywords.c.keyword, orders.c.idempotency_key):
-        current = {c["name"]: c["type"] for c in inspect(conn).get_columns(column.table.name)}[column.name]
-        if isinstance(current, VARBINARY):
-            continue  # done already (by this version's create_all, or by another server)
-        null = "NULL" if column.nullable else "NOT NULL"
-        conn.execute(text(f"ALTER TABLE {column.table.name} MODIFY {column.name} "
-                          f"{column.type.compile(dialect=conn.dialect)} {null}"))
 
 
 def _left_open(conn: Connection) -> bool:

@@ -54,6 +54,13 @@ def running_servers(db_url: str, log_dir: Path,
 def running_server_processes(db_url: str, log_dir: Path,
                              extra_args: tuple[str, ...] = ()) -> Iterator[dict[str, ServerProcess]]:
     """Both servers as processes (to watch or signal), stopped at the end if still running."""
+    from db import DatabaseUnusable
+    from db.migrations import make_current  # the servers refuse a database not current
+
+    try:
+        make_current(db_url)
+    except DatabaseUnusable as exc:
+        raise ServerStartError(f"the servers cannot start: {exc}") from None
     processes: list[subprocess.Popen[str]] = []
     try:
         servers = {}

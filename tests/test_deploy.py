@@ -338,7 +338,7 @@ def test_compose_mysql_buffer_pool_is_set_from_env_example() -> None:
 def test_compose_servers_wait_for_the_database_and_publish_their_port(role: str) -> None:
     service = compose()["services"][role]
     port = service["environment"][SERVERS[role]]
-    assert service["depends_on"] == {"db": {"condition": "service_healthy"},
+    assert service["depends_on"] == {"migrate": {"condition": "service_completed_successfully"},
                                      "tls": {"condition": "service_completed_successfully"}}
     assert service["ports"] == [f"${{{SERVERS[role]}:-{env_example_values()[SERVERS[role]]}}}:{port}"]
     assert service["healthcheck"]["test"] == ["CMD", "market", "health", "--ready", f"127.0.0.1:{port}"]
@@ -347,7 +347,26 @@ def test_compose_servers_wait_for_the_database_and_publish_their_port(role: str)
     assert {"path": ".env", "required": False} in service["env_file"]
 
 
-@pytest.mark.parametrize("service", ["buyer", "seller", "sim"])
+def test_compose_upgrades_the_schema_once_before_the_servers_start() -> None:
+    migrate = compose()["services"]["migrate"]
+    assert migrate["command"] == ["market", "db", "upgrade"]  # the database URL from its file
+    assert migrate["image"] == compose()["services"]["buyer"]["image"]
+    assert migrate["depends_on"] == {"db": {"condition": "service_healthy"}}
+    assert migrate["restart"] == "no"
+
+
+def test_the_vm_upgrades_the_schema_after_the_proxy_and_before_the_servers() -> None:
+    startup = (GCP / "startup.sh").read_text(encoding="utf-8")
+    proxy = startup.index("systemctl restart cloud-sql-proxy.service")
+    upgrade = startup.index('"$APP/venv/bin/market" db upgrade')
+    servers = startup.index("systemctl restart market-buyer.service market-seller.service")
+    assert proxy < upgrade < servers
+    assert "-p EnvironmentFile=/etc/market/market.env" in startup  # the servers' own settings
+    assert "--uid=market" in startup
+    assert 'systemctl restart "${SERVICES[@]}"' not in startup  # the servers not before it
+
+
+@pytest.mark.parametrize("service", ["buyer", "seller", "sim", "migrate"])
 def test_compose_environment_uses_only_listed_settings(service: str) -> None:
     listed = env_example()
     environment = compose()["services"][service]["environment"]
@@ -443,8 +462,14 @@ def test_servers_start_with_the_container_command_and_answer_the_health_check(
     assert run_tls_service(tmp_path).returncode == 0
     running: list[tuple[subprocess.Popen[str], list[str], str, int]] = []
     env: dict[str, str] = {}
+    migrate = services["migrate"]
+    upgraded = subprocess.run(exec_form("ENTRYPOINT") + migrate["command"], capture_output=True, text=True,
+                              env=container_environment(migrate, deploy_database, tmp_path), cwd=tmp_path,
+                              timeout=120)
+    assert (upgraded.returncode, upgraded.stderr) == (0, "")
+    assert upgraded.stdout.startswith("upgraded the database mysql://")
     try:
-        for role in SERVERS:  # one after the other: the first creates the schema
+        for role in SERVERS:
             service = services[role]
             command = exec_form("ENTRYPOINT") + (service.get("command") or exec_form("CMD"))
             env = container_environment(service, deploy_database, tmp_path)

@@ -140,8 +140,8 @@ def test_idle_cost_says_in_one_line_why_the_servers_did_not_start(tmp_path: Path
     url = f"sqlite:///{tmp_path / 'missing' / 'idle.db'}"
     assert idle_cost.main(["--rounds", "1", "--db-url", url, "--out", str(tmp_path / "out")]) == 3
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("python -m simulation.idle_cost: the buyer server did not")
-    assert f"said: error: buyer server: cannot use the database {url}: unable to open database file" in err
+    assert err == (f"python -m simulation.idle_cost: the servers cannot start: cannot use the database "
+                   f"{url}: unable to open database file\n")
 
 
 def test_idle_cost_holds_the_idle_connections_through_their_run(market: Market, tmp_path: Path) -> None:

@@ -119,7 +119,8 @@ def test_servers_starting_together_on_a_new_database_all_come_up(spawn) -> None:
 
 def test_settings_come_from_a_dot_env_file_in_the_working_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
     db_file = tmp_path / "from-dotenv.db"
-    (tmp_path / ".env").write_text(f"MARKET_DB_URL=sqlite:///{db_file}\nMARKET_SELLER_PORT=0\n")
+    (tmp_path / ".env").write_text(f"MARKET_DB_URL=sqlite:///{db_file}\nMARKET_SELLER_PORT=0\n"
+                                      "MARKET_UPGRADE_SCHEMA=1\n")
     proc = subprocess.Popen([sys.executable, "-m", "seller_server"], cwd=tmp_path,
                             stdout=subprocess.PIPE, text=True,
                             env={k: v for k, v in os.environ.items() if not k.startswith("MARKET_")})

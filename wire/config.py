@@ -64,6 +64,7 @@ class Settings:
     metrics_host: str = "127.0.0.1"
     log_format: str = "text"
     access_log: float = 0.0  # the fraction of requests the access log records
+    upgrade_schema: bool = False  # upgrade an older schema at start instead of refusing it
 
 
 @functools.cache
@@ -211,6 +212,10 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     parser.add_argument("--metrics-host", default=env("MARKET_METRICS_HOST", default.metrics_host))
     parser.add_argument("--log-format", default=env("MARKET_LOG_FORMAT", default.log_format),
                         help="text (default) or json: one JSON object per line")
+    parser.add_argument("--upgrade-schema", action="store_true",
+                        default=env("MARKET_UPGRADE_SCHEMA", "0") not in ("", "0"),
+                        help="bring an empty or older database to this code's schema at start, instead "
+                             "of refusing it (scripts/start.sh does on its SQLite default)")
     args = parser.parse_args(argv)
     if args.cache not in _CACHE_MODES:
         refuse(f"--cache {args.cache}: one of {', '.join(_CACHE_MODES)} (the cache keeps reads fresh "
@@ -257,6 +262,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         cache_file=env("MARKET_CACHE_COUNTERS"),
         metrics_port=args.metrics_port, metrics_host=args.metrics_host, log_format=args.log_format.lower(),
         access_log=_fraction_or_switch(env("MARKET_ACCESS_LOG", "off"), refuse),
+        upgrade_schema=args.upgrade_schema,
     )
     for field, (source, low, high) in _RANGES.items():
         value = getattr(settings, field)

@@ -83,6 +83,8 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
     from observe import serving  # before anything imports prometheus_client (see observe.serving)
 
     serving.prepare(settings)
+    # the migrations library logs each plugin and step; db.migrations says what it did in one line
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         if build_app is None:
             build_app = importlib.import_module(f"{role}_server.ops").build_app
@@ -97,10 +99,14 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
 def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignals) -> int:
     from db import Database, DatabaseUnusable  # the one place the protocol package meets the data layer
     from db.cache import CacheUnusable
+    from db.migrations import check_current, upgrade
 
     schema_db = Database(settings.db_url, pool_size=1)
     try:
-        schema_db.create_schema()
+        if settings.upgrade_schema:
+            upgrade(schema_db)
+        else:
+            check_current(schema_db)
     except DatabaseUnusable as exc:
         print(f"error: {role} server: {exc}", file=sys.stderr)
         return 2

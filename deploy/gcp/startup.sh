@@ -2,7 +2,7 @@
 # The VM's startup script: runs as root at every boot. Installs the Cloud SQL Auth Proxy, the
 # release from the bucket into /opt/market/venv (its dependencies from the lock file), the
 # settings and the TLS certificate from Secret Manager into /etc/market/, the systemd units, then
-# (re)starts the three services.
+# (re)starts the proxy, upgrades the database's schema, and (re)starts the servers.
 set -euo pipefail
 
 attribute() {
@@ -51,4 +51,19 @@ done
 install -m 644 "$release"/*.service /etc/systemd/system/
 systemctl daemon-reload
 systemctl enable "${SERVICES[@]}"
-systemctl restart "${SERVICES[@]}"
+# The schema's upgrade, a step of its own between the proxy and the servers (they refuse a
+# database not at their release's revision): as the servers' user, with their settings; tried
+# for a minute while the proxy comes up.
+systemctl restart cloud-sql-proxy.service
+upgraded=no
+for _ in $(seq 30); do
+  if systemd-run --wait --collect --quiet --pipe --uid=market --gid=market \
+      -p EnvironmentFile=/etc/market/market.env -p WorkingDirectory=/var/lib/market \
+      "$APP/venv/bin/market" db upgrade; then
+    upgraded=yes
+    break
+  fi
+  sleep 2
+done
+[ "$upgraded" = yes ] || { echo "market db upgrade failed: the servers are not restarted" >&2; exit 1; }
+systemctl restart market-buyer.service market-seller.service

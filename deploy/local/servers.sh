@@ -115,6 +115,9 @@ start() {
   done
   trap undo_failed_start EXIT
   [ -n "$DB_URL" ] || DB_URL="sqlite:///$DIR/market.db"
+  # the schema's upgrade first, once: the servers refuse a database not at their revision
+  "$PYTHON" -m client.main db upgrade --db-url "$DB_URL" >"$DIR/upgrade.log" 2>&1 \
+    || die "market db upgrade failed: $(tail -n 1 "$DIR/upgrade.log")"
   {
     haproxy_defaults "stats socket $DIR/haproxy.sock mode 600 level admin"
     backend buyer "$BUYERS" "$BUYER_PORT"
