@@ -297,6 +297,7 @@ def _upgrade(conn: Connection, version: int) -> None:
                            f"{SCHEMA_VERSION}: run a newer version of the marketplace")
     _index_keywords_by_item(conn)  # version 3
     _compare_exactly(conn)  # version 3
+    _add_order_status(conn)  # version 4
     locked = _locked_version(conn)
     if locked == SCHEMA_VERSION:
         return  # another server finished the upgrade meanwhile
@@ -332,6 +333,23 @@ def _index_keywords_by_item(conn: Connection) -> None:
     existing = inspect(conn).get_indexes(item_keywords.name)
     if not any(index["column_names"][:1] == ["item_id"] for index in existing):
         next(ix for ix in item_keywords.indexes if ix.name == "ix_item_keywords_item").create(conn)
+
+
+# -- version 4: purchases in steps (db.purchases). One step of its own, so that it can become
+# one migration: orders made before it are paid (status's server default) and have no key.
+def _add_order_status(conn: Connection) -> None:
+    """orders.status and orders.payment_key, with their indexes, unless there already."""
+    present = {column["name"] for column in inspect(conn).get_columns(orders.name)}
+    for column in (orders.c.status, orders.c.payment_key):
+        if column.name not in present:
+            ddl = column.type.compile(dialect=conn.dialect)
+            default = f" NOT NULL DEFAULT '{column.server_default.arg}'" if column.server_default else " NULL"  # type: ignore[attr-defined]
+            conn.execute(text(f"ALTER TABLE {orders.name} ADD COLUMN {column.name} {ddl}{default}"))
+    indexes = {index["name"] for index in inspect(conn).get_indexes(orders.name)}
+    if "uq_orders_payment_key" not in indexes:
+        conn.execute(text(f"CREATE UNIQUE INDEX uq_orders_payment_key ON {orders.name} (payment_key)"))
+    if "ix_orders_status" not in indexes:
+        conn.execute(text(f"CREATE INDEX ix_orders_status ON {orders.name} (status, created_ms)"))
 
 
 def _compare_exactly(conn: Connection) -> None:
