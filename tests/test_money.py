@@ -1,0 +1,221 @@
+"""Money: a purchase and its payment never disagree. A decline, the same key sent at once,
+a buyer server killed (SIGKILL) at every step of a purchase and started again: afterwards
+the audit passes, and the client's view (history, stock, replay by key) agrees with the
+processor's ledger. Real sockets, real processes, both databases.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from conftest import CARD, Market, free_port, running_market
+from test_faults import list_items, sign_up
+from test_processes import ServerProcess
+
+from buyer_server.checkout import KILL_POINTS
+from buyer_server.payments import Card
+from db import Database, accounts, purchases
+from db.audit import audit
+from db.ledger import CAPTURED, DECLINED, VOIDED, Ledger, Payment
+from db.purchases import PAID, PENDING
+from db.schema import orders
+from wire import Connection, ProtocolError
+from wire.config import Settings
+from wire.errors import ConflictError, PaymentDeclinedError
+
+SETTLE_ENV = {"MARKET_SETTLE_AFTER_S": "1", "MARKET_SETTLE_PERIOD_S": "0.2"}
+
+
+def ledger_of(database: Database) -> list[Payment]:
+    return Ledger(database).entries()
+
+
+def order_statuses(database: Database) -> Counter[str]:
+    rows = database.run(lambda tx: tx.execute(orders.select()).all(), write=False)
+    return Counter(row.status for row in rows)
+
+
+def test_a_purchase_captures_its_total_once(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, price="12.50", quantity=5)
+    buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+    receipt = buyer.call("make_purchase", CARD)
+    [payment] = ledger_of(market.db)
+    assert (payment.state, payment.captures, payment.amount_cents, payment.buyer_id) == \
+        (CAPTURED, 1, 2500, buyer.user_id)  # type: ignore[attr-defined]
+    assert order_statuses(market.db) == Counter({PAID: 1})
+    assert buyer.call("get_purchase_history")["purchases"][0]["order_id"] == receipt["order_id"]
+    assert audit(market.db) == []
+
+
+def test_a_decline_changes_nothing_and_leaves_the_cart(database: Database) -> None:
+    with running_market(database, Settings(role="buyer", payment_decline_rate=1.0)) as market:
+        seller, buyer = market.user("seller"), market.user("buyer")
+        item_id = market.item(seller, quantity=2)
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})  # the last units: unlisted, then back
+        with pytest.raises(PaymentDeclinedError):
+            buyer.call("make_purchase", {**CARD, "idempotency_key": "k"})
+        assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 2
+        assert [line["quantity"] for line in buyer.call("display_cart")["cart"]["items"]] == [2]
+        assert buyer.call("get_purchase_history")["purchases"] == []
+        found = buyer.call("search_items", {"keywords": ["desk"]})["items"]
+        assert [item["item_id"] for item in found] == [item_id]  # listed again
+        assert [p.state for p in ledger_of(database)] == [DECLINED]
+        assert audit(database) == []
+        with pytest.raises(PaymentDeclinedError):  # the key was not kept: a new attempt
+            buyer.call("make_purchase", {**CARD, "idempotency_key": "k"})
+        assert [p.state for p in ledger_of(database)] == [DECLINED, DECLINED]
+
+
+def test_the_same_key_sent_many_times_at_once_captures_once(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=100)
+    buyer.call("add_to_cart", {"item_id": item_id, "quantity": 3})
+    twins = [market.connect("buyer") for _ in range(16)]
+    for twin in twins:
+        twin.token = buyer.token
+    answers: list[Any] = []
+    start = threading.Barrier(len(twins))
+
+    def buy(conn: Connection) -> None:
+        start.wait()
+        try:
+            answers.append(conn.call("make_purchase", {**CARD, "idempotency_key": "once"}))
+        except ProtocolError as exc:
+            answers.append(exc)
+
+    threads = [threading.Thread(target=buy, args=(twin,)) for twin in twins]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert all(isinstance(a, dict) for a in answers) and len({a["order_id"] for a in answers}) == 1, answers
+    [payment] = ledger_of(market.db)
+    assert (payment.state, payment.captures) == (CAPTURED, 1)
+    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 97
+    assert audit(market.db) == []
+
+
+def test_the_audit_finds_a_capture_without_its_order(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    buyer.call("add_to_cart", {"item_id": market.item(seller), "quantity": 1})
+    buyer.call("make_purchase", CARD)
+    ledger = Ledger(market.db)
+    ledger.record("stray", buyer.user_id, 100, CAPTURED)  # type: ignore[attr-defined]
+    [key] = [p.payment_key for p in ledger.entries() if p.payment_key != "stray"]
+    ledger.move(key, CAPTURED, VOIDED)
+    assert sorted(audit(market.db)) == [
+        f"order {order_id} (paid): paid, but its payment is voided"
+        for order_id in [buyer.call("get_purchase_history")["purchases"][0]["order_id"]]
+    ] + ["payment stray: captured 100 cents for no order"]
+
+
+# -- a buyer server killed at every step -------------------------------------------------------
+
+def wait_until_settled(database: Database, within_s: float = 30.0) -> None:
+    """Until no order is pending, capturing or voiding (the restarted server's settler)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        statuses = order_statuses(database)
+        if not set(statuses) - {PAID, "void"}:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"still unsettled after {within_s} s: {order_statuses(database)}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_purchase_cut_off_by_a_kill_is_settled_by_the_ledger(
+        database: Database, point: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in SETTLE_ENV.items():
+        monkeypatch.setenv(name, value)
+    port = free_port()
+    seller_proc = ServerProcess("seller", database.url).wait_ready()
+    monkeypatch.setenv("MARKET_TEST_KILL_AT", point)
+    buyer_proc = ServerProcess("buyer", database.url, port).wait_ready()
+    monkeypatch.delenv("MARKET_TEST_KILL_AT")
+    started = [seller_proc, buyer_proc]
+    try:
+        [item_id] = list_items(sign_up(seller_proc.connect(), "seller"), 1, 3)  # at 1.25
+        buyer = sign_up(buyer_proc.connect(), "buyer")
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 3})
+        with pytest.raises(OSError):  # killed at the point: no answer
+            buyer.call("make_purchase", {**CARD, "idempotency_key": "cut"})
+        assert buyer_proc.proc.wait(timeout=10) == -9
+        started.append(ServerProcess("buyer", database.url, port).wait_ready())
+        wait_until_settled(database)
+        [payment] = ledger_of(database)
+        assert audit(database) == []
+        history = buyer.call("get_purchase_history")["purchases"]
+        stock = buyer.call("get_item", {"item_id": item_id})["quantity"]
+        if point in ("before_authorise", "after_authorise"):  # the buyer never heard of success
+            assert (payment.state, history, stock) == (VOIDED, [], 3)
+            again = buyer.call("make_purchase", {**CARD, "idempotency_key": "cut"})  # the cart was kept
+            assert again["lines"][0]["quantity"] == 3
+        else:  # the order was committed as bought: it is completed
+            assert (payment.state, payment.captures, stock) == (CAPTURED, 1, 0)
+            [line] = history
+            replay = buyer.call("make_purchase", {**CARD, "idempotency_key": "cut"})
+            assert replay["order_id"] == line["order_id"] and replay["total"] == "3.75"
+            assert buyer.call("display_cart")["cart"]["items"] == []
+        assert audit(database) == []
+        assert sum(p.captures for p in ledger_of(database)) == 1  # one purchase in the end, either way
+        buyer.close()
+    finally:
+        for proc in started:
+            proc.proc.kill()
+            proc.proc.wait()
+
+
+@pytest.mark.slow
+def test_a_purchase_without_a_key_whose_answer_is_lost_is_not_charged_twice(
+        database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {**SETTLE_ENV, "MARKET_TEST_KILL_AT": "after_capture"}.items():
+        monkeypatch.setenv(name, value)
+    port = free_port()
+    buyer_proc = ServerProcess("buyer", database.url, port).wait_ready()
+    monkeypatch.delenv("MARKET_TEST_KILL_AT")
+    with running_market(database) as market:
+        seller = market.user("seller")
+        item_id = market.item(seller, quantity=5)
+        buyer = sign_up(buyer_proc.connect(), "buyer")
+        market.connections.append(buyer)
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+        started = [buyer_proc]
+        try:
+            with pytest.raises(OSError):
+                buyer.call("make_purchase", CARD)
+            started.append(ServerProcess("buyer", database.url, port).wait_ready())
+            with pytest.raises(ConflictError, match="cart is empty"):  # the client tries again
+                buyer.call("make_purchase", CARD)
+            wait_until_settled(database)
+        finally:
+            for proc in started:
+                proc.proc.kill()
+                proc.proc.wait()
+    assert [(p.state, p.captures) for p in ledger_of(database)] == [(CAPTURED, 1)]
+    assert order_statuses(database) == Counter({PAID: 1})
+    assert audit(database) == []
+
+
+def test_an_order_left_pending_is_undone_by_the_settler(market: Market) -> None:
+    """The settler on its own: a pending order (its purchase cut off before authorising) is
+    undone, its key voided so that a late authorisation is refused."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=1)
+    buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+    checkout = market.buyer_server.app.checkout  # type: ignore[attr-defined]
+    gate = accounts.SessionGate(market.db, "buyer", accounts.SessionPolicy())
+    opened = gate.run(buyer.token or "", True, lambda tx, s: purchases.open_order(tx, s, None))
+    assert order_statuses(market.db) == Counter({PENDING: 1})
+    assert checkout.settle_due(pending_for_s=60) == 0  # not cut off yet: too young
+    assert checkout.settle_due(pending_for_s=0) == 1
+    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 1
+    with pytest.raises(PaymentDeclinedError):  # the purchase's own thread, were it alive
+        checkout.processor.authorise(opened.payment_key, opened.buyer_id, opened.total_cents,
+                                     Card(CARD["card_name"], CARD["card_number"], CARD["card_expiry"]))
+    assert [p.state for p in ledger_of(market.db)] == [VOIDED]
+    assert audit(market.db) == []
