@@ -28,6 +28,7 @@ log = logging.getLogger("market.checkout")
 # Where MARKET_TEST_KILL_AT may stop the process (SIGKILL), for the crash tests.
 KILL_POINTS = ("before_authorise", "after_authorise", "after_order_commit", "after_capture")
 _CAPTURE_TRIES = 3
+_READ_BACK_TRIES = 6  # about 6 s of asking whether a COMMIT that failed went through
 _REPLAY_WAIT_S = 10.0  # how long a request waits for the purchase of the same key to settle
 # A pending order this old, whose key is sent again, was cut off (its steps take
 # milliseconds): the new request undoes it rather than wait for the settler.
@@ -51,7 +52,7 @@ class Checkout:
         self._crash_point("before_authorise")
         self._authorise(opened, card)
         self._crash_point("after_authorise")
-        if not self.db.run(lambda tx: purchases.mark_paid(tx, opened)):
+        if not self._mark_paid(opened):
             raise UnavailableError("the purchase took too long and was undone; nothing was charged")
         self._crash_point("after_order_commit")
         self._capture(opened.order_id, opened.payment_key)
@@ -91,6 +92,29 @@ class Checkout:
             self.settle(order)
         except Exception:
             log.exception("order %d: left to the settler", order.order_id)
+
+    def _mark_paid(self, order: OpenOrder) -> bool:
+        """Step three. Should the database fail at its COMMIT (a lost connection), whether it
+        committed is read back before answering: the answer must say what happened."""
+        try:
+            return bool(self.db.run(lambda tx: purchases.mark_paid(tx, order)))
+        except UnavailableError:
+            status = self._status_when_known(order.order_id)
+            if status in purchases.COMPLETED:
+                return True
+            if status == PENDING:  # it did not commit: undo now, as the answer will say
+                self._settle_or_leave(DueOrder(order.order_id, order.payment_key, PENDING))
+            raise
+
+    def _status_when_known(self, order_id: int) -> str | None:
+        """The order's status, asked for a few seconds while the database is away; None if
+        it stays away (then the settler finishes the order, and its key replays the end)."""
+        for attempt in range(_READ_BACK_TRIES):
+            try:
+                return str(self.db.run(lambda tx: purchases.status_of(tx, order_id), write=False))
+            except ProtocolError:
+                time.sleep(0.1 * 2**attempt)
+        return None
 
     def _capture(self, order_id: int, key: str) -> None:
         """Capture, and mark the order paid; a failure here is the settler's to finish (the

@@ -158,6 +158,11 @@ def finish(tx: Connection, order_id: int, status: str) -> bool:
     return _move(tx, order_id, before, status)
 
 
+def status_of(tx: Connection, order_id: int) -> str:
+    """The order's status now."""
+    return str(tx.execute(select(orders.c.status).where(orders.c.order_id == order_id)).scalar_one())
+
+
 def due_orders(tx: Connection, pending_before_ms: int, limit: int = 100) -> list[DueOrder]:
     """Orders a settler should finish: capturing or voiding ones (any age), and pending ones
     opened before `pending_before_ms`, whose purchase was cut off."""

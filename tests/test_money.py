@@ -5,13 +5,19 @@ processor's ledger. Real sockets, real processes, both databases.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any
 
 import pytest
 from conftest import CARD, Market, free_port, running_market
+from mysql.connector import errors as mysql_errors
+from sqlalchemy import event
+from sqlalchemy.exc import OperationalError
 from test_faults import list_items, sign_up
 from test_processes import ServerProcess
 
@@ -24,7 +30,7 @@ from db.purchases import PAID, PENDING
 from db.schema import orders
 from wire import Connection, ProtocolError
 from wire.config import Settings
-from wire.errors import ConflictError, PaymentDeclinedError
+from wire.errors import ConflictError, PaymentDeclinedError, UnavailableError
 
 SETTLE_ENV = {"MARKET_SETTLE_AFTER_S": "1", "MARKET_SETTLE_PERIOD_S": "0.2"}
 
@@ -219,3 +225,74 @@ def test_an_order_left_pending_is_undone_by_the_settler(market: Market) -> None:
                                      Card(CARD["card_name"], CARD["card_number"], CARD["card_expiry"]))
     assert [p.state for p in ledger_of(market.db)] == [VOIDED]
     assert audit(market.db) == []
+
+
+# -- faults at the COMMIT of the step that marks an order paid (MariaDB) ------------------------
+
+@contextlib.contextmanager
+def fault_at_commit(database: Database, fault: Callable[[Any], None]) -> Iterator[list[int]]:
+    """Run `fault(connection)` once, at the COMMIT of the transaction that marks an order paid
+    (found by its real UPDATE on the way to the database); yields the list of faults made."""
+    made: list[int] = []
+
+    def seen(conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if statement.startswith("UPDATE orders SET status") and "capturing" in str(params):
+            conn.info["fault_at_commit"] = True
+
+    def commit(conn: Any) -> None:
+        if conn.info.pop("fault_at_commit", False) and not made:
+            made.append(1)
+            fault(conn)
+
+    event.listen(database.engine, "before_cursor_execute", seen)
+    event.listen(database.engine, "commit", commit)
+    try:
+        yield made
+    finally:
+        event.remove(database.engine, "before_cursor_execute", seen)
+        event.remove(database.engine, "commit", commit)
+
+
+def _deadlock(conn: Any) -> None:
+    """What MariaDB (or Galera's certification) does to a COMMIT it will not make: the
+    transaction rolled back, and error 1213."""
+    conn.connection.driver_connection.rollback()
+    raise OperationalError("COMMIT", {}, mysql_errors.InternalError(
+        msg="Deadlock found when trying to get lock; try restarting transaction", errno=1213))
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_a_deadlock_at_the_commit_is_retried_and_captures_once(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=4)
+    buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+    with fault_at_commit(market.db, _deadlock) as made:
+        receipt = buyer.call("make_purchase", CARD)
+    assert made == [1]
+    assert [(p.state, p.captures, p.amount_cents) for p in ledger_of(market.db)] == [(CAPTURED, 1, 2500)]
+    assert buyer.call("get_purchase_history")["purchases"][0]["order_id"] == receipt["order_id"]
+    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 2
+    assert audit(market.db) == []
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_a_connection_lost_at_the_commit_answers_what_happened(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    item_id = market.item(seller, quantity=4)
+    buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+    with closing(Database(market.db.url, pool_size=1)) as admin:
+        def kill_connection(conn: Any) -> None:  # the server ends it: the COMMIT finds it gone
+            victim = conn.connection.driver_connection.connection_id
+            admin.run(lambda tx: tx.exec_driver_sql(f"KILL CONNECTION {victim}"))
+
+        with fault_at_commit(market.db, kill_connection) as made, pytest.raises(UnavailableError):
+            buyer.call("make_purchase", CARD)
+    assert made == [1]
+    # told UNAVAILABLE: nothing captured, the stock back, the cart as it was
+    assert [p.state for p in ledger_of(market.db)] == [VOIDED]
+    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 4
+    assert [line["quantity"] for line in buyer.call("display_cart")["cart"]["items"]] == [2]
+    assert buyer.call("get_purchase_history")["purchases"] == []
+    assert audit(market.db) == []
+    buyer.call("make_purchase", CARD)  # and the next try buys
+    assert [p.state for p in ledger_of(market.db)] == sorted([VOIDED, CAPTURED])
