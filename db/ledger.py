@@ -8,13 +8,16 @@ key, and each state change is a conditional UPDATE, so racing callers cannot bot
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sqlalchemy import BigInteger, Column, Connection, MetaData, String, Table, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from .database import Database, now_ms
 
+T = TypeVar("T")
 AUTHORISED, CAPTURED, VOIDED, DECLINED = "authorised", "captured", "voided", "declined"
 ledger_metadata = MetaData()  # apart from the marketplace's: the processor's own storage
 
@@ -49,7 +52,13 @@ class Ledger:
 
     def __init__(self, database: Database) -> None:
         self.database = database
-        database.run(lambda tx: ledger_metadata.create_all(tx, checkfirst=True))
+        self._created = False  # the table, made at the first call (a server starts without it)
+
+    def _run(self, work: Callable[[Connection], T], write: bool = True) -> T:
+        if not self._created:
+            self.database.run(lambda tx: ledger_metadata.create_all(tx, checkfirst=True))
+            self._created = True
+        return self.database.run(work, write=write)
 
     def record(self, key: str, buyer_id: int, amount_cents: int, state: str) -> Payment:
         """A new entry for `key` in `state`, or the entry the key has already (never two)."""
@@ -58,7 +67,7 @@ class Ledger:
             tx.execute(insert(payments).values(payment_key=key, buyer_id=buyer_id, amount_cents=amount_cents,
                                                state=state, captures=0, created_ms=now, updated_ms=now))
         try:
-            self.database.run(insert_once)
+            self._run(insert_once)
         except IntegrityError:
             pass  # the key has its entry: the call was made before
         found = self.lookup(key)
@@ -72,17 +81,17 @@ class Ledger:
             captured = payments.c.captures + (1 if to_state == CAPTURED else 0)
             tx.execute(update(payments).where(payments.c.payment_key == key, payments.c.state == from_state)
                        .values(state=to_state, captures=captured, updated_ms=now_ms()))
-        self.database.run(conditional)
+        self._run(conditional)
         return self.lookup(key)
 
     def lookup(self, key: str) -> Payment | None:
         """The key's entry, or None."""
-        row = self.database.run(lambda tx: tx.execute(select(payments).where(payments.c.payment_key == key))
-                                .first(), write=False)
+        row = self._run(lambda tx: tx.execute(select(payments).where(payments.c.payment_key == key)).first(),
+                        write=False)
         return None if row is None else Payment(**row._asdict())
 
     def entries(self) -> list[Payment]:
         """Every entry, by key (for the audit)."""
         every = select(payments).order_by(payments.c.payment_key)
-        rows = self.database.run(lambda tx: tx.execute(every).all(), write=False)
+        rows = self._run(lambda tx: tx.execute(every).all(), write=False)
         return [Payment(**row._asdict()) for row in rows]
