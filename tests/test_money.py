@@ -18,11 +18,16 @@ from conftest import CARD, Market, free_port, running_market
 from mysql.connector import errors as mysql_errors
 from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
-from test_faults import list_items, sign_up
+from test_faults import (
+    PrivateMariaDB,
+    list_items,
+    private_mariadb,  # noqa: F401 - the fixture, found by its name
+    sign_up,
+)
 from test_processes import ServerProcess
 
 from buyer_server.checkout import KILL_POINTS
-from buyer_server.payments import Card
+from buyer_server.payments import Card, SimulatedProcessor
 from db import Database, accounts, purchases
 from db.audit import audit
 from db.ledger import CAPTURED, DECLINED, VOIDED, Ledger, Payment
@@ -296,3 +301,69 @@ def test_a_connection_lost_at_the_commit_answers_what_happened(market: Market) -
     assert audit(market.db) == []
     buyer.call("make_purchase", CARD)  # and the next try buys
     assert [p.state for p in ledger_of(market.db)] == sorted([VOIDED, CAPTURED])
+
+
+# -- the database stopped between steps ---------------------------------------------------------
+
+class StoppingProcessor:
+    """The simulated processor (its ledger in a database of its own), which stops the
+    marketplace's database server (a real kill) at one step of a purchase."""
+
+    def __init__(self, inner: SimulatedProcessor, stop_at: str, server: PrivateMariaDB) -> None:
+        self.inner, self.stop_at, self.server = inner, stop_at, server
+
+    def authorise(self, key: str, buyer_id: int, amount_cents: int, card: Card) -> None:
+        self.inner.authorise(key, buyer_id, amount_cents, card)
+        self._stop_if("after_authorise")
+
+    def capture(self, key: str) -> None:
+        self._stop_if("before_capture")
+        self.inner.capture(key)
+
+    def void(self, key: str) -> None:
+        self.inner.void(key)
+
+    def lookup(self, key: str) -> str | None:
+        return self.inner.lookup(key)
+
+    def _stop_if(self, step: str) -> None:
+        if self.stop_at == step:
+            self.stop_at = ""
+            self.server.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_at", ["after_authorise", "before_capture"])
+def test_a_database_stopped_between_steps_is_settled_once_it_is_back(
+        private_mariadb: PrivateMariaDB, tmp_path: Any, stop_at: str) -> None:  # noqa: F811
+    database = Database(private_mariadb.url, pool_size=4)
+    database.create_schema()
+    ledger_db = Database(f"sqlite:///{tmp_path / 'ledger.db'}", pool_size=2)
+    ledger = Ledger(ledger_db)
+    processor = StoppingProcessor(SimulatedProcessor(ledger), stop_at, private_mariadb)
+    try:
+        with running_market(database, processor=processor) as market:
+            seller, buyer = market.user("seller"), market.user("buyer")
+            item_id = market.item(seller, quantity=2)
+            buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+            try:
+                answer: Any = buyer.call("make_purchase", CARD)
+            except UnavailableError as exc:
+                answer = exc
+            private_mariadb.start()
+            assert market.buyer_server.app.checkout.settle_due(pending_for_s=0) == 1  # type: ignore[attr-defined]
+            [payment] = ledger.entries()
+            history = buyer.call("get_purchase_history")["purchases"]
+            stock = buyer.call("get_item", {"item_id": item_id})["quantity"]
+            if stop_at == "after_authorise":  # not marked paid: told so, and undone
+                assert isinstance(answer, UnavailableError)
+                assert (payment.state, history, stock) == (VOIDED, [], 2)
+                assert len(buyer.call("display_cart")["cart"]["items"]) == 1
+            else:  # marked paid, then the database went: the receipt, and captured once
+                assert answer["order_id"] == history[0]["order_id"]
+                assert (payment.state, payment.captures, stock) == (CAPTURED, 1, 0)
+            assert order_statuses(database) in (Counter({PAID: 1}), Counter({"void": 1}))
+            assert audit(database, ledger=ledger.entries()) == []
+    finally:
+        database.close()
+        ledger_db.close()
