@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from sqlalchemy import BigInteger, Column, Connection, MetaData, String, Table, insert, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.schema import CreateTable
 
 from .database import Database, now_ms
 
@@ -55,8 +56,8 @@ class Ledger:
         self._created = False  # the table, made at the first call (a server starts without it)
 
     def _run(self, work: Callable[[Connection], T], write: bool = True) -> T:
-        if not self._created:
-            self.database.run(lambda tx: ledger_metadata.create_all(tx, checkfirst=True))
+        if not self._created:  # IF NOT EXISTS: threads and servers may all do it at once
+            self.database.run(lambda tx: tx.execute(CreateTable(payments, if_not_exists=True)))
             self._created = True
         return self.database.run(work, write=write)
 

@@ -300,7 +300,7 @@ def test_a_connection_lost_at_the_commit_answers_what_happened(market: Market) -
     assert buyer.call("get_purchase_history")["purchases"] == []
     assert audit(market.db) == []
     buyer.call("make_purchase", CARD)  # and the next try buys
-    assert [p.state for p in ledger_of(market.db)] == sorted([VOIDED, CAPTURED])
+    assert sorted(p.state for p in ledger_of(market.db)) == [CAPTURED, VOIDED]
 
 
 # -- the database stopped between steps ---------------------------------------------------------

@@ -133,5 +133,6 @@ def test_a_thousand_slow_clients_are_closed_at_the_frame_deadline_and_others_are
           f" max {max(normal.latencies) * 1000:.1f} ms; server threads at most {most_threads}")
     assert earliest >= FRAME_DEADLINE_S - 0.1, "a slow connection was closed before its deadline"
     assert latest <= CLOSE_BOUND_S
-    assert most_threads <= THREADS + 2, "more threads than the pool and the main thread"
+    # + the buyer server's settler thread (it settles purchases a crash cut off)
+    assert most_threads <= THREADS + 3, "more threads than the pool, the main thread and the settler"
     assert normal.p99() < LATENCY_BOUND_S
