@@ -367,3 +367,48 @@ def test_a_database_stopped_between_steps_is_settled_once_it_is_back(
     finally:
         database.close()
         ledger_db.close()
+
+
+def test_settlers_racing_each_other_and_the_purchases_act_once(market: Market) -> None:
+    """Eight settlers at once over orders left pending, while each order's own purchase
+    tries to mark it paid: every order ends once, paid or void, and the stock and the
+    ledger say the same."""
+    seller = market.user("seller")
+    item_id = market.item(seller, quantity=50)
+    checkout = market.buyer_server.app.checkout  # type: ignore[attr-defined]
+    gate = accounts.SessionGate(market.db, "buyer", accounts.SessionPolicy())
+    opened = []
+    for _ in range(6):
+        buyer = market.user("buyer")
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+        order = gate.run(buyer.token or "", True, lambda tx, s: purchases.open_order(tx, s, None))
+        checkout.processor.authorise(order.payment_key, order.buyer_id, order.total_cents,
+                                     Card(CARD["card_name"], CARD["card_number"], CARD["card_expiry"]))
+        opened.append(order)
+    start = threading.Barrier(8 + len(opened))
+    paid: list[bool] = []
+
+    def settle() -> None:
+        start.wait()
+        checkout.settle_due(pending_for_s=0)
+
+    def purchase_goes_on(order: purchases.OpenOrder) -> None:
+        start.wait()
+        if market.db.run(lambda tx: purchases.mark_paid(tx, order)):
+            paid.append(True)
+            checkout.processor.capture(order.payment_key)
+            market.db.run(lambda tx: purchases.finish(tx, order.order_id, PAID))
+
+    threads = [threading.Thread(target=settle) for _ in range(8)]
+    threads += [threading.Thread(target=purchase_goes_on, args=(order,)) for order in opened]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    checkout.settle_due(pending_for_s=0)  # what a settler moved to voiding after the others looked
+    statuses = order_statuses(market.db)
+    assert statuses[PAID] == len(paid) and statuses[PAID] + statuses["void"] == len(opened), statuses
+    states = Counter(p.state for p in ledger_of(market.db))
+    assert states == Counter({CAPTURED: len(paid), VOIDED: len(opened) - len(paid)})
+    assert market.user("buyer").call("get_item", {"item_id": item_id})["quantity"] == 50 - 2 * len(paid)
+    assert audit(market.db) == []
