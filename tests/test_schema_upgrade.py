@@ -14,7 +14,7 @@ from sqlalchemy import Connection, insert, inspect, select, text, update
 import db.engine as engine_module
 from db import Database, DatabaseUnusable
 from db.audit import audit
-from db.schema import SCHEMA_VERSION, item_keyword_pairs, item_keywords, items, schema_info, users
+from db.schema import SCHEMA_VERSION, item_keyword_pairs, item_keywords, items, orders, schema_info, users
 
 
 def _item(tx: object, item_id: int, quantity: int, keywords: tuple[str, ...] = ("old",)) -> None:
@@ -204,3 +204,30 @@ def test_a_server_on_a_newer_schema_says_so_in_one_line(tmp_path: Path) -> None:
     assert done.stderr.splitlines() == [
         f"error: buyer server: cannot use the database {url}: it has schema version {SCHEMA_VERSION + 1}, "
         f"newer than this code's {SCHEMA_VERSION}: run a newer version of the marketplace"]
+
+
+# MariaDB only: SQLite cannot drop a column of a table's UNIQUE constraint, which a version 4
+# table has (its upgrade adds a unique index instead, by the same code).
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_version_3_orders_become_paid_orders_without_a_payment_key(database: Database) -> None:
+    def to_version_3(tx: Connection) -> None:  # the orders table as version 3 made it
+        for index in ("ix_orders_status", "uq_orders_payment_key"):
+            tx.execute(text(f"DROP INDEX {index} ON orders"))
+        for column in ("status", "payment_key"):
+            tx.execute(text(f"ALTER TABLE orders DROP COLUMN {column}"))
+        tx.execute(update(schema_info).values(version=3))
+        tx.execute(insert(users).values(user_id=1, role="buyer", username="b1", name="B", password_hash="x",
+                                        created_ms=0))
+        tx.execute(text("INSERT INTO orders (order_id, buyer_id, total_cents, created_ms)"
+                        " VALUES (7, 1, 0, 0)"))
+
+    database.run(to_version_3)
+    database.create_schema()
+    database.create_schema()  # a second server finds it done
+    order = database.run(lambda tx: tx.execute(select(orders.c.status, orders.c.payment_key)).one(),
+                         write=False)
+    assert tuple(order) == ("paid", None)
+    assert database.run(lambda tx: tx.execute(select(schema_info.c.version)).scalar()) == SCHEMA_VERSION
+    indexes = database.run(lambda tx: inspect(tx).get_indexes("orders"), write=False)
+    names = {index["name"] for index in indexes}
+    assert {"ix_orders_status", "uq_orders_payment_key"} <= names
