@@ -2,14 +2,19 @@
 purchase runs in steps of its own (checkout), settled by a background thread."""
 from __future__ import annotations
 
+import logging
+
 from db import Database, accounts, carts, catalog, orders
 from db.ledger import Ledger
 from wire import BUYER_OPS, __version__
 from wire.app import App, Stepwise
 from wire.config import Settings
+from wire.errors import ProtocolError
 
 from .checkout import Checkout, Settler
 from .payments import PaymentProcessor, SimulatedProcessor
+
+log = logging.getLogger("market.buyer")
 
 
 def build_app(settings: Settings, db: Database, processor: PaymentProcessor | None = None) -> App:
@@ -19,8 +24,12 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
     if processor is None:
         ledger_db = LedgerDatabase(settings.payments_url) if settings.payments_url else None
         background += [ledger_db] if ledger_db else []
-        processor = SimulatedProcessor(Ledger(ledger_db.database if ledger_db else db),
-                                       settings.payment_decline_rate)
+        ledger = Ledger(ledger_db.database if ledger_db else db)
+        try:
+            ledger.create_table()
+        except ProtocolError as exc:  # the database is away: made at the first purchase instead
+            log.warning("the payment ledger's table could not be checked now: %s", exc)
+        processor = SimulatedProcessor(ledger, settings.payment_decline_rate)
     checkout = Checkout(db, processor, settings.test_kill_at)
     background.append(Settler(checkout, settings.settle_period_s, settings.settle_after_s))
     handlers = {

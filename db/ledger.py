@@ -53,12 +53,18 @@ class Ledger:
 
     def __init__(self, database: Database) -> None:
         self.database = database
-        self._created = False  # the table, made at the first call (a server starts without it)
+        self._created = False  # made at start, or else at the first call
+
+    def create_table(self) -> None:
+        """Make the ledger's table unless it exists (IF NOT EXISTS: threads and servers may
+        all do it at once). A server does it at start: a transaction of MariaDB whose snapshot
+        is older than the table cannot read it (error 1412), and the audit reads it."""
+        self.database.run(lambda tx: tx.execute(CreateTable(payments, if_not_exists=True)))
+        self._created = True
 
     def _run(self, work: Callable[[Connection], T], write: bool = True) -> T:
-        if not self._created:  # IF NOT EXISTS: threads and servers may all do it at once
-            self.database.run(lambda tx: tx.execute(CreateTable(payments, if_not_exists=True)))
-            self._created = True
+        if not self._created:
+            self.create_table()
         return self.database.run(work, write=write)
 
     def record(self, key: str, buyer_id: int, amount_cents: int, state: str) -> Payment:
