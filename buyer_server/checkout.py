@@ -97,7 +97,11 @@ class Checkout:
         """Step three. Should the database fail at its COMMIT (a lost connection), whether it
         committed is read back before answering: the answer must say what happened."""
         try:
-            return bool(self.db.run(lambda tx: purchases.mark_paid(tx, order)))
+            if self.db.run(lambda tx: purchases.mark_paid(tx, order)):
+                return True
+            # Not pending: undone by a settler, or moved by this very step, whose COMMIT ran
+            # but whose answer was lost, the step then run again on a fresh connection.
+            return self._status_when_known(order.order_id) in purchases.COMPLETED
         except UnavailableError:
             status = self._status_when_known(order.order_id)
             if status in purchases.COMPLETED:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from db import Database, accounts, carts, catalog, orders
+from db.address_limits import AccountGuards
 from db.ledger import Ledger
 from wire import BUYER_OPS, __version__
 from wire.app import App, Stepwise
@@ -33,7 +34,8 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
     checkout = Checkout(db, processor, settings.test_kill_at)
     background.append(Settler(checkout, settings.settle_period_s, settings.settle_after_s))
     handlers = {
-        **accounts.account_handlers(db, "buyer", policy, __version__),
+        **accounts.account_handlers(db, "buyer", policy,
+                                    __version__, AccountGuards.for_settings(settings)),
         "search_items": catalog.search_items,
         "get_item": catalog.get_item,
         "add_to_cart": carts.add_to_cart,
@@ -46,7 +48,8 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
         "get_seller_rating": catalog.get_seller_rating,
         "get_purchase_history": orders.get_purchase_history,
     }
-    app = App(BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy), background)
+    app = App(BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy),
+              accounts.ADDRESSED_OPS, background)
     app.checkout = checkout  # type: ignore[attr-defined]  # for tests and tools that settle now
     return app
 

@@ -61,16 +61,16 @@ class SimulatedProcessor:
 
     def capture(self, key: str) -> None:
         """Capture an authorisation; a captured key stays captured once."""
-        entry = self.ledger.move(key, AUTHORISED, CAPTURED)
-        if entry is None or entry.state != CAPTURED:
-            raise PaymentRefusedError(f"payment {key}: cannot capture ({_state(entry)})")
+        state = self.ledger.move(key, AUTHORISED, CAPTURED)
+        if state != CAPTURED:
+            raise PaymentRefusedError(f"payment {key}: cannot capture ({state or 'unknown key'})")
 
     def void(self, key: str) -> None:
         """Void an authorisation, or mark an unknown key void so it can never be authorised."""
-        entry = self.ledger.record(key, 0, 0, VOIDED)
-        if entry.state == AUTHORISED:
-            entry = self.ledger.move(key, AUTHORISED, VOIDED) or entry
-        if entry.state == CAPTURED:
+        state: str | None = self.ledger.record(key, 0, 0, VOIDED).state
+        if state == AUTHORISED:
+            state = self.ledger.move(key, AUTHORISED, VOIDED)
+        if state == CAPTURED:
             raise PaymentRefusedError(f"payment {key}: captured already, cannot void")
 
     def lookup(self, key: str) -> str | None:

@@ -9,8 +9,9 @@ import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from . import fields
 from .common_commands import COMMON
-from .registry import Arg, Registry, one_of, whole_number, word_list
+from .registry import Arg, RefusedError, Registry, UsageError, one_of, word_list
 from .render import cart_table, history_table, item_lines, items_table, money, rating_line, receipt_table
 
 if TYPE_CHECKING:
@@ -20,19 +21,43 @@ BUYER = Registry()
 
 # A buyer's login and logout are the common ones, with what they do to the cart in their help.
 BUYER.add(replace(COMMON.get("login"), help="Log in (your session's cart starts as your saved cart)."))
-BUYER.add(replace(COMMON.get("logout"), help="Log out (an unsaved cart is dropped)."))
+BUYER.add(replace(COMMON.get("logout"),
+                  help="Log out (asking whether to save an unsaved cart; a script drops it "
+                       "unless run with --save-on-exit)."))
 
-ITEM_ID = Arg("item_id", convert=whole_number)
-LIMIT = Arg("limit", "--limit", convert=whole_number, required=False, default=20)
+ITEM_ID, LIMIT = fields.ITEM_ID, fields.LIMIT
+QUANTITY = Arg("quantity", convert=fields.quantity, required=False, default=1,
+               hint=fields.QUANTITY_RANGE)
+
+# Whether `search WORDS` asks the server's search by text (`query`, protocol 1.1); until the
+# servers answer it, the words are sent as keywords, as protocol 1.0 has them.
+SEARCH_SENDS_QUERY = False
 
 
-@BUYER.command("search", "Find items on sale, by category and/or keywords (best match first).",
-               Arg("keywords", convert=word_list, required=False, many=True, default=[]),
-               Arg("category", "--category", convert=whole_number, required=False), LIMIT,
+@BUYER.command("search", "Find items on sale by words, category and/or exact keywords "
+               "(best match first).",
+               Arg("words", convert=list, required=False, many=True, default=[]),
+               Arg("keywords", "--keywords", convert=word_list, required=False, default=[],
+                   hint="exact keywords, apart or joined by commas"),
+               Arg("category", "--category", convert=fields.category, required=False,
+                   hint=fields.category_list(), choices=fields.CATEGORY_NAMES), LIMIT,
                aliases=("search_items",))
 def search(shell: Shell, args: dict[str, Any]) -> None:
     """search_items."""
-    shell.page("search_items", args, lambda result: items_table(result["items"]))
+    request = search_request(args, by_text=SEARCH_SENDS_QUERY)
+    shell.page("search_items", request, lambda result: items_table(result["items"]))
+
+
+def search_request(args: dict[str, Any], by_text: bool) -> dict[str, Any]:
+    """The search_items arguments of a `search` line: its words as a `query` (by_text), or as
+    keywords; `--keywords` is always the exact keyword search."""
+    words, keywords = args["words"], args["keywords"]
+    if words and keywords and by_text:
+        raise UsageError("give words to search for or --keywords, not both")
+    request = {"category": args["category"], "limit": args["limit"]}
+    if words and by_text:
+        return {**request, "query": " ".join(words)}
+    return {**request, "keywords": word_list([*keywords, *words])}
 
 
 @BUYER.command("item", "Show one item.", ITEM_ID, aliases=("get_item",))
@@ -42,33 +67,38 @@ def item(shell: Shell, args: dict[str, Any]) -> None:
         shell.out.say(line)
 
 
-@BUYER.command("add", "Put an item in your cart.", ITEM_ID,
-               Arg("quantity", convert=whole_number, required=False, default=1),
-               aliases=("add_to_cart",))
+@BUYER.command("add", "Put an item in your cart.", ITEM_ID, QUANTITY, aliases=("add_to_cart",))
 def add(shell: Shell, args: dict[str, Any]) -> None:
-    """add_to_cart."""
-    show_cart(shell, shell.call("add_to_cart", args)["cart"])
+    """add_to_cart; says how many of the item are in stock."""
+    content = shell.call("add_to_cart", args)["cart"]
+    changed_cart(shell, content)
+    line = next((line for line in content["items"] if line["item_id"] == args["item_id"]), None)
+    if line is not None:
+        shell.out.say(f"Item {line['item_id']} ({line['name']}): {line['available']} in stock, "
+                      f"{line['quantity']} in your cart.")
 
 
 @BUYER.command("remove", "Take an item out of your cart (all of it unless QUANTITY is given).",
-               ITEM_ID, Arg("quantity", convert=whole_number, required=False, default=1_000_000),
+               ITEM_ID, replace(QUANTITY, default=1_000_000),
                aliases=("remove_from_cart",))
 def remove(shell: Shell, args: dict[str, Any]) -> None:
     """remove_from_cart."""
-    show_cart(shell, shell.call("remove_from_cart", args)["cart"])
+    changed_cart(shell, shell.call("remove_from_cart", args)["cart"])
 
 
 @BUYER.command("cart", "Show your cart.", aliases=("display_cart",))
 def cart(shell: Shell, args: dict[str, Any]) -> None:
     """display_cart."""
-    show_cart(shell, shell.call("display_cart")["cart"])
+    content = shell.call("display_cart")["cart"]
+    shell.cart.seen(content)
+    show_cart(shell, content)
 
 
 @BUYER.command("clear", "Empty your cart (the saved cart stays until you save).",
                aliases=("clear_cart",))
 def clear(shell: Shell, args: dict[str, Any]) -> None:
     """clear_cart."""
-    show_cart(shell, shell.call("clear_cart")["cart"])
+    changed_cart(shell, shell.call("clear_cart")["cart"])
 
 
 @BUYER.command("save", "Save your cart, so that it is there at your next login.",
@@ -76,15 +106,35 @@ def clear(shell: Shell, args: dict[str, Any]) -> None:
 def save(shell: Shell, args: dict[str, Any]) -> None:
     """save_cart."""
     saved = shell.call("save_cart")["cart"]
+    shell.cart.saved(saved)
     shell.out.say(f"Cart saved: {len(saved['items'])} item(s), total {money(saved['total'])}.")
 
 
+def cart_can_be_bought(shell: Shell) -> None:
+    """RefusedError, before any card detail is asked for, if the cart is empty or holds more
+    of an item than is in stock."""
+    content = shell.call("display_cart")["cart"]
+    shell.cart.seen(content)
+    if not content["items"]:
+        raise RefusedError("your cart is empty: `add ITEM_ID` first")
+    short = [f"item {line['item_id']} ({line['name']}): {line['quantity']} in your cart, "
+             f"{line['available']} in stock" for line in content["items"]
+             if line["quantity"] > line["available"]]
+    if short:
+        raise RefusedError(f"not enough in stock: {'; '.join(short)} (`remove ITEM_ID N` first)")
+
+
 @BUYER.command("buy", "Buy everything in your cart.",
-               Arg("card_name", "--card-name"), Arg("card_number", "--card-number", secret=True),
-               Arg("card_expiry", "--expiry"), aliases=("make_purchase",))
+               Arg("card_name", "--card-name", hint="the name on the card, 1 to 64 characters"),
+               Arg("card_number", "--card-number", secret=True, convert=fields.card_number,
+                   hint="12 to 19 digits, spaces or dashes allowed"),
+               Arg("card_expiry", "--expiry", convert=fields.card_expiry,
+                   hint="MM/YY, not past"),
+               aliases=("make_purchase",), check=cart_can_be_bought)
 def buy(shell: Shell, args: dict[str, Any]) -> None:
     """make_purchase, under a new idempotency key."""
     receipt = shell.call("make_purchase", {**args, "idempotency_key": str(uuid.uuid4())})
+    shell.cart.bought()
     shell.out.table(receipt_table(receipt))
     shell.out.say(f"Bought: order {receipt['order_id']}, total {money(receipt['total'])}.")
 
@@ -97,7 +147,7 @@ def rate(shell: Shell, args: dict[str, Any]) -> None:
     shell.out.say(f"Thanks: thumbs {args['vote']} for item {args['item_id']}.")
 
 
-@BUYER.command("rating", "Show a seller's rating.", Arg("seller_id", convert=whole_number),
+@BUYER.command("rating", "Show a seller's rating.", Arg("seller_id", convert=fields.whole_number),
                aliases=("get_seller_rating",))
 def rating(shell: Shell, args: dict[str, Any]) -> None:
     """get_seller_rating."""
@@ -109,6 +159,12 @@ def rating(shell: Shell, args: dict[str, Any]) -> None:
 def history(shell: Shell, args: dict[str, Any]) -> None:
     """get_purchase_history."""
     shell.page("get_purchase_history", args, lambda result: history_table(result["purchases"]))
+
+
+def changed_cart(shell: Shell, content: dict[str, Any]) -> None:
+    """Show a cart a command changed, which now differs from the saved one."""
+    shell.cart.changed(content)
+    show_cart(shell, content)
 
 
 def show_cart(shell: Shell, content: dict[str, Any]) -> None:

@@ -47,6 +47,7 @@ def login(shell: Shell, args: dict[str, Any]) -> None:
         result = shell.call("login", args)
     except UnauthenticatedError as exc:
         raise LoginRefusedError(exc.message) from None
+    shell.offer_to_save()  # the cart of the session that ends
     shell.end_session()
     shell.log_in(args["username"], result["token"])
     shell.out.say(f"Logged in as {args['username']} (user {result['user_id']}).")
@@ -54,8 +55,9 @@ def login(shell: Shell, args: dict[str, Any]) -> None:
 
 @COMMON.command("logout", "Log out.")
 def logout(shell: Shell, args: dict[str, Any]) -> None:
-    """logout."""
+    """logout, offering first to save an unsaved cart."""
     name = shell.username
+    shell.offer_to_save()
     try:
         shell.call("logout")
     except OSError:  # the server may not have heard it: keep the session, to log out again
@@ -79,6 +81,9 @@ def help_(shell: Shell, args: dict[str, Any]) -> None:
     command = shell.registry.get(args["command"])
     shell.out.say(f"usage: {command.usage}")
     shell.out.say(f"  {command.help}")
+    for arg in command.args:
+        if arg.hint:
+            shell.out.say(f"  {arg.usage().strip('[]')}: {arg.hint}")
     if command.aliases:
         shell.out.say(f"  also: {', '.join(command.aliases)}")
 

@@ -5,6 +5,9 @@
   market serve            both servers in the foreground (SQLite by default)
   market health HOST:PORT ping a server; exit 0 when it answers (--ready: and its database)
   market seed             bulk-load sellers and items into a database (for scale measurements)
+  market audit            check the books of a whole database and the payment ledger; exit 0 when
+                          they balance, 1 when not
+  market --version        the marketplace's version and its protocol's
 """
 from __future__ import annotations
 
@@ -16,15 +19,13 @@ import sys
 import time
 from typing import Any
 
-from wire import Connection, ProtocolError
+from wire import PROTOCOL_VERSION, Connection, ProtocolError, __version__
 from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, add_tls_arguments, env, port_setting, positive_int
 from wire.errors import UnauthenticatedError
 from wire.runner import die_with_parent
 from wire.tls import optional_client_context
 
-from .shell import open_shell
-
-PORT_SETTINGS = {"buyer": "MARKET_BUYER_PORT", "seller": "MARKET_SELLER_PORT"}
+from .launch import PORT_SETTINGS, add_shell_arguments
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -120,18 +121,63 @@ def seed(args: argparse.Namespace) -> int:
     return 0
 
 
+def audit(args: argparse.Namespace) -> int:
+    """Print every violation of the database's invariants, then a line of totals."""
+    from sqlalchemy.exc import DBAPIError
+
+    from db import Database
+    from db.audit import audit_with_totals, ledger_of, ledger_totals
+
+    for url in (args.db_url, args.payments_url):
+        if url and _missing_sqlite_file(url):
+            print(f"error: no such database file: {url}", file=sys.stderr)
+            return 2
+    database = Database(args.db_url, pool_size=1)
+    try:  # the ledger where the buyer servers keep it
+        ledger = ledger_of(database, args.payments_url)
+        found, totals = audit_with_totals(database, ledger)
+    except (DBAPIError, ProtocolError) as exc:
+        reason = " ".join(str(getattr(exc, "orig", None) or exc).split())
+        print(f"error: cannot audit {database.engine.url!r}: {reason}", file=sys.stderr)
+        return 2
+    finally:
+        database.close()
+    totals.update(ledger_totals(ledger))
+    for violation in found:
+        print(violation)
+    print(_totals_line(found, totals))
+    return 1 if found else 0
+
+
+def _missing_sqlite_file(db_url: str) -> bool:
+    """True for a SQLite URL whose file does not exist (opening it would create it, empty)."""
+    from sqlalchemy import make_url
+
+    url = make_url(db_url)
+    return url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+        and not os.path.exists(url.database)
+
+
+def _totals_line(found: list[str], totals: dict[str, int]) -> str:
+    verdict = "the books balance" if not found else f"{len(found)} violation{'s' * (len(found) != 1)}"
+    taken, captured = totals.pop("cents taken"), totals.pop("cents captured")
+    counted = ", ".join(f"{count} {name}" for name, count in totals.items())
+    return f"audit: {verdict}; checked {counted}, {_money(taken)} taken, {_money(captured)} captured"
+
+
+def _money(cents: int) -> str:
+    return f"{cents // 100}.{cents % 100:02d}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `market` argument parser."""
     parser = argparse.ArgumentParser(prog="market", description="The marketplace command.")
+    parser.add_argument("--version", action="version",
+                        version=f"market {__version__} (protocol {PROTOCOL_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True)
-    for role, variable in PORT_SETTINGS.items():
-        p = sub.add_parser(role, help=f"the {role} shell (interactive, or a script with -c/stdin)")
-        p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
-        p.add_argument("--port", type=port_setting(variable), default=env(variable, str(DEFAULT_PORTS[role])))
-        add_tls_arguments(p)
-        p.add_argument("-c", "--command", dest="script", metavar="COMMANDS",
-                       help="run these `;`-separated commands without prompts, then exit")
-        p.set_defaults(func=open_shell, role=role)
+    for role in PORT_SETTINGS:
+        add_shell_arguments(sub.add_parser(role, help=f"the {role} shell (interactive, or a "
+                                                       "script with -c/stdin)"), role)
     p = sub.add_parser("serve", help="run both servers in the foreground")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
     p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
@@ -144,6 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sellers", type=positive_int, default=100_000)
     p.add_argument("--items", type=positive_int, default=1_000_000)
     p.set_defaults(func=seed)
+    p = sub.add_parser("audit", help="check the books of a whole database and the payment ledger "
+                                     "(run it with no load)")
+    p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+    p.add_argument("--payments-url", default=env("MARKET_PAYMENTS_URL") or None,
+                   help="the payment ledger's database, when the buyer servers keep it apart "
+                        "(default: MARKET_PAYMENTS_URL, else the payments table of --db-url)")
+    p.set_defaults(func=audit)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--timeout", type=float, default=3.0)

@@ -20,6 +20,11 @@ class UsageError(Exception):
     """A command line that does not fit its command; the shell prints it with the usage."""
 
 
+class RefusedError(Exception):
+    """A command that cannot be done as things stand (buying an empty cart); the shell prints
+    the message, which says what to do first."""
+
+
 @dataclass(frozen=True)
 class Arg:
     """One argument: a positional word (no flag) or an option (`--flag VALUE`).
@@ -38,6 +43,8 @@ class Arg:
     many: bool = False
     default: Any = None
     env: str | None = None
+    hint: str = ""  # the values accepted, for `help COMMAND`
+    choices: tuple[str, ...] = ()  # words offered by completion
 
     @property
     def label(self) -> str:
@@ -61,6 +68,7 @@ class Command:
     args: tuple[Arg, ...] = ()
     aliases: tuple[str, ...] = ()
     login: bool = True
+    check: Callable[[Any], None] | None = None  # run before any value is asked for
 
     @property
     def usage(self) -> str:
@@ -83,6 +91,13 @@ class Command:
         if any(arg.secret for arg in self.args):  # a stray word may be the secret typed in the open
             return f"{len(words)} unexpected word(s)"
         return f"unrecognized arguments: {' '.join(words)}"
+
+    def check_given(self, words: list[str]) -> None:
+        """UsageError if the words do not fit, or a value given is not valid (nothing is asked)."""
+        raw = self.parse(words)
+        for arg in self.args:
+            if raw[arg.name]:
+                _value(arg, raw[arg.name], None)
 
     def values(self, words: list[str], ask: Ask | None) -> dict[str, Any]:
         """Converted values; a missing required one is asked for, or without `ask` an error."""
@@ -157,10 +172,11 @@ class Registry:
     commands: dict[str, Command] = field(default_factory=dict)
 
     def command(self, name: str, help: str, *args: Arg, aliases: Iterable[str] = (),
-                login: bool = True) -> Callable[[Handler], Handler]:
+                login: bool = True, check: Callable[[Any], None] | None = None,
+                ) -> Callable[[Handler], Handler]:
         """Decorator: register a handler as a command."""
         def register(handler: Handler) -> Handler:
-            self.add(Command(name, help, handler, args, tuple(aliases), login))
+            self.add(Command(name, help, handler, args, tuple(aliases), login, check))
             return handler
         return register
 
@@ -190,17 +206,6 @@ class Registry:
     def names(self) -> list[str]:
         """Every name and alias, for completion."""
         return sorted(self.commands)
-
-
-def whole_number(text: str) -> int:
-    """An integer argument, with a message people understand."""
-    try:
-        return int(text)
-    except ValueError:
-        shown = text if len(text) <= 24 else f"{text[:20]}… ({len(text)} characters)"
-        if text.strip().isdigit():  # past Python's 4,300 digits
-            raise ValueError(f"{shown} is far too large") from None
-        raise ValueError(f"{shown!r} is not a whole number") from None
 
 
 def word_list(text: str | list[str]) -> list[str]:

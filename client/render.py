@@ -1,10 +1,12 @@
 """What the shells print: items, carts, receipts and purchase history as tables.
 
-Tables are built as plain rows once; `Output` shows them with rich in a terminal, or as
-tab-separated lines in script mode, so scripts can cut and grep them.
+Tables are built as plain rows once; `Output` shows them with rich in a terminal (fitting its
+width: names wrap, keywords shorten with a marker, numbers are never cut), as tab-separated
+lines in script mode, so scripts can cut and grep them, or as one JSON object a table.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import unicodedata
@@ -13,9 +15,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
+
+from .fields import category_name
+
+FORMATS = ("table", "tsv", "json")
 
 
 @dataclass(frozen=True)
@@ -33,16 +40,19 @@ class OutputClosed(Exception):
 
 
 class Output:
-    """Prints lines, notes, errors and tables, rich in a terminal or plain in scripts."""
+    """Prints lines, notes, errors and tables in one of FORMATS: `table` (rich, for people),
+    `tsv` or `json` (plain, for scripts; in json, sentences go to stderr, tables to stdout)."""
 
-    def __init__(self, plain: bool) -> None:
-        self.plain = plain
+    def __init__(self, format: str) -> None:
+        self.format, self.plain = format, format != "table"
         self.console = Console(highlight=False, soft_wrap=True, emoji=False)  # ":fire:" stays as typed
 
     def say(self, text: str) -> None:
         """One line of ordinary output."""
         text = printable(text)
-        if self.plain:
+        if self.format == "json":
+            print(text, file=sys.stderr, flush=True)
+        elif self.plain:
             _print(text)
         else:
             self.console.print(text, markup=False)
@@ -56,8 +66,11 @@ class Output:
             self.console.print(f"error: {text}", style="bold red", markup=False)
 
     def table(self, table: Table) -> None:
-        """A table, or its `empty` sentence when there are no rows."""
-        if not table.rows:
+        """A table, or its `empty` sentence when there are no rows (in json, an empty list)."""
+        if self.format == "json":
+            rows = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
+            _print(json.dumps({"table": table.title, "rows": rows}, ensure_ascii=False))
+        elif not table.rows:
             self.say(table.empty)
         elif self.plain:
             for row in [table.columns, *table.rows]:
@@ -76,13 +89,20 @@ def _print(line: str) -> None:
 
 
 def _rich(table: Table) -> RichTable:
-    out = RichTable(title=table.title, title_justify="left")
+    # no side borders, one space between columns (the box's divider): ten columns fit in 80
+    out = RichTable(title=table.title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                    padding=0)
     for index, column in enumerate(table.columns):
+        widest = max(len(row[index]) for row in table.rows)
+        header = _HEADERS.get(column, column)
         if column in _NUMERIC:  # never cut short: "100000…" would read as a smaller number
-            widest = max(len(row[index]) for row in table.rows)
-            out.add_column(column, justify="right", no_wrap=True, min_width=widest)
-        else:
-            out.add_column(column, justify="left")
+            out.add_column(header, justify="right", no_wrap=True, min_width=max(widest, len(header)))
+        elif column in _SHORTENED:  # a list of words: the first ones tell enough
+            out.add_column(header, overflow="ellipsis", max_width=max(8, len(header)))
+        elif column in _WORDS:  # a word or two (used, Collectibles): shortened only if need be
+            out.add_column(header, overflow="ellipsis", min_width=len(header))
+        else:  # a name: wrapped, but never narrower than a word or so
+            out.add_column(header, overflow="fold", min_width=min(widest, 10))
     for row in table.rows:
         out.add_row(*(Text(printable(cell)) for cell in row))  # Text: no markup in names
     return out
@@ -104,7 +124,10 @@ _NOT_TEXT = frozenset({"Cc", "Cs", "Zl", "Zp"})
 _JOINERS = frozenset("\u200c\u200d")
 
 
-_NUMERIC = {"id", "item", "order", "category", "price", "qty", "up", "down", "subtotal",
+_HEADERS = {"condition": "cond"}  # the terminal's headers only: scripts keep the full names
+_SHORTENED = {"keywords"}
+_WORDS = {"category", "condition", "feedback", "bought at"}
+_NUMERIC = {"id", "item", "order", "price", "qty", "up", "down", "subtotal",
             "available", "seller"}
 
 
@@ -115,7 +138,7 @@ def money(value: str | Decimal) -> str:
 
 def items_table(items: list[dict[str, Any]], empty: str = "No items found.") -> Table:
     """Items, as search and a seller's listing return them."""
-    rows = [(str(i["item_id"]), i["name"], str(i["category"]), ",".join(i["keywords"]),
+    rows = [(str(i["item_id"]), i["name"], category_name(i["category"]), ",".join(i["keywords"]),
              i["condition"], money(i["price"]), str(i["quantity"]), str(i["thumbs_up"]),
              str(i["thumbs_down"]), str(i["seller_id"])) for i in items]
     columns = ("id", "name", "category", "keywords", "condition", "price", "qty", "up", "down",
@@ -127,7 +150,7 @@ def item_lines(item: dict[str, Any]) -> list[str]:
     """One item, one line per field."""
     return [f"item {item['item_id']}: {item['name']}",
             f"  price {money(item['price'])}, {item['quantity']} left, {item['condition']}",
-            f"  category {item['category']}, keywords {', '.join(item['keywords']) or '-'}",
+            f"  category {category_name(item['category'])}, keywords {', '.join(item['keywords']) or '-'}",
             f"  seller {item['seller_id']}, {item['thumbs_up']} up, {item['thumbs_down']} down"]
 
 

@@ -4,9 +4,11 @@ Each command's alias is its op's wire name, so `help put_item` finds `sell`.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .registry import Arg, Registry, one_of, whole_number, word_list
+from . import fields
+from .registry import Arg, Registry, one_of, word_list
 from .render import items_table, money, rating_line
 
 if TYPE_CHECKING:
@@ -14,15 +16,21 @@ if TYPE_CHECKING:
 
 SELLER = Registry()
 
-ITEM_ID = Arg("item_id", convert=whole_number)
+ITEM_ID = Arg("item_id", convert=fields.item_id)
+PRICE = Arg("price", "--price", convert=fields.price, hint=fields.PRICE_RANGE)
 
 
-@SELLER.command("sell", "Put an item on sale.", Arg("name"),
-                Arg("category", "--category", convert=whole_number),
-                Arg("keywords", "--keywords", convert=word_list, required=False, default=[]),
-                Arg("condition", "--condition", convert=one_of("new", "used")),
-                Arg("price", "--price"),
-                Arg("quantity", "--qty", "--quantity", convert=whole_number),
+@SELLER.command("sell", "Put an item on sale.",
+                Arg("name", convert=fields.item_name, hint="1 to 32 characters"),
+                Arg("category", "--category", convert=fields.category, hint=fields.category_list(),
+                    choices=fields.CATEGORY_NAMES),
+                Arg("keywords", "--keywords", convert=word_list, required=False, default=[],
+                    hint="up to 5 words of 1 to 8 characters, apart or joined by commas"),
+                Arg("condition", "--condition", convert=one_of("new", "used"), hint="new or used",
+                    choices=("new", "used")),
+                PRICE,
+                Arg("quantity", "--qty", "--quantity", convert=fields.quantity,
+                    hint=fields.QUANTITY_RANGE),
                 aliases=("put_item",))
 def sell(shell: Shell, args: dict[str, Any]) -> None:
     """put_item."""
@@ -31,7 +39,7 @@ def sell(shell: Shell, args: dict[str, Any]) -> None:
                   f"{money(args['price'])}.")
 
 
-@SELLER.command("price", "Change the price of one of your items.", ITEM_ID, Arg("price"),
+@SELLER.command("price", "Change the price of one of your items.", ITEM_ID, replace(PRICE, flag=None),
                 aliases=("change_price",))
 def price(shell: Shell, args: dict[str, Any]) -> None:
     """change_price."""
@@ -40,7 +48,8 @@ def price(shell: Shell, args: dict[str, Any]) -> None:
 
 
 @SELLER.command("remove", "Take units of one of your items off sale.", ITEM_ID,
-                Arg("quantity", convert=whole_number), aliases=("remove_item",))
+                Arg("quantity", convert=fields.quantity, hint=fields.QUANTITY_RANGE),
+                aliases=("remove_item",))
 def remove(shell: Shell, args: dict[str, Any]) -> None:
     """remove_item."""
     item = shell.call("remove_item", args)
@@ -49,7 +58,7 @@ def remove(shell: Shell, args: dict[str, Any]) -> None:
 
 
 @SELLER.command("items", "Show your items on sale.",
-                Arg("limit", "--limit", convert=whole_number, required=False, default=20),
+                fields.LIMIT,
                 aliases=("display_items",))
 def items(shell: Shell, args: dict[str, Any]) -> None:
     """display_items."""

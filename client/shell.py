@@ -4,29 +4,31 @@ from prompt_toolkit in a terminal or from `-c` / standard input in script mode.
 """
 from __future__ import annotations
 
-import argparse
 import getpass
 import os
 import re
 import shlex
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit import prompt as ask_line
-from prompt_toolkit.completion import NestedCompleter
+from prompt_toolkit.completion import WordCompleter
 from prompt_toolkit.history import FileHistory
 
 from wire import Connection, ConnectionLostError, ProtocolError
-from wire.config import env
 from wire.errors import UnauthenticatedError
 from wire.ops import READ_ONLY_OPS
-from wire.tls import optional_client_context
 
-from .registry import Arg, Command, Registry, UsageError
+from .cart import CartMemory
+from .completion import LineCompleter
+from .registry import Arg, Command, RefusedError, Registry, UsageError
 from .render import Output, OutputClosed, Table
+
+_KEEPALIVE_OPS = {"buyer": "display_cart", "seller": "get_seller_rating"}  # reads that touch a session
 
 # The exit status when the reader of the output went away (`| head -1`): a command killed by
 # SIGPIPE has 141 in sh; the commands after the one cut short have not run.
@@ -55,6 +57,10 @@ class Shell:
     username: str | None = None
     pager: Pager | None = None
     running: bool = True
+    save_on_exit: bool = False  # in a script: save an unsaved cart on the way out
+    cart: CartMemory = field(default_factory=CartMemory)
+    seen_ids: list[str] = field(default_factory=list)  # item ids of the last list, for completion
+    busy: threading.Lock = field(default_factory=threading.Lock, repr=False)  # one request at a time
     lost: bool = field(default=False, repr=False)
     misread: bool = field(default=False, repr=False)  # the last line had a command not understood, or not run
 
@@ -90,6 +96,8 @@ class Shell:
         """Run a list op, show its page and remember where the next page starts."""
         result = self.call(op, {key: value for key, value in args.items() if value is not None})
         self.out.table(to_table(result))
+        rows = result.get("items", result.get("purchases", []))
+        self.seen_ids = list(dict.fromkeys(str(row["item_id"]) for row in rows))
         self.pager = Pager(op, args, to_table, result.get("next_cursor"))
         if self.pager.cursor:
             self.out.say("There is more: type `more`.")
@@ -97,19 +105,56 @@ class Shell:
     def log_in(self, username: str, token: str) -> None:
         """Remember a new session."""
         self.conn.token, self.username, self.pager = token, username, None
+        self.cart.forget()
 
     def log_out(self) -> None:
         """Forget the session (the server side is the caller's business)."""
         self.conn.token, self.username, self.pager = None, None, None
+        self.cart.forget()
 
     def ask(self, arg: Arg) -> str:
-        """Ask for a missing argument; secrets without echo."""
+        """Ask for a missing argument until the answer is valid (or empty); secrets without echo."""
+        while True:
+            value = self._read_answer(arg)
+            try:
+                if value:
+                    arg.convert(value)
+                return value
+            except ValueError as exc:
+                self.out.error(f"{arg.label}: {exc}; try again (an empty answer or Ctrl-C cancels)")
+
+    def _read_answer(self, arg: Arg) -> str:
         if not arg.secret:
-            return ask_line(f"{arg.label}: ").strip()
-        value = getpass.getpass(f"{arg.label}: ")
-        if arg.confirm and value and getpass.getpass(f"{arg.label} again: ") != value:
-            raise UsageError(f"the two {arg.label}s differ")
-        return value
+            completer = WordCompleter(list(arg.choices), ignore_case=True) if arg.choices else None
+            return ask_line(f"{arg.label}: ", completer=completer).strip()
+        while True:
+            value = getpass.getpass(f"{arg.label}: ")
+            if not (arg.confirm and value) or getpass.getpass(f"{arg.label} again: ") == value:
+                return value
+            self.out.error(f"the two {arg.label}s differ; try again")
+
+    def confirm(self, question: str) -> bool:
+        """A yes-or-no question, yes by default."""
+        answer = ask_line(f"{question} [Y/n] ").strip().lower()
+        return answer in ("", "y", "yes")
+
+    def offer_to_save(self) -> None:
+        """Before a session ends: save an unsaved cart if the person says so (yes by default),
+        or in a script if --save-on-exit asks for it."""
+        if self.conn.token is None or not self.cart.worth_saving():
+            return
+        if self.interactive:
+            shown = self.cart.summary() or "an emptied cart"
+            try:
+                keep = self.confirm(f"Your cart ({shown}) is not saved. Save your cart?")
+            except EOFError:
+                keep = True
+        else:
+            keep = self.save_on_exit
+        if keep:
+            saved = self.call("save_cart")["cart"]
+            self.cart.saved(saved)
+            self.out.say(f"Cart saved: {len(saved['items'])} item(s).")
 
     def run_line(self, line: str) -> bool:
         """Run the `;`-separated commands of a line; False at the first that fails."""
@@ -131,6 +176,8 @@ class Shell:
         except UsageError as exc:
             self.out.error(f"{exc} (usage: {command.usage})" if command else str(exc))
             self.misread = True
+        except RefusedError as exc:
+            self.out.error(str(exc))
         except UnauthenticatedError as exc:
             self._unauthenticated(exc)
         except ProtocolError as exc:
@@ -140,7 +187,11 @@ class Shell:
         except OSError as exc:
             self.out.error(f"cannot reach the {self.role} server at {self.address}: "
                            f"{exc.strerror or exc}")
-        except (KeyboardInterrupt, EOFError):
+        except KeyboardInterrupt:
+            if not self.interactive:  # a script stops, with sh's status for Ctrl-C
+                raise
+            self.out.error("cancelled")
+        except EOFError:
             self.out.error("cancelled")
         return False
 
@@ -149,6 +200,9 @@ class Shell:
             self.misread = True
             raise UnauthenticatedError(f"you are not logged in; `{command.name}` needs "
                                        "`login USERNAME` or `signup USERNAME` first")
+        command.check_given(words)  # a line that does not fit is refused before any request
+        if command.check is not None:
+            command.check(self)
         values = command.values(words, self.ask if self.interactive else None)
         command.handler(self, values)
 
@@ -158,10 +212,25 @@ class Shell:
         if self.username is None:
             self.out.error(f"{exc.code}: {exc.message}")
             return
-        name = self.username
+        name, lost = self.username, self.cart.to_restore()
+        had = f"; your cart held {self.cart.summary()}" if lost else ""
         self.log_out()
-        self.out.error(f"{exc.code}: your session has expired or ended; "
+        self.out.error(f"{exc.code}: your session has expired or ended{had}; "
                        f"please log in again: login {name}")
+        if self.interactive and lost:
+            try:
+                if self.confirm(f"Log in again as {name} and put the cart back?"):
+                    self.log_in_again(name, lost)
+            except (KeyboardInterrupt, EOFError):
+                self.out.error("cancelled")
+
+    def log_in_again(self, name: str, lines: list[tuple[int, int]]) -> None:
+        """Log in as `name` (asking the password) and add the lines of a lost cart again."""
+        password = self.ask(Arg("password", secret=True))
+        if not password or not self.execute(["login", name, "--password", password]):
+            return
+        for item_id, quantity in lines:
+            self.execute(["add", str(item_id), str(quantity)])
 
     def end_session(self) -> None:
         """Log out if logged in, ignoring failures (the session may be gone already)."""
@@ -174,6 +243,27 @@ class Shell:
                 self.conn.close()  # its answer must not be read as the next request's
                 raise
         self.log_out()
+
+    def refresh_quietly(self) -> None:
+        """A request that keeps the connection and the session alive, printing nothing; a
+        buyer's is a look at the cart, remembered for the day the session expires anyway."""
+        op = _KEEPALIVE_OPS.get(self.role, "ping") if self.conn.token else "ping"
+        try:
+            result = self.conn.call(op)
+        except (OSError, ProtocolError):
+            return  # the next command meets the same problem, and says so
+        if op == "display_cart":
+            self.cart.seen(result["cart"])
+
+    def leave(self) -> None:
+        """Offer to save an unsaved cart, then close (quit, Ctrl-D, the end of a script)."""
+        try:
+            self.offer_to_save()
+        except (OSError, ProtocolError, ConnectionLostError) as exc:
+            self.out.error(f"the cart could not be saved: {exc}")
+        except KeyboardInterrupt:
+            self.out.error("cancelled: the cart was not saved")
+        self.close()
 
     def close(self) -> None:
         """End the session and close the connection (Ctrl-C while it waits: just close; the
@@ -293,24 +383,75 @@ class SecretFreeHistory(FileHistory):
                   f"{exc.strerror or exc}; going on without saving history", file=sys.stderr, flush=True)
 
 
-def run_interactive(shell: Shell, history_file: str) -> int:
-    """The REPL: read a line, run it, until `quit` or Ctrl-D."""
+def run_interactive(shell: Shell, history_file: str, keepalive_s: float) -> int:
+    """The REPL: read a line, run it, until `quit`, Ctrl-D or Ctrl-C twice on an empty line;
+    meanwhile a quiet request every `keepalive_s` keeps the session alive (0: none)."""
     history = SecretFreeHistory(history_file)
     session: PromptSession[str] = PromptSession(
-        history=history,
-        completer=NestedCompleter.from_nested_dict(dict.fromkeys(shell.registry.names())))
+        history=history, completer=LineCompleter(shell.registry, lambda: shell.seen_ids))
     _greet(shell)
+    keepalive = Keepalive(shell, keepalive_s)
+    interrupted = False
     while shell.running:
         try:
-            line = session.prompt(shell.prompt_text())
+            with keepalive.while_idle():
+                line = session.prompt(shell.prompt_text())
         except KeyboardInterrupt:
-            continue
+            if session.default_buffer.text or not interrupted:
+                interrupted = not session.default_buffer.text
+                if interrupted:
+                    shell.out.say("(Ctrl-C again, Ctrl-D or `quit` leaves the shell)")
+                continue
+            shell.running = False
+            break
         except EOFError:
             break
-        shell.run_line(line)
+        interrupted = False
+        with shell.busy:
+            shell.run_line(line)
         history.settle(understood=not shell.misread)
-    shell.close()
+    keepalive.stop()
+    with shell.busy:
+        shell.leave()
     return 0
+
+
+class Keepalive:
+    """A thread that, while the shell waits at its prompt, sends a quiet request every so often:
+    the server then neither closes the idle connection nor lets the session expire."""
+
+    def __init__(self, shell: Shell, every_s: float) -> None:
+        self.shell, self.every_s = shell, every_s
+        self._idle, self._stopped = threading.Event(), threading.Event()
+        if every_s > 0:
+            threading.Thread(target=self._run, name="keepalive", daemon=True).start()
+
+    def while_idle(self) -> _IdleSpan:
+        """A context in which the shell is idle at its prompt."""
+        return _IdleSpan(self._idle)
+
+    def stop(self) -> None:
+        """Send nothing more."""
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.every_s):
+            if self._idle.is_set() and self.shell.busy.acquire(blocking=False):
+                try:
+                    self.shell.refresh_quietly()
+                finally:
+                    self.shell.busy.release()
+
+
+@dataclass
+class _IdleSpan:
+    flag: threading.Event
+
+    def __enter__(self) -> None:
+        self.flag.set()
+
+    def __exit__(self, *exc: object) -> None:
+        self.flag.clear()
 
 
 def _greet(shell: Shell) -> None:
@@ -342,7 +483,7 @@ def run_script(shell: Shell, lines: Iterable[str]) -> int:
         status = OUTPUT_CLOSED
     except KeyboardInterrupt:  # Ctrl-C while reading standard input: stop, as sh does
         status = 130
-    shell.close()
+    shell.leave()
     return status
 
 
@@ -354,24 +495,3 @@ def script_lines(command: str | None) -> Iterable[str]:
     # UTF-8 locale standard input is strict, and iterating over it raised)
     sys.stdin.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
     return sys.stdin
-
-
-def open_shell(args: argparse.Namespace) -> int:
-    """`market buyer` / `market seller`: interactive in a terminal, else script mode."""
-    from .buyer_commands import BUYER
-    from .common_commands import COMMON
-    from .seller_commands import SELLER
-
-    interactive = args.script is None and sys.stdin.isatty()
-    registry = COMMON | (BUYER if args.role == "buyer" else SELLER)
-    try:
-        tls = optional_client_context(args.tls_ca, args.tls)
-    except OSError as exc:  # ssl.SSLError among them: not a PEM file
-        print(f"error: cannot use the TLS CA file {args.tls_ca}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    conn = Connection(args.host, args.port, tls=tls)
-    shell = Shell(args.role, conn, registry, Output(not interactive), interactive)
-    if interactive:
-        history = os.path.expanduser(env("MARKET_HISTORY_FILE", "~/.market_history"))  # .env leaves ~ as is
-        return run_interactive(shell, history)
-    return run_script(shell, script_lines(args.script))

@@ -30,11 +30,11 @@ from sqlalchemy.exc import IntegrityError
 from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
 
 from . import login_throttle
+from .address_limits import AccountGuards
 from .database import Database, inserted_id, now_ms
 from .engine import LOCK_WAIT_S
-from .passwords import hash_password, verify_password
-from .prepared import Prepared
 from .schema import cart_lines, saved_cart_lines, sessions, users
+from .unit_of_work import UnitOfWork
 
 log = logging.getLogger("market.sessions")
 
@@ -65,7 +65,7 @@ class SessionPolicy:
     def from_settings(cls, settings: Any) -> SessionPolicy:
         """The policy a server's settings (wire.config.Settings) ask for."""
         return cls(settings.session_idle_s, settings.session_max_s,
-                   login_throttle.ThrottlePolicy(settings.login_free_failures,
+                   login_throttle.ThrottlePolicy(settings.login_account_free_failures,
                                                  settings.login_max_delay_s))
 
     @property
@@ -79,9 +79,12 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def create_account(db: Database, role: str, username: str, password: str, name: str) -> dict[str, Any]:
-    """A new buyer or seller account; CONFLICT when the username is taken."""
-    password_hash = hash_password(password)
+def create_account(db: Database, role: str, guards: AccountGuards, peer: str | None, username: str,
+                   password: str, name: str) -> dict[str, Any]:
+    """A new buyer or seller account from the address `peer`; CONFLICT when the username is taken."""
+    with guards.hashing.admitted():
+        guards.signups.take(peer)
+        password_hash = guards.hashing.hash(password)
     row = {"role": role, "username": username, "name": name, "password_hash": password_hash,
            "created_ms": now_ms()}
     try:
@@ -91,11 +94,22 @@ def create_account(db: Database, role: str, username: str, password: str, name: 
     return {"user_id": user_id}
 
 
-def login(db: Database, role: str, policy: SessionPolicy, username: str, password: str) -> dict[str, Any]:
-    """A new session; the same UNAUTHENTICATED message for a wrong username or password."""
-    found = db.run(lambda tx: _claim_attempt_and_find_user(tx, role, policy, username))
-    if not verify_password(found[1] if found else None, password) or found is None:
-        raise UnauthenticatedError(WRONG_CREDENTIALS)  # counted as a failure already
+def login(db: Database, role: str, policy: SessionPolicy, guards: AccountGuards, peer: str | None,
+          username: str, password: str) -> dict[str, Any]:
+    """A new session; the same UNAUTHENTICATED message for a wrong username or password.
+
+    Failures slow down their own address first (per username, then past a higher count
+    per address); the account's own count stops only addresses that failed for it, so a
+    stranger's guesses never keep the right password from another address out."""
+    attempt = (peer, role, username)
+    with guards.hashing.admitted():  # first: an attempt answered BUSY is not counted
+        guards.by_address.claim(peer)
+        failed_here = guards.by_username.claim(attempt) > 0
+        found = db.run(lambda tx: _claim_attempt_and_find_user(tx, role, policy, username, failed_here))
+        if not guards.hashing.verify(found[1] if found else None, password) or found is None:
+            raise UnauthenticatedError(WRONG_CREDENTIALS)  # counted as a failure already
+    guards.by_username.succeeded(attempt, clear=True)
+    guards.by_address.succeeded(peer, clear=False)  # a right login of one's own clears no guesses
     user_id = found[0]
     token = secrets.token_urlsafe(32)
     db.run(lambda tx: _open_session(tx, role, user_id, username, token_hash(token), policy))
@@ -103,8 +117,8 @@ def login(db: Database, role: str, policy: SessionPolicy, username: str, passwor
 
 
 def _claim_attempt_and_find_user(tx: Connection, role: str, policy: SessionPolicy,
-                                 username: str) -> tuple[int, str] | None:
-    login_throttle.claim_attempt(tx, policy.throttle, role, username)
+                                 username: str, enforce: bool) -> tuple[int, str] | None:
+    login_throttle.claim_attempt(tx, policy.throttle, role, username, enforce)
     return _find_user(tx, role, username)
 
 
@@ -130,22 +144,32 @@ def _open_session(tx: Connection, role: str, user_id: int, username: str, hashed
 
 
 def _end_expired_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: int) -> None:
-    # A read accepted at the last moment writes last-seen only after its answer: the rows
-    # of sessions that ended less than CLEANUP_GRACE_MS ago are left for a later login.
-    idle_limit_ms = policy.idle_s * 1000 + policy.touch_interval_ms + CLEANUP_GRACE_MS
-    expired = select(sessions.c.session_id).where(
-        sessions.c.user_id == user_id,
-        (sessions.c.last_seen_ms < now - idle_limit_ms)
-        | (sessions.c.created_ms < now - (policy.max_s * 1000 + CLEANUP_GRACE_MS)))
+    expired = select(sessions.c.session_id).where(sessions.c.user_id == user_id,
+                                                  ended_long_ago(policy, now))
     # locked, and at READ COMMITTED the condition is checked again on what a request in
     # flight on one of them commits: a session just used is not ended, nor its cart line lost
     ids = tx.execute(expired.with_for_update()).scalars().all()
     if ids:
-        tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
-        tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
+        end_sessions(tx, ids)
 
 
-def logout(tx: Connection, session: Session) -> dict[str, Any]:
+def ended_long_ago(policy: SessionPolicy, now: int) -> ColumnElement[bool]:
+    """Sessions that ended over CLEANUP_GRACE_MS ago, whose rows may go.
+
+    A read accepted at the last moment writes last-seen only after its answer: the rows
+    of sessions that ended less than CLEANUP_GRACE_MS ago are left for later."""
+    idle_limit_ms = policy.idle_s * 1000 + policy.touch_interval_ms + CLEANUP_GRACE_MS
+    return ((sessions.c.last_seen_ms < now - idle_limit_ms)
+            | (sessions.c.created_ms < now - (policy.max_s * 1000 + CLEANUP_GRACE_MS)))
+
+
+def end_sessions(tx: Connection, ids: Sequence[int]) -> None:
+    """Delete sessions and their cart lines (their rows locked, or SQLite's write lock held)."""
+    tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
+    tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
+
+
+def logout(tx: UnitOfWork, session: Session) -> dict[str, Any]:
     """End the session at once; its cart goes with it."""
     session_id = session.lock().session_id  # after any cart change of the session in flight
     tx.execute(delete(cart_lines).where(cart_lines.c.session_id == session_id))
@@ -157,9 +181,9 @@ SESSION_COLUMNS = (sessions.c.session_id, sessions.c.user_id.label("session_user
                    sessions.c.created_ms.label("session_created_ms"),
                    sessions.c.last_seen_ms.label("session_last_seen_ms"))
 _TOKEN_MATCHES = (sessions.c.token_hash == bindparam("token_hash")) & (sessions.c.role == bindparam("role"))
-_SESSION_BY_TOKEN = Prepared(select(*SESSION_COLUMNS).where(_TOKEN_MATCHES))
-_LOCKED_SESSION_BY_TOKEN = Prepared(select(*SESSION_COLUMNS).where(_TOKEN_MATCHES).with_for_update())
-_TOUCH = Prepared(update(sessions).where(sessions.c.session_id == bindparam("id"))
+_SESSION_BY_TOKEN = (select(*SESSION_COLUMNS).where(_TOKEN_MATCHES))
+_LOCKED_SESSION_BY_TOKEN = (select(*SESSION_COLUMNS).where(_TOKEN_MATCHES).with_for_update())
+_TOUCH = (update(sessions).where(sessions.c.session_id == bindparam("id"))
                   .values(last_seen_ms=bindparam("now")))
 
 
@@ -182,7 +206,7 @@ class Session:
     `accept_rows`: a read then costs one round trip instead of two.
     """
 
-    def __init__(self, tx: Connection, role: str, token: str, policy: SessionPolicy, touch: bool) -> None:
+    def __init__(self, tx: UnitOfWork, role: str, token: str, policy: SessionPolicy, touch: bool) -> None:
         self._tx, self._policy, self._touch = tx, policy, touch
         self.check_params = {"token_hash": token_hash(token), "role": role}
         self.live: LiveSession | None = None
@@ -199,7 +223,7 @@ class Session:
     def require(self) -> LiveSession:
         """The live session, checking the token now if no query has yet; else UNAUTHENTICATED."""
         if self.live is None:
-            self.accept(_SESSION_BY_TOKEN.first(self._tx, self.check_params))
+            self.accept(self._tx.execute(_SESSION_BY_TOKEN, self.check_params).first())
         assert self.live is not None
         return self.live
 
@@ -212,7 +236,7 @@ class Session:
         every write that locks it, before the buyer's row and the items'.
         """
         assert self.live is None, "lock the session before any other use of it"
-        self.accept(_LOCKED_SESSION_BY_TOKEN.first(self._tx, self.check_params))
+        self.accept(self._tx.execute(_LOCKED_SESSION_BY_TOKEN, self.check_params).first())
         assert self.live is not None
         return self.live
 
@@ -243,9 +267,9 @@ class Session:
         return self.live
 
 
-def touch_session(tx: Connection, session: LiveSession) -> None:
+def touch_session(tx: UnitOfWork, session: LiveSession) -> None:
     """Record activity on a session."""
-    _TOUCH.defer(tx, {"id": session.session_id, "now": now_ms()})
+    tx.execute(_TOUCH, {"id": session.session_id, "now": now_ms()})
 
 
 class SessionGate:
@@ -254,7 +278,7 @@ class SessionGate:
     def __init__(self, db: Database, role: str, policy: SessionPolicy) -> None:
         self.db, self.role, self.policy = db, role, policy
 
-    def run(self, token: str, write: bool, work: Callable[[Connection, Session], T]) -> T:
+    def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], T]) -> T:
         """`work(tx, session)` for the token's live session, else UNAUTHENTICATED.
 
         The token is checked at the op's first use of the session, or folded into its
@@ -265,7 +289,7 @@ class SessionGate:
         """
         sessions_seen: list[Session] = []
 
-        def transaction(tx: Connection) -> T:
+        def transaction(tx: UnitOfWork) -> T:
             session = Session(tx, self.role, token, self.policy, touch=write)
             sessions_seen.append(session)
             try:
@@ -299,11 +323,15 @@ class SessionGate:
             log.warning("could not record a session's activity: %s", exc)
 
 
-def account_handlers(db: Database, role: str, policy: SessionPolicy, version: str) -> dict[str, Any]:
+ADDRESSED_OPS = frozenset({"create_account", "login"})  # handlers called with the client's address
+
+
+def account_handlers(db: Database, role: str, policy: SessionPolicy, version: str,
+                     guards: AccountGuards) -> dict[str, Any]:
     """The ops both servers have: ping, create_account, login, logout."""
     return {
         "ping": lambda: {"server": role, "version": version},
-        "create_account": lambda **a: create_account(db, role, **a),
-        "login": lambda **a: login(db, role, policy, **a),
+        "create_account": lambda peer, **a: create_account(db, role, guards, peer, **a),
+        "login": lambda peer, **a: login(db, role, policy, guards, peer, **a),
         "logout": logout,
     }

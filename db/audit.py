@@ -17,7 +17,7 @@ from sqlalchemy import Connection, and_, case, distinct, exists, func, inspect, 
 
 from .database import Database, now_ms
 from .ledger import CAPTURED, Payment, payments
-from .purchases import COMPLETED, PAID, VOID, VOIDING
+from .purchases import COMPLETED, PAID, VOID, VOIDING, is_completed
 from .schema import (
     feedback,
     item_keyword_pairs,
@@ -66,7 +66,7 @@ def violations(tx: Connection, acknowledged: Iterable[AckedOrder] = (),
 
 def _ledger_here(tx: Connection) -> list[Payment]:
     """The simulated processor's ledger when it lives in this database; else none."""
-    if not inspect(tx).has_table(payments.name):
+    if not inspect(getattr(tx, "core", tx)).has_table(payments.name):  # a UnitOfWork's Connection
         return []
     return [Payment(**row._asdict()) for row in tx.execute(select(payments))]
 
@@ -261,3 +261,43 @@ def _negatives(name: str, row: Any, columns: tuple[str, ...]) -> Iterator[str]:
     for column in columns:
         if getattr(row, column) < 0:
             yield f"{name}: {column} is negative ({getattr(row, column)})"
+
+
+def audit_with_totals(database: Database, ledger: Iterable[Payment] | None = None
+                      ) -> tuple[list[str], dict[str, int]]:
+    """The violations and what was checked (`book_totals`), read in one transaction; `ledger`
+    as for `audit`."""
+    entries = None if ledger is None else list(ledger)
+    return database.run(lambda tx: (violations(tx, (), entries), book_totals(tx)), write=False)
+
+
+def ledger_of(database: Database, payments_url: str | None = None) -> list[Payment]:
+    """The payment ledger's entries: in the database at `payments_url` (MARKET_PAYMENTS_URL)
+    when given, else in `database`; none if that database has no payments table."""
+    if not payments_url:
+        return list(database.run(_ledger_here, write=False))
+    apart = Database(payments_url, pool_size=1)
+    try:
+        return list(apart.run(_ledger_here, write=False))
+    finally:
+        apart.close()
+
+
+def book_totals(tx: Connection) -> dict[str, int]:
+    """Rows per table, the units sold and the money the orders took (in cents)."""
+    tables = {"users": users, "items": items, "orders": orders, "order lines": order_lines,
+              "feedback": feedback}
+    totals = {name: int(tx.execute(select(func.count()).select_from(table)).scalar_one())
+              for name, table in tables.items()}
+    totals["units sold"] = int(tx.execute(select(func.coalesce(func.sum(order_lines.c.quantity), 0)))
+                               .scalar_one())
+    totals["cents taken"] = int(tx.execute(select(func.coalesce(func.sum(orders.c.total_cents), 0))
+                                           .where(is_completed(orders.c.status))).scalar_one())
+    return totals
+
+
+def ledger_totals(ledger: Iterable[Payment]) -> dict[str, int]:
+    """The ledger's entries and the money it captured (in cents), for the audit's summary."""
+    entries = list(ledger)
+    return {"payments": len(entries),
+            "cents captured": sum(e.amount_cents for e in entries if e.state == CAPTURED)}

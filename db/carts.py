@@ -8,18 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 
 from wire.errors import ConflictError, NotFoundError
 from wire.values import format_money
 
 from .accounts import Session, with_session
-from .prepared import Prepared
 from .schema import cart_lines, items, saved_cart_lines, sessions, users
+from .unit_of_work import UnitOfWork
 
 _SESSION = cart_lines.c.session_id == bindparam("session_id")
 _LINE = _SESSION & (cart_lines.c.item_id == bindparam("item_id"))
-_CART = Prepared(select(cart_lines.c.item_id, items.c.name, items.c.price_cents, cart_lines.c.quantity,
+_CART = (select(cart_lines.c.item_id, items.c.name, items.c.price_cents, cart_lines.c.quantity,
                         items.c.quantity.label("available"))
                  .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
                  .where(_SESSION).order_by(cart_lines.c.item_id))
@@ -28,38 +28,36 @@ _CART = Prepared(select(cart_lines.c.item_id, items.c.name, items.c.price_cents,
 # session on several connections change its cart one after the other (else two read the
 # same line and one write is lost, or both INSERT it and one fails). SQLite's writers take
 # turns already (BEGIN IMMEDIATE).
-_IN_CART = Prepared(with_session(cart_lines.c.quantity.label("held"), joined=cart_lines,
+_IN_CART = (with_session(cart_lines.c.quantity.label("held"), joined=cart_lines,
                                  on=(cart_lines.c.session_id == sessions.c.session_id)
                                  & (cart_lines.c.item_id == bindparam("item_id"))).with_for_update())
-_SET_LINE = Prepared(update(cart_lines).where(_LINE).values(quantity=bindparam("quantity")))
-_ADD_LINE = Prepared(insert(cart_lines).values(session_id=bindparam("session_id"),
+_SET_LINE = (update(cart_lines).where(_LINE).values(quantity=bindparam("quantity")))
+_ADD_LINE = (insert(cart_lines).values(session_id=bindparam("session_id"),
                                                item_id=bindparam("item_id"), quantity=bindparam("quantity")))
-_DROP_LINE = Prepared(delete(cart_lines).where(_LINE))
-_EMPTY = Prepared(delete(cart_lines).where(_SESSION))
+_DROP_LINE = (delete(cart_lines).where(_LINE))
+_EMPTY = (delete(cart_lines).where(_SESSION))
 # The buyer's row locked first: two sessions of one buyer saving at once take turns (at READ
 # COMMITTED a DELETE of the saved lines locks no gap, so both INSERTs went in: a saved cart
 # mixed of two). items_sold = items_sold changes nothing and touches no key.
-_LOCK_BUYER = Prepared(update(users).where(users.c.user_id == bindparam("buyer_id"))
+_LOCK_BUYER = (update(users).where(users.c.user_id == bindparam("buyer_id"))
                        .values(items_sold=users.c.items_sold))
-_FORGET_SAVED = Prepared(delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id")))
-_SAVE = Prepared(insert(saved_cart_lines).from_select(
+_FORGET_SAVED = (delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id")))
+_SAVE = (insert(saved_cart_lines).from_select(
     ["buyer_id", "item_id", "quantity"],
     select(bindparam("buyer_id"), cart_lines.c.item_id, cart_lines.c.quantity).where(_SESSION)))
 
 
-def cart_to_wire(tx: Connection, session: Session, last: bool = False) -> dict[str, Any]:
-    """The session's cart as the protocol's cart object; `last`: the write transaction's
-    last statement, its COMMIT in the same query (nothing after it may fail)."""
-    params = {"session_id": session.session_id}
-    rows = _CART.all_then_commit(tx, params) if last else _CART.all(tx, params)
+def cart_to_wire(tx: UnitOfWork, session: Session) -> dict[str, Any]:
+    """The session's cart as the protocol's cart object."""
+    rows = tx.execute(_CART, {"session_id": session.session_id}).all()
     lines = [{"item_id": r.item_id, "name": r.name, "price": format_money(r.price_cents),
               "quantity": r.quantity, "available": r.available} for r in rows]
     total = sum(r.price_cents * r.quantity for r in rows)
     return {"cart": {"items": lines, "total": format_money(total)}}
 
 
-def _in_cart(tx: Connection, session: Session, item_id: int) -> int:
-    rows = session.accept_rows(_IN_CART.all(tx, {**session.check_params, "item_id": item_id}))
+def _in_cart(tx: UnitOfWork, session: Session, item_id: int) -> int:
+    rows = session.accept_rows(tx.execute(_IN_CART, {**session.check_params, "item_id": item_id}).all())
     return int(rows[0].held) if rows else 0
 
 
@@ -67,7 +65,7 @@ def _in_cart(tx: Connection, session: Session, item_id: int) -> int:
 # far under the 1 MiB frame (100 lines of the longest names and prices: about 30 KB).
 MAX_CART_LINES = 100
 _LINES = cart_lines.alias("lines")
-_STOCK_AND_HELD = Prepared(
+_STOCK_AND_HELD = (
     with_session(items.c.quantity, cart_lines.c.quantity.label("held"),
                  select(func.count()).where(_LINES.c.session_id == sessions.c.session_id)
                  .scalar_subquery().label("lines"),
@@ -76,9 +74,10 @@ _STOCK_AND_HELD = Prepared(
                & (cart_lines.c.item_id == items.c.item_id)).with_for_update())
 
 
-def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
+def add_to_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
     """Add units of an item; CONFLICT when the cart would hold more than is on sale."""
-    rows = session.accept_rows(_STOCK_AND_HELD.all(tx, {**session.check_params, "item_id": item_id}))
+    params = {**session.check_params, "item_id": item_id}
+    rows = session.accept_rows(tx.execute(_STOCK_AND_HELD, params).all())
     if not rows:
         raise NotFoundError(f"no item {item_id}")
     available, held = rows[0].quantity, rows[0].held or 0
@@ -89,37 +88,37 @@ def add_to_cart(tx: Connection, session: Session, item_id: int, quantity: int) -
         raise ConflictError(f"your cart holds {MAX_CART_LINES} different items, the most it may;"
                             " buy or remove some first")
     line = {"session_id": session.session_id, "item_id": item_id, "quantity": held + quantity}
-    (_SET_LINE if held else _ADD_LINE).defer(tx, line)  # sent with the cart's query
-    return cart_to_wire(tx, session, last=True)
+    tx.execute(_SET_LINE if held else _ADD_LINE, line)
+    return cart_to_wire(tx, session)
 
 
-def remove_from_cart(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
+def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
     """Take units out of the cart; removing all or more removes the line."""
     held = _in_cart(tx, session, item_id)
     line = {"session_id": session.session_id, "item_id": item_id, "quantity": held - quantity}
     if held > quantity:
-        _SET_LINE.defer(tx, line)
+        tx.execute(_SET_LINE, line)
     elif held:
-        _DROP_LINE.defer(tx, line)
-    return cart_to_wire(tx, session, last=True)
+        tx.execute(_DROP_LINE, line)
+    return cart_to_wire(tx, session)
 
 
-def display_cart(tx: Connection, session: Session) -> dict[str, Any]:
+def display_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
     """The session's cart."""
     return cart_to_wire(tx, session)
 
 
-def clear_cart(tx: Connection, session: Session) -> dict[str, Any]:
+def clear_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
     """Empty the session's cart (the saved cart stays)."""
-    _EMPTY.defer(tx, {"session_id": session.lock().session_id})
+    tx.execute(_EMPTY, {"session_id": session.lock().session_id})
     return {"cart": {"items": [], "total": "0.00"}}
 
 
-def save_cart(tx: Connection, session: Session) -> dict[str, Any]:
+def save_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
     """Make the session's cart the buyer's saved cart."""
     live = session.lock()  # a logout in flight cannot empty the cart under the copy
     who = {"buyer_id": live.user_id, "session_id": live.session_id}
-    _LOCK_BUYER.defer(tx, who)
-    _FORGET_SAVED.defer(tx, who)
-    _SAVE.defer(tx, who)
-    return cart_to_wire(tx, session, last=True)
+    tx.execute(_LOCK_BUYER, who)
+    tx.execute(_FORGET_SAVED, who)
+    tx.execute(_SAVE, who)
+    return cart_to_wire(tx, session)

@@ -18,7 +18,6 @@ from sqlalchemy import (
     BindParameter,
     ColumnElement,
     CompoundSelect,
-    Connection,
     Integer,
     Select,
     and_,
@@ -40,7 +39,6 @@ from wire.values import decode_cursor, encode_cursor, format_money
 
 from .accounts import Session, with_session
 from .database import now_ms
-from .prepared import Prepared, PreparedRows
 from .schema import (
     item_keyword_pairs,
     item_keywords,
@@ -51,6 +49,7 @@ from .schema import (
     sessions,
     users,
 )
+from .unit_of_work import UnitOfWork
 
 ItemRow = Any  # a Row with ITEM_COLUMNS (SQLAlchemy types rows by column count)
 ITEM_COLUMNS = (items.c.item_id, items.c.seller_id, items.c.name, items.c.category, items.c.keywords,
@@ -74,34 +73,34 @@ def split_page(rows: Sequence[Any], limit: int, cursor_of: Any) -> tuple[Sequenc
     return rows, cursor_of(rows[-1])
 
 
-_NEW_ITEM = Prepared(insert(items).values(
+_NEW_ITEM = (insert(items).values(
     seller_id=bindparam("seller_id"), name=bindparam("name"), category=bindparam("category"),
     keywords=bindparam("keywords"), item_condition=bindparam("condition"), price_cents=bindparam("price"),
     quantity=bindparam("quantity"), listed=bindparam("quantity"), created_ms=bindparam("now")))
-_INDEX_KEYWORDS = PreparedRows(item_keywords, ("keyword", "item_id", "category"))
-_INDEX_PAIRS = PreparedRows(item_keyword_pairs, ("first_keyword", "second_keyword", "item_id"))
+_INDEX_KEYWORDS = insert(item_keywords)
+_INDEX_PAIRS = insert(item_keyword_pairs)
 
 
-def put_item(tx: Connection, session: Session, name: str, category: int, keywords: list[str],
+def put_item(tx: UnitOfWork, session: Session, name: str, category: int, keywords: list[str],
              condition: str, price: int, quantity: int) -> dict[str, Any]:
     """List a new item for sale."""
-    item_id = int(_NEW_ITEM.execute(tx, {
+    item_id = int(tx.execute(_NEW_ITEM, {
         "seller_id": session.user_id, "name": name, "category": category, "keywords": json.dumps(keywords),
         "condition": condition, "price": price, "quantity": quantity, "now": now_ms()}).lastrowid)
     if keywords:  # with the COMMIT: nothing to read from them
-        _INDEX_KEYWORDS.defer(tx, keyword_rows(item_id, category, keywords))
+        tx.execute(_INDEX_KEYWORDS, keyword_rows(item_id, category, keywords))
     if len(keywords) > 1:
-        _INDEX_PAIRS.defer(tx, keyword_pair_rows(item_id, keywords))
+        tx.execute(_INDEX_PAIRS, keyword_pair_rows(item_id, keywords))
     return {"item_id": item_id}
 
 
-_OWN_ITEM = Prepared(with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
+_OWN_ITEM = (with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
                      .with_for_update())
 
 
-def _own_item(tx: Connection, session: Session, item_id: int) -> ItemRow:
+def _own_item(tx: UnitOfWork, session: Session, item_id: int) -> ItemRow:
     """One of the caller's items, locked until the transaction ends (the token check folded in)."""
-    rows = session.accept_rows(_OWN_ITEM.all(tx, {**session.check_params, "item_id": item_id}))
+    rows = session.accept_rows(tx.execute(_OWN_ITEM, {**session.check_params, "item_id": item_id}).all())
     if not rows:
         raise NotFoundError(f"no item {item_id}")
     if rows[0].seller_id != session.user_id:
@@ -109,78 +108,78 @@ def _own_item(tx: Connection, session: Session, item_id: int) -> ItemRow:
     return rows[0]
 
 
-_SET_PRICE = Prepared(update(items).where(items.c.item_id == bindparam("item_id"))
+_SET_PRICE = (update(items).where(items.c.item_id == bindparam("item_id"))
                       .values(price_cents=bindparam("price")))
-_REMOVE = Prepared(update(items)
+_REMOVE = (update(items)
                    .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
                    .values(quantity=items.c.quantity - bindparam("n"),
                            removed=items.c.removed + bindparam("n")))
 
 
-def change_price(tx: Connection, session: Session, item_id: int, price: int) -> dict[str, Any]:
+def change_price(tx: UnitOfWork, session: Session, item_id: int, price: int) -> dict[str, Any]:
     """Set a new price on one of the seller's items."""
     row = _own_item(tx, session, item_id)
-    _SET_PRICE.defer(tx, {"item_id": item_id, "price": price})
+    tx.execute(_SET_PRICE, {"item_id": item_id, "price": price})
     return {**item_to_wire(row), "price": format_money(price)}  # the row is locked: nothing else moved
 
 
-def remove_item(tx: Connection, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
+def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
     """Take units of one of the seller's items off sale."""
     row = _own_item(tx, session, item_id)
-    if row.quantity < quantity or _REMOVE.execute(tx, {"item_id": item_id, "n": quantity}).rowcount != 1:
+    if row.quantity < quantity or tx.execute(_REMOVE, {"item_id": item_id, "n": quantity}).rowcount != 1:
         raise ConflictError(f"item {item_id}: only {row.quantity} on sale, cannot remove {quantity}")
     if row.quantity == quantity:
         unlist(tx, [item_id])
     return {**item_to_wire(row), "quantity": row.quantity - quantity}
 
 
-_UNLIST = (Prepared(delete(item_keywords).where(item_keywords.c.item_id == bindparam("item_id"))),
-           Prepared(delete(item_keyword_pairs).where(item_keyword_pairs.c.item_id == bindparam("item_id"))))
+_UNLIST = ((delete(item_keywords).where(item_keywords.c.item_id == bindparam("item_id"))),
+           (delete(item_keyword_pairs).where(item_keyword_pairs.c.item_id == bindparam("item_id"))))
 
 
-def unlist(tx: Connection, sold_out: Sequence[int]) -> None:
+def unlist(tx: UnitOfWork, sold_out: Sequence[int]) -> None:
     """Take sold-out items out of the search indexes (see the module docstring)."""
     for item_id in sold_out:
         for statement in _UNLIST:
-            statement.defer(tx, {"item_id": item_id})
+            tx.execute(statement, {"item_id": item_id})
 
 
-_SELLER_ITEMS = Prepared(
+_SELLER_ITEMS = (
     with_session(*ITEM_COLUMNS, joined=items,
                  on=(items.c.seller_id == sessions.c.user_id) & (items.c.item_id > bindparam("after"))
                  & (items.c.quantity > 0))
     .order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
 
 
-def display_items(tx: Connection, session: Session, limit: int, cursor: str | None) -> dict[str, Any]:
+def display_items(tx: UnitOfWork, session: Session, limit: int, cursor: str | None) -> dict[str, Any]:
     """The seller's items still on sale, by item_id."""
     after = decode_cursor(cursor, 1)[0] if cursor else 0
     params = {**session.check_params, "after": after, "limit": limit + 1}
-    rows = session.accept_rows(_SELLER_ITEMS.all(tx, params))
+    rows = session.accept_rows(tx.execute(_SELLER_ITEMS, params).all())
     rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.item_id))
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
 
 _ITEM_AND_SESSION = with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
-_ITEM_FOR_SESSION = Prepared(_ITEM_AND_SESSION)
-_ITEM_FOR_SESSION_LOCKED = Prepared(_ITEM_AND_SESSION.with_for_update())
+_ITEM_FOR_SESSION = (_ITEM_AND_SESSION)
+_ITEM_FOR_SESSION_LOCKED = (_ITEM_AND_SESSION.with_for_update())
 
 
-def get_item(tx: Connection, session: Session, item_id: int) -> dict[str, Any]:
+def get_item(tx: UnitOfWork, session: Session, item_id: int) -> dict[str, Any]:
     """One item, also when sold out."""
     return item_to_wire(item_for_session(tx, session, item_id))
 
 
-def item_for_session(tx: Connection, session: Session, item_id: int, lock: bool = False) -> ItemRow:
+def item_for_session(tx: UnitOfWork, session: Session, item_id: int, lock: bool = False) -> ItemRow:
     """One item row, or NOT_FOUND, with the token check in the same query; `lock`: FOR UPDATE."""
     statement = _ITEM_FOR_SESSION_LOCKED if lock else _ITEM_FOR_SESSION
-    rows = session.accept_rows(statement.all(tx, {**session.check_params, "item_id": item_id}))
+    rows = session.accept_rows(tx.execute(statement, {**session.check_params, "item_id": item_id}).all())
     if not rows:
         raise NotFoundError(f"no item {item_id}")
     return rows[0]
 
 
-def search_items(tx: Connection, session: Session, category: int | None, keywords: list[str],
+def search_items(tx: UnitOfWork, session: Session, category: int | None, keywords: list[str],
                  limit: int, cursor: str | None) -> dict[str, Any]:
     """Items on sale, by category and/or keywords, best match first."""
     params: dict[str, Any] = {**session.check_params, "category": category, "limit": limit + 1}
@@ -203,7 +202,7 @@ def search_items(tx: Connection, session: Session, category: int | None, keyword
     else:
         params["after"] = decode_cursor(cursor, 1)[0] if cursor else 0
         statement, cursor_of = _plain_search(category is not None), _id_cursor
-    rows, next_cursor = split_page(session.accept_rows(statement.all(tx, params)), limit, cursor_of)
+    rows, next_cursor = split_page(session.accept_rows(tx.execute(statement, params).all()), limit, cursor_of)
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
 
@@ -216,13 +215,13 @@ def _rank_cursor(row: ItemRow) -> str:
 
 
 @functools.cache
-def _plain_search(by_category: bool) -> Prepared:
+def _plain_search(by_category: bool) -> Select[Any]:
     """Items on sale after a cursor, by item_id (with the caller's session)."""
     on = (items.c.quantity > 0) & (items.c.item_id > bindparam("after"))
     if by_category:
         on &= items.c.category == bindparam("category")
     query = with_session(*ITEM_COLUMNS, joined=items, on=on)
-    return Prepared(query.order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
+    return (query.order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
 
 
 _AFTER_EVERYTHING = 2**63 - 1  # past the largest BIGINT: a cursor below rank 1 has nothing after it
@@ -241,7 +240,7 @@ def _after_at_rank(last: tuple[int, ...] | None, rank: int) -> int:
 
 
 @functools.cache
-def _one_keyword_search(by_category: bool) -> Prepared:
+def _one_keyword_search(by_category: bool) -> Select[Any]:
     """Items on sale with one keyword, by item_id: a range of the keyword index read in order,
     stopped by the LIMIT, where counting matches would group and sort every match."""
     on = (item_keywords.c.keyword == _keyword(0)) & (item_keywords.c.item_id > bindparam("after"))
@@ -254,7 +253,7 @@ def _one_keyword_search(by_category: bool) -> Prepared:
 
 
 @functools.cache
-def _two_keyword_search() -> Prepared:
+def _two_keyword_search() -> Select[Any]:
     """Items on sale with either of two keywords, those with both first, then by item_id.
 
     Three index ranges read in item order, each stopped by the LIMIT: the pair's (rank 2),
@@ -310,7 +309,7 @@ def _pair(n: int) -> ColumnElement[bool]:
 
 
 @functools.cache
-def _many_keywords_first_page(keyword_count: int) -> Prepared:
+def _many_keywords_first_page(keyword_count: int) -> Select[Any]:
     """The first page of a search of three to five keywords without a category.
 
     Every item with two or more of the keywords is on the pair index, so its rank is counted
@@ -338,7 +337,7 @@ def _many_keywords_first_page(keyword_count: int) -> Prepared:
 
 
 @functools.cache
-def _ranked_search(by_category: bool, after_cursor: bool, keyword_count: int) -> Prepared:
+def _ranked_search(by_category: bool, after_cursor: bool, keyword_count: int) -> Select[Any]:
     """Items on sale with any of the keywords, most matches first, then item_id.
 
     The page is ranked and cut on the keyword index alone (integers only, so MariaDB's
@@ -362,15 +361,15 @@ def _keyword(n: int) -> BindParameter[str]:
     return bindparam(f"keyword{n}", type_=item_keywords.c.keyword.type)
 
 
-def _page_with_items(ranked: Select[Any] | CompoundSelect) -> Prepared:
+def _page_with_items(ranked: Select[Any] | CompoundSelect) -> Select[Any]:
     """A ranked (item_id, matches) query cut to one page, then joined to its items on sale."""
     page = ranked.limit(bindparam("limit", type_=Integer)).subquery()
     found = page.join(items, items.c.item_id == page.c.item_id)
     query = with_session(*ITEM_COLUMNS, page.c.matches, joined=found, on=items.c.quantity > 0)
-    return Prepared(query.order_by(desc(page.c.matches), page.c.item_id))
+    return (query.order_by(desc(page.c.matches), page.c.item_id))
 
 
-_RATING_FOR_SESSION = Prepared(with_session(
+_RATING_FOR_SESSION = (with_session(
     users.c.user_id, users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold, joined=users,
     on=(users.c.user_id == func.coalesce(bindparam("seller_id", type_=Integer), sessions.c.user_id))
     & (users.c.role == "seller")))
@@ -381,9 +380,10 @@ def _rating_to_wire(seller_id: int, row: Any) -> dict[str, Any]:
             "items_sold": row.items_sold}
 
 
-def get_seller_rating(tx: Connection, session: Session, seller_id: int | None = None) -> dict[str, Any]:
+def get_seller_rating(tx: UnitOfWork, session: Session, seller_id: int | None = None) -> dict[str, Any]:
     """The rating of the given seller, or of the calling seller (one query with the token check)."""
-    rows = session.accept_rows(_RATING_FOR_SESSION.all(tx, {**session.check_params, "seller_id": seller_id}))
+    params = {**session.check_params, "seller_id": seller_id}
+    rows = session.accept_rows(tx.execute(_RATING_FOR_SESSION, params).all())
     if not rows:
         raise NotFoundError(f"no seller {seller_id if seller_id is not None else session.user_id}")
     return _rating_to_wire(rows[0].user_id, rows[0])

@@ -1,10 +1,10 @@
 """Running transactions: retries on deadlocks and lock timeouts, and database
 errors turned into the protocol's UNAVAILABLE / BUSY in one place.
 
-A transaction is a plain function of a SQLAlchemy Connection; `Database.run` calls
-it inside BEGIN ... COMMIT (a read runs statement by statement, without one) and
-calls it again (a bounded number of times) when the database asks for a retry, so
-the function must do all its work through `tx`.
+A transaction is a plain function of a unit of work (db.unit_of_work: it executes Core
+statements like a SQLAlchemy Connection); `Database.run` calls it inside BEGIN ... COMMIT
+(a read runs statement by statement, without one) and calls it again (a bounded number of
+times) when the database asks for a retry, so the function must do all its work through `tx`.
 
 The Connections themselves stay open between calls (`_Connections`): opening one per
 call (a pool checkout, its events and a return) cost about 100 Python function calls,
@@ -28,7 +28,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from wire.errors import BusyError, UnavailableError
 
-from .engine import LOCK_WAIT_S, PROGRESS_KEY, WRITE_KEY, WalKeeper, is_sqlite, make_engine
+from .engine import LOCK_WAIT_S, PROGRESS_KEY, RECYCLE_S, UNIT_KEY, WalKeeper, is_sqlite, make_engine
 from .schema import (
     SCHEMA_VERSION,
     item_keyword_pairs,
@@ -39,6 +39,7 @@ from .schema import (
     orders,
     schema_info,
 )
+from .unit_of_work import ReplayUnheld, UnitOfWork
 
 T = TypeVar("T")
 log = logging.getLogger("market.db")
@@ -104,12 +105,18 @@ class Database:
         self._connections.close()
         self.engine.dispose()
 
-    def run(self, work: Callable[[Connection], T], *, write: bool = True) -> T:
-        """Run `work(tx)` in one transaction, retrying what the database says to retry."""
+    def run(self, work: Callable[[Any], T], *, write: bool = True) -> T:
+        """Run `work(tx)` in one transaction, retrying what the database says to retry.
+
+        `tx` is a UnitOfWork; a function typed for a SQLAlchemy Connection works too (Any)."""
+        hold = True  # the unit of work holds writes back, until one fails (ReplayUnheld)
         for attempt in range(MAX_ATTEMPTS):
             progress = [0]  # statements that reached the database in this attempt
             try:
-                return self._run_once(work, write, progress)
+                return self._run_once(work, write, progress, hold)
+            except ReplayUnheld:
+                hold = False
+                continue
             except RetryTransaction:
                 pass
             except IntegrityError:
@@ -132,25 +139,27 @@ class Database:
             time.sleep(random.uniform(0, 0.002 * 2**attempt))
         raise BusyError("the database is too busy to finish this; nothing was changed")
 
-    def _run_once(self, work: Callable[[Connection], T], write: bool, progress: list[int]) -> T:
+    def _run_once(self, work: Callable[[Any], T], write: bool, progress: list[int], hold: bool = True) -> T:
         conn = self._connections.take()
         try:
-            info = conn.info
-            info[PROGRESS_KEY] = progress
-            info[WRITE_KEY] = write
-            if not write:  # statement by statement: each sees the latest committed data
-                try:
-                    return work(conn)
-                finally:
-                    if conn.in_transaction():  # SQLAlchemy's autobegin (a no-op on MySQL)
-                        conn.rollback()
-            with conn.begin():
-                return work(conn)
+            conn.info[PROGRESS_KEY] = progress
+            conn.info[UNIT_KEY] = True
+            tx = UnitOfWork(conn, write, hold)
+            try:
+                tx.begin()
+                result = work(tx)
+                tx.commit()
+                return result
+            except BaseException:
+                _quietly_roll_back(tx)
+                raise
         except DBAPIError as exc:
             if _is_unavailable(exc) and not conn.invalidated:
                 conn.invalidate()  # say, a node out of its cluster: the next call connects anew
             raise
         finally:
+            if not conn.invalidated:
+                conn.info.pop(UNIT_KEY, None)
             self._connections.give(conn)
 
     def create_schema(self, wait_s: float = SCHEMA_WAIT_S) -> None:
@@ -205,7 +214,17 @@ class Database:
         return is_sqlite(self.engine)
 
 
-def _create_or_upgrade(conn: Connection) -> None:
+def _quietly_roll_back(tx: UnitOfWork) -> None:
+    """Roll back after a failure; a connection that died meanwhile is the first error's story."""
+    try:
+        tx.rollback()
+    except DBAPIError as exc:
+        log.debug("rollback failed: %s", exc.orig)
+
+
+def _create_or_upgrade(tx: UnitOfWork) -> None:
+    tx.flush()
+    conn = tx.core
     metadata.create_all(conn, checkfirst=True)
     version = _locked_version(conn)
     if version is None:
@@ -234,7 +253,7 @@ class _Connections:
 
     def __init__(self, engine: Any, size: int, timeout_s: float = 10.0) -> None:
         self._engine, self._timeout_s = engine, timeout_s
-        self._recycle_s = engine.pool._recycle if engine.pool._recycle > 0 else float("inf")
+        self._recycle_s = RECYCLE_S if not is_sqlite(engine) else float("inf")
         self._retired_before = 0.0
         self._slots: queue.SimpleQueue[Connection | None] = queue.SimpleQueue()
         for _ in range(size):
@@ -366,10 +385,10 @@ def _compare_exactly(conn: Connection) -> None:
 
 
 def _left_open(conn: Connection) -> bool:
-    """An SQLite transaction SQLAlchemy took for ended: after a failed COMMIT it sends no
-    ROLLBACK, and were SQLite's own not done, the connection would keep the write lock."""
+    """A server transaction still open after the call (a failed COMMIT whose ROLLBACK failed
+    too, say): the connection would keep its locks, SQLite's write lock among them."""
     raw = conn.connection.dbapi_connection if not conn.invalidated else None
-    return isinstance(raw, sqlite3.Connection) and raw.in_transaction
+    return bool(getattr(raw, "in_transaction", False))
 
 
 def _errno(exc: DBAPIError) -> int | None:

@@ -9,10 +9,10 @@ key, and each state change is a conditional UPDATE, so racing callers cannot bot
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
-from sqlalchemy import BigInteger, Column, Connection, MetaData, String, Table, insert, select, update
+from sqlalchemy import BigInteger, Column, MetaData, String, Table, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.schema import CreateTable
 
@@ -48,6 +48,14 @@ class Payment:
     updated_ms: int
 
 
+_NEW_ENTRY = insert(payments)
+_MOVE = (update(payments)
+         .where(payments.c.payment_key == bindparam("key"), payments.c.state == bindparam("from_state"))
+         .values(state=bindparam("to_state"), captures=payments.c.captures + bindparam("captures"),
+                 updated_ms=bindparam("now")))
+_BY_KEY = select(payments).where(payments.c.payment_key == bindparam("key"))
+
+
 class Ledger:
     """The processor's record of every key: each method one committed transaction."""
 
@@ -62,39 +70,39 @@ class Ledger:
         self.database.run(lambda tx: tx.execute(CreateTable(payments, if_not_exists=True)))
         self._created = True
 
-    def _run(self, work: Callable[[Connection], T], write: bool = True) -> T:
+    def _run(self, work: Callable[[Any], T], write: bool = True) -> T:
         if not self._created:
             self.create_table()
         return self.database.run(work, write=write)
 
     def record(self, key: str, buyer_id: int, amount_cents: int, state: str) -> Payment:
         """A new entry for `key` in `state`, or the entry the key has already (never two)."""
-        def insert_once(tx: Connection) -> None:
-            now = now_ms()
-            tx.execute(insert(payments).values(payment_key=key, buyer_id=buyer_id, amount_cents=amount_cents,
-                                               state=state, captures=0, created_ms=now, updated_ms=now))
-        try:
-            self._run(insert_once)
+        now = now_ms()
+        entry = Payment(key, buyer_id, amount_cents, state, 0, now, now)
+        try:  # one round trip: the INSERT goes with its COMMIT, and is not read back
+            self._run(lambda tx: tx.execute(_NEW_ENTRY, asdict(entry)))
+            return entry
         except IntegrityError:
             pass  # the key has its entry: the call was made before
         found = self.lookup(key)
         assert found is not None
         return found
 
-    def move(self, key: str, from_state: str, to_state: str) -> Payment | None:
-        """The entry after moving it from `from_state` to `to_state` (if it was there); None for
-        an unknown key."""
-        def conditional(tx: Connection) -> None:
-            captured = payments.c.captures + (1 if to_state == CAPTURED else 0)
-            tx.execute(update(payments).where(payments.c.payment_key == key, payments.c.state == from_state)
-                       .values(state=to_state, captures=captured, updated_ms=now_ms()))
-        self._run(conditional)
-        return self.lookup(key)
+    def move(self, key: str, from_state: str, to_state: str) -> str | None:
+        """The key's state after moving it from `from_state` to `to_state` (if it was there);
+        None for an unknown key."""
+        captures = 1 if to_state == CAPTURED else 0
+        change = {"key": key, "from_state": from_state, "to_state": to_state, "captures": captures,
+                  "now": now_ms()}
+        moved = self._run(lambda tx: tx.execute(_MOVE, change))
+        if moved.rowcount == 1:  # read after the COMMIT, which carried the UPDATE
+            return to_state
+        found = self.lookup(key)
+        return None if found is None else found.state
 
     def lookup(self, key: str) -> Payment | None:
         """The key's entry, or None."""
-        row = self._run(lambda tx: tx.execute(select(payments).where(payments.c.payment_key == key)).first(),
-                        write=False)
+        row = self._run(lambda tx: tx.execute(_BY_KEY, {"key": key}).first(), write=False)
         return None if row is None else Payment(**row._asdict())
 
     def entries(self) -> list[Payment]:

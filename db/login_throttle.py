@@ -1,12 +1,14 @@
-"""Login backoff against password guessing, kept in the database so that every
-server process sees the same count.
+"""Login backoff per account against password guessing from many addresses, kept in the
+database so that every server process sees the same count (db.address_limits slows down
+each address first).
 
 After `free_failures` consecutive failed logins for one username (existing or not,
-so the answer reveals nothing), each further attempt must wait 1, 2, 4, ... seconds
-after the last failure, up to `max_delay_s`; until then even the right password is
-refused, without checking it. Every attempt counts as a failure before its password is
-checked (so that attempts made at once take turns); a successful login clears the count. Nobody is locked
-out for longer than `max_delay_s` after their last failed attempt.
+so the answer reveals nothing), each further attempt from an address that failed for it
+before must wait 1, 2, 4, ... seconds after the last failure, up to `max_delay_s`; until
+then even the right password is refused, without checking it. Every attempt counts as a
+failure before its password is checked (so that attempts made at once take turns); a
+successful login clears the count. Nobody is locked out for longer than `max_delay_s`
+after their last failed attempt.
 """
 from __future__ import annotations
 
@@ -40,9 +42,11 @@ _FAILURES = select(lf.c.failures, lf.c.last_failure_ms).where(
     lf.c.role == bindparam("role"), lf.c.username == bindparam("username")).with_for_update()
 
 
-def claim_attempt(tx: Connection, policy: ThrottlePolicy, role: str, username: str) -> None:
+def claim_attempt(tx: Connection, policy: ThrottlePolicy, role: str, username: str,
+                  enforce: bool = True) -> None:
     """Count this attempt as a failure before its password is checked (a successful login
-    clears the count), or UNAUTHENTICATED, with the wait, while the username must wait.
+    clears the count), or UNAUTHENTICATED, with the wait, while the username must wait and
+    `enforce` says to (an attempt from an address with no failures for it is let through).
 
     Counted first, under the row's lock, so that attempts made at once take turns: checked
     first and counted after the hash, a hundred guesses sent together all passed the check.
@@ -59,7 +63,7 @@ def claim_attempt(tx: Connection, policy: ThrottlePolicy, role: str, username: s
             raise RetryTransaction from None  # another attempt counted itself at the same moment
         return
     wait_ms = row.last_failure_ms + policy.delay_ms(row.failures) - now
-    if wait_ms > 0:
+    if wait_ms > 0 and enforce:
         raise UnauthenticatedError("too many login attempts for this username; "
                                    f"try again in {max(1, round(wait_ms / 1000))} s")
     tx.execute(update(lf).where((lf.c.role == role) & (lf.c.username == username))

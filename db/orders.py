@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Connection,
     Integer,
     String,
+    Update,
     and_,
     bindparam,
     insert,
@@ -26,12 +26,12 @@ from wire.values import decode_cursor, encode_cursor, format_money, format_time
 from .accounts import Session
 from .catalog import item_for_session, split_page
 from .database import now_ms
-from .prepared import Prepared
 from .purchases import is_completed
 from .schema import feedback, items, order_lines, orders, users
+from .unit_of_work import UnitOfWork
 
 
-def provide_feedback(tx: Connection, session: Session, item_id: int, vote: str) -> dict[str, Any]:
+def provide_feedback(tx: UnitOfWork, session: Session, item_id: int, vote: str) -> dict[str, Any]:
     """One vote per item bought, counted for the item and its seller."""
     # The item's row locked first, as a purchase locks it: else the vote's insert holds it
     # shared (its foreign key) and the count's update then waits behind a purchase waiting
@@ -40,21 +40,21 @@ def provide_feedback(tx: Connection, session: Session, item_id: int, vote: str) 
     who = {"buyer_id": session.user_id, "item_id": item_id, "vote": vote, "now": now_ms(),
            "seller_id": item.seller_id}
     try:
-        voted = _VOTE_IF_BOUGHT.execute(tx, who).rowcount
+        voted = tx.execute(_VOTE_IF_BOUGHT, who).rowcount
     except IntegrityError:
         raise ConflictError(f"you have already rated item {item_id}") from None
     if voted != 1:
         raise ForbiddenError(f"you have not bought item {item_id}")
     for statement in _COUNT_VOTE[vote]:
-        statement.defer(tx, who)  # with the COMMIT
+        tx.execute(statement, who)  # with the COMMIT
     return {}
 
 
-def _count_vote(column: str) -> tuple[Prepared, Prepared]:
+def _count_vote(column: str) -> tuple[Update, Update]:
     """+1 on the item's and on its seller's thumbs_up or thumbs_down."""
-    return (Prepared(update(items).where(items.c.item_id == bindparam("item_id"))
+    return ((update(items).where(items.c.item_id == bindparam("item_id"))
                      .values({column: items.c[column] + 1})),
-            Prepared(update(users).where(users.c.user_id == bindparam("seller_id"))
+            (update(users).where(users.c.user_id == bindparam("seller_id"))
                      .values({column: users.c[column] + 1})))
 
 
@@ -66,13 +66,13 @@ _VOTE_OF_BUYER = (select(order_lines.c.buyer_id, order_lines.c.item_id, bindpara
                   .where(order_lines.c.buyer_id == bindparam("buyer_id"),
                          order_lines.c.item_id == bindparam("item_id"), is_completed(orders.c.status))
                   .limit(1))
-_VOTE_IF_BOUGHT = Prepared(insert(feedback).from_select(["buyer_id", "item_id", "vote", "created_ms"],
+_VOTE_IF_BOUGHT = (insert(feedback).from_select(["buyer_id", "item_id", "vote", "created_ms"],
                                                         _VOTE_OF_BUYER))
 _COUNT_VOTE = {"up": _count_vote("thumbs_up"), "down": _count_vote("thumbs_down")}
 
 
 _FIRST_PAGE = (2**62, 0)  # a cursor before every (order_id, item_id)
-_HISTORY = Prepared(
+_HISTORY = (
     select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
            order_lines.c.price_cents, orders.c.created_ms, feedback.c.vote)
     .join_from(order_lines, orders, orders.c.order_id == order_lines.c.order_id)
@@ -86,12 +86,12 @@ _HISTORY = Prepared(
     .limit(bindparam("limit", type_=Integer)))
 
 
-def get_purchase_history(tx: Connection, session: Session, limit: int,
+def get_purchase_history(tx: UnitOfWork, session: Session, limit: int,
                          cursor: str | None) -> dict[str, Any]:
     """The buyer's purchased lines, newest order first."""
     last_order, last_item = decode_cursor(cursor, 2) if cursor else _FIRST_PAGE
-    rows = _HISTORY.all(tx, {"buyer_id": session.user_id, "last_order": last_order,
-                             "last_item": last_item, "limit": limit + 1})
+    rows = tx.execute(_HISTORY, {"buyer_id": session.user_id, "last_order": last_order,
+                             "last_item": last_item, "limit": limit + 1}).all()
     rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.order_id, r.item_id))
     return {"purchases": [_history_line(r) for r in rows], "next_cursor": next_cursor}
 

@@ -1,19 +1,28 @@
-"""Password hashing with Argon2id at OWASP's minimum (19 MiB, t=2, p=1).
+"""Password hashing with Argon2id at OWASP's minimum (19 MiB, t=2, p=1), apart from the
+request threads.
 
-Hashing is CPU-heavy (about 25 ms of a core), so a process runs at most one hash fewer
-than it has cores at a time, and at least one: a burst of logins queues here and leaves a
-core to every other request (docs/benchmarks.md, seventh round: with a hash per core
-running, the short calls waited behind them and the tail grew).
+Hashing is CPU-heavy (about 25 ms of a core). A process hashes on its own threads, one
+fewer than it has cores and at least one, so a core is left to every other request; each
+server admits only so many hashes (running or waiting) at once, fewer than its request
+threads, and answers BUSY at once past that: a flood of sign-ups or logins then holds at
+most that many request threads, and the rest keep answering everything else.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from wire.errors import BusyError
+
 _hasher = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1)
+HASHES_FULL = "too many sign-ups and logins at this moment; try again in a moment"
 
 
 def hashing_slots(cores: int) -> int:
@@ -21,21 +30,56 @@ def hashing_slots(cores: int) -> int:
     return max(1, cores - 1)
 
 
-_slots = threading.BoundedSemaphore(hashing_slots(os.cpu_count() or 1))
+def admitted_hashes(request_threads: int, setting: int = 0) -> int:
+    """Hashes one server admits at once (`setting`, or 0: all request threads but one)."""
+    return setting if setting > 0 else max(1, request_threads - 1)
+
+
+# argon2's C code runs without the GIL, so these threads hash while the others serve.
+_executor = ThreadPoolExecutor(hashing_slots(os.cpu_count() or 1), thread_name_prefix="market-hash")
 # Verified when the username does not exist, so both failures take the same time.
 _DUMMY_HASH = _hasher.hash("not a real password, only for timing")
 
 
 def hash_password(password: str) -> str:
-    """An Argon2id hash of the password."""
-    with _slots:
-        return _hasher.hash(password)
+    """An Argon2id hash of the password, on the calling thread (seeding, tools)."""
+    return _hasher.hash(password)
 
 
 def verify_password(password_hash: str | None, password: str) -> bool:
     """True when the password matches; a missing hash costs the same time and fails."""
-    with _slots:
+    try:
+        return _hasher.verify(password_hash or _DUMMY_HASH, password) and password_hash is not None
+    except (VerificationError, InvalidHashError):
+        return False
+
+
+class HashingQueue:
+    """One server's bounded share of the process's hashing threads."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._admitted = threading.BoundedSemaphore(size)
+
+    @classmethod
+    def for_settings(cls, settings: Any) -> HashingQueue:
+        """The queue a server's settings (wire.config.Settings) ask for."""
+        return cls(admitted_hashes(settings.threads, settings.hash_queue))
+
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        """A place in the queue for the block's hashes, or BUSY at once when it is full."""
+        if not self._admitted.acquire(blocking=False):
+            raise BusyError(HASHES_FULL)
         try:
-            return _hasher.verify(password_hash or _DUMMY_HASH, password) and password_hash is not None
-        except (VerificationError, InvalidHashError):
-            return False
+            yield
+        finally:
+            self._admitted.release()
+
+    def hash(self, password: str) -> str:
+        """hash_password on a hashing thread (call inside `admitted`)."""
+        return _executor.submit(hash_password, password).result()
+
+    def verify(self, password_hash: str | None, password: str) -> bool:
+        """verify_password on a hashing thread (call inside `admitted`)."""
+        return _executor.submit(verify_password, password_hash, password).result()

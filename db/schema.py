@@ -63,8 +63,7 @@ class ExactText(TypeDecorator[str]):
         return dialect.type_descriptor(String(self.length))
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
-        # SQLAlchemy's statements want bytes for VARBINARY; db.prepared hands the driver the
-        # str, which MySQL turns into the same UTF-8 bytes.
+        # VARBINARY takes bytes: the text's UTF-8
         return value.encode() if isinstance(value, str) and dialect.name in ("mysql", "mariadb") else value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> str | None:

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# Sourced by start.sh and test.sh: make .venv (once) and install the project into it.
-# Re-installs only when pyproject.toml has changed since the last install.
+# Sourced by start.sh and test.sh: make .venv (once) and install into it the lock file of the
+# set asked for (requirements/runtime.txt or dev.txt: exact versions, every file's hash checked)
+# and of the build backend (build.txt), then this checkout, editable. Installs again only when pyproject.toml or a lock file changed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
@@ -14,12 +15,14 @@ if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/pip ]; then
     exit 1
   fi
 fi
-project=$(sha256sum pyproject.toml | cut -c1-16)
+project=$(cat pyproject.toml requirements/*.txt | sha256sum | cut -c1-16)
 stamp=.venv/.installed-$project-$1
 if [ ! -f "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[$1]"
-  # stamps of an older pyproject.toml go; the other extra's stays (start.sh and test.sh take turns)
+  .venv/bin/python -m pip install --quiet --require-hashes --no-deps -r "requirements/$1.txt" \
+    -r requirements/build.txt
+  # the dependencies and the build backend are all locked: nothing unpinned comes in with the checkout
+  .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+  # stamps of an older pyproject.toml go; the other set's stays (start.sh and test.sh take turns)
   find .venv -maxdepth 1 -name '.installed-*' ! -name ".installed-$project-*" -delete
   touch "$stamp"
 fi

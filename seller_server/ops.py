@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from db import Database, accounts, catalog
+from db.address_limits import AccountGuards
 from wire import SELLER_OPS, __version__
 from wire.app import App
 from wire.config import Settings
@@ -11,11 +12,13 @@ def build_app(settings: Settings, db: Database) -> App:
     """The seller server's App over a database."""
     policy = accounts.SessionPolicy.from_settings(settings)
     handlers = {
-        **accounts.account_handlers(db, "seller", policy, __version__),
+        **accounts.account_handlers(db, "seller", policy,
+                                    __version__, AccountGuards.for_settings(settings)),
         "get_seller_rating": catalog.get_seller_rating,
         "put_item": catalog.put_item,
         "change_price": catalog.change_price,
         "remove_item": catalog.remove_item,
         "display_items": catalog.display_items,
     }
-    return App(SELLER_OPS, handlers, accounts.SessionGate(db, "seller", policy))
+    return App(SELLER_OPS, handlers, accounts.SessionGate(db, "seller", policy),
+               accounts.ADDRESSED_OPS)

@@ -2,9 +2,11 @@
 report latency and throughput, and audit the database after every run.
 
 It starts both servers itself (subprocesses over `--db-url`, a fresh SQLite file in
-the results folder by default) or drives running ones (`--buyer`, `--seller`). It
-exits 1 when the audit finds a violation, 2 on bad arguments, 3 when a server does
-not start or a simulated user cannot set up.
+the results folder by default) or drives running ones (`--buyer`, `--seller`, with
+`--allow-live`: their marketplace gets test users and items named loadtest-..., and its
+stock is bought). It exits 1 when the audit finds a violation, 2 on bad arguments or
+without the sim extra (matplotlib), 3 when a server does not start or a simulated user
+cannot set up.
 """
 from __future__ import annotations
 
@@ -23,12 +25,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from db import Database
-from db.audit import audit
-from wire.config import add_tls_arguments, positive_int
+from db.audit import audit, ledger_of
+from wire.config import add_tls_arguments, env, positive_int
 from wire.tls import optional_client_context
 
+from .behaviour import LIVE_DATA_WARNING, LOAD_TEST_PREFIX
 from .mixes import MIXES
-from .report import write_reports
 from .scenario import Address, RunResult, SimulationError, run_once
 from .servers import ServerStartError, parse_address, running_servers
 from .stats import summarise
@@ -62,9 +64,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mix", type=_mix_list, default=["default"],
                         help=f"op mixes, comma-separated ({mixes})")
     parser.add_argument("--db-url", help="the servers' database, audited after every run (default when "
-                                         "starting the servers: a fresh SQLite file in --out)")
+                                         "starting the servers: a fresh SQLite file in --out; with "
+                                         "--buyer/--seller: MARKET_DB_URL)")
     parser.add_argument("--buyer", type=parse_address, help="drive a running buyer server at HOST:PORT")
     parser.add_argument("--seller", type=parse_address, help="drive a running seller server at HOST:PORT")
+    parser.add_argument("--allow-live", action="store_true",
+                        help=f"let --buyer/--seller write into that marketplace: accounts and items "
+                             f"named {LOAD_TEST_PREFIX}..., purchases of its stock")
     parser.add_argument("--workers", type=int, help="server processes per role (for the servers it starts)")
     parser.add_argument("--out", type=Path, default=Path("sim-results"), help="results folder")
     parser.add_argument("--seed", type=int, help="random seed of the simulated users")
@@ -73,12 +79,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tls-cert", help="with --tls-key: start the servers with TLS (this certificate)")
     parser.add_argument("--tls-key", help="the key of --tls-cert")
     args = parser.parse_args(argv)
+    if args.buyer and not args.db_url:  # running servers' database: the servers' own setting
+        args.db_url = env("MARKET_DB_URL")
     if (args.buyer is None) != (args.seller is None):
         parser.error("--buyer and --seller go together")
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
     if args.buyer and not args.db_url:
         parser.error("--db-url is required with --buyer/--seller: the audit reads the database")
+    if args.buyer and not args.allow_live:
+        parser.exit(2, f"market-sim: {LIVE_DATA_WARNING}; add --allow-live to go ahead\n")
     return args
 
 
@@ -130,7 +140,9 @@ def run_all(args: argparse.Namespace, buyer: Address, seller: Address, database:
                               on_progress=show, tls=optional_client_context(args.tls_ca, args.tls))
             finished += 2 * users * args.calls
             progress.update(task, completed=finished)
-            result.violations = audit(database, result.acknowledged)
+            # the payment ledger where the buyer servers keep it (MARKET_PAYMENTS_URL, if set)
+            ledger = ledger_of(database, os.environ.get("MARKET_PAYMENTS_URL") or None)
+            result.violations = audit(database, result.acknowledged, ledger)
             console.print(_describe(result))
             results.append(result)
     return results
@@ -157,10 +169,25 @@ def _report_consistency(results: list[RunResult], console: Console) -> int:
     return 1
 
 
+def _missing_extra() -> str | None:
+    """What to install when the [sim] extra (matplotlib, for the plots) is missing; else None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError as exc:
+        return (f"market-sim needs {exc.name}, which comes with the sim extra: "
+                "pip install 'marketplace[sim]' (in a checkout: pip install -e '.[sim]')")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `market-sim`."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    missing = _missing_extra()
+    if missing:  # said before any run, not after an hour of them
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
+    from .report import write_reports
     console = Console()
     if not console.is_terminal:
         console = Console(width=140)

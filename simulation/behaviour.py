@@ -25,6 +25,11 @@ from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
 KEYWORDS = ("lamp", "desk", "chair", "book", "phone", "shirt", "shoe", "bike",
             "guitar", "watch", "camera", "table", "bag", "coat", "mug", "toy")
 PASSWORD = "simulated-password"
+# What the accounts and items of the load tools are named from, so that they can be told
+# apart from a marketplace's own (and removed) after a run against live servers.
+LOAD_TEST_PREFIX = "loadtest-"
+LIVE_DATA_WARNING = (f"this writes into a marketplace it did not start: it creates accounts and items "
+                     f"named {LOAD_TEST_PREFIX}... and buys its stock")
 CARD = {"card_name": "Sim Buyer", "card_number": "4111111111111111", "card_expiry": "12/39"}
 EXPECTED_CONFLICTS = frozenset({"add_to_cart", "make_purchase", "remove_item"})
 KNOWN_ITEMS = 300  # how many items a buyer remembers from searches
@@ -52,6 +57,9 @@ class Outcome:
     error: Exception | None = None
 
 
+_SETUP_BUSY_PAUSES_S = [min(0.05 * 2 ** n, 2.0) for n in range(40)]  # about a minute in all
+
+
 class Actor:
     """A simulated user of one role: plans calls and learns from their answers."""
 
@@ -68,6 +76,17 @@ class Actor:
         return [Call("create_account", {"username": self.username, "password": PASSWORD,
                                         "name": self.username}),
                 self.login_call()]
+
+    def perform_setup(self, conn: Connection, call: Call) -> Outcome:
+        """perform(), tried again after a pause while answered BUSY: a hundred users signing
+        up at once fill the server's hashing queue, and the run needs them all."""
+        outcome = self.perform(conn, call)
+        for pause in _SETUP_BUSY_PAUSES_S:
+            if outcome.kind != "BUSY":
+                break
+            time.sleep(random.uniform(pause / 2, pause))  # not self.rng's draws: a seed replays its calls
+            outcome = self.perform(conn, call)
+        return outcome
 
     def login_call(self) -> Call:
         """This user's login."""
@@ -155,7 +174,7 @@ class Seller(Actor):
         self._listed += 1
         word = self.rng.choice(KEYWORDS)
         return Call("put_item", {
-            "name": f"{word} {self._listed}", "category": self.rng.randrange(10),
+            "name": f"{LOAD_TEST_PREFIX}{word} {self._listed}", "category": self.rng.randrange(10),
             "keywords": self.rng.sample(KEYWORDS, self.rng.randint(1, 3)),
             "condition": self.rng.choice(("new", "used")), "price": _price(self.rng),
             "quantity": self.rng.randint(low, high)})
@@ -324,8 +343,9 @@ def _price(rng: random.Random) -> str:
 
 
 def make_actor(role: str, username: str, rng: random.Random) -> Actor:
-    """A new simulated buyer or seller."""
-    return Buyer(username, rng) if role == "buyer" else Seller(username, rng)
+    """A new simulated buyer or seller, its username starting with LOAD_TEST_PREFIX."""
+    name = username if username.startswith(LOAD_TEST_PREFIX) else LOAD_TEST_PREFIX + username
+    return Buyer(name, rng) if role == "buyer" else Seller(name, rng)
 
 
 def _redialled(conn: Connection, before: tuple[int, int | None]) -> bool:

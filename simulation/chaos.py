@@ -152,16 +152,20 @@ def run(db_url: str, seconds: float, buyers_count: int, kill_every_s: float, log
 def _report(db_url: str, buyers: list[Buyer], kills: int) -> int:
     """Once settled, compare and audit; print it all."""
     database = Database(db_url, pool_size=2)
+    payments_url = os.environ.get("MARKET_PAYMENTS_URL")  # the servers' ledger, if kept apart
+    ledger_db = Database(payments_url, pool_size=2) if payments_url else database
     try:
         settle_wait(database)
-        ledger = Ledger(database)
+        ledger = Ledger(ledger_db)
         found = mismatches(database, ledger, buyers)
         told = [AckedOrder(order_id, _buyer_id(database, order_id), _lines(receipt))
                 for b in buyers for order_id, receipt in b.acked.items()]
-        violations = audit(database, [order for order in told if order.buyer_id])
+        violations = audit(database, [order for order in told if order.buyer_id], ledger.entries())
         failures = [f for b in buyers for f in b.failures]
     finally:
         database.close()
+        if ledger_db is not database:
+            ledger_db.close()
     print(f"kills: {kills}")
     print(f"purchases acknowledged: {len(told)}")
     print(f"mismatches: {len(found)}")

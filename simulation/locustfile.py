@@ -11,22 +11,27 @@ whole numbers, at least 1, so browsing dominates and some sessions check out.
     locust -f simulation/locustfile.py --headless -u 20 -r 5 -t 60s --csv out/locust --html out/locust.html
 
 MARKET_LOCUST_THINK_S sets a think time: each user waits a random 0..THINK_S seconds
-between calls (default 0).
+between calls (default 0). Locust always drives servers it did not start: it runs only with
+MARKET_LOCUST_ALLOW_LIVE=1 (its accounts and items are named loadtest-...).
 """
 from __future__ import annotations
 
 import json
 import random
 import secrets
+import sys
 from collections.abc import Callable
 
 from locust import User, between
 
-from simulation.behaviour import Call, make_actor
+from simulation.behaviour import LIVE_DATA_WARNING, Call, make_actor
 from simulation.mixes import DEFAULT
 from simulation.servers import parse_address
 from wire import Connection
 from wire.config import env
+
+if env("MARKET_LOCUST_ALLOW_LIVE", "") not in ("1", "true", "yes"):
+    sys.exit(f"locust: {LIVE_DATA_WARNING}; set MARKET_LOCUST_ALLOW_LIVE=1 to go ahead")
 
 THINK_S = float(env("MARKET_LOCUST_THINK_S", "0"))  # .env too, as everywhere
 ADDRESS_ENV = {"buyer": ("MARKET_BUYER_ADDR", "127.0.0.1:7001"),
@@ -58,7 +63,7 @@ class MarketUser(User):
         self.conn = Connection(*parse_address(env(variable, default)))
         self.actor = make_actor(self.role, f"{self.role[0]}lc{secrets.token_hex(6)}", random.Random())
         for call in self.actor.setup_calls():
-            self.perform(call)
+            self.perform(call, setup=True)
 
     def on_stop(self) -> None:
         """Close the connection."""
@@ -68,9 +73,9 @@ class MarketUser(User):
         """Make the call the mix's `op` leads to now."""
         self.perform(self.actor.next_call(op))
 
-    def perform(self, call: Call) -> None:
-        """Make one call and report it to locust."""
-        outcome = self.actor.perform(self.conn, call)
+    def perform(self, call: Call, setup: bool = False) -> None:
+        """Make one call and report it to locust (a set-up call is tried again while BUSY)."""
+        outcome = (self.actor.perform_setup if setup else self.actor.perform)(self.conn, call)
         self.environment.events.request.fire(
             request_type=self.role,
             name=f"{call.op} (CONFLICT)" if outcome.kind == "conflict" else call.op,

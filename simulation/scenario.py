@@ -112,7 +112,7 @@ class SimulatedUser(threading.Thread):
             self.finished = time.perf_counter()
 
     def _setup(self, conn: Connection, call: Call) -> None:
-        outcome = self.actor.perform(conn, call)
+        outcome = self.actor.perform_setup(conn, call)
         if outcome.result is None:  # answered, if only when sent again: set up all the same
             raise SimulationError(f"{self.actor.username}: {call.op} failed: {outcome.error}")
 

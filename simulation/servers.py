@@ -5,11 +5,14 @@ Their logs (stderr) go to a file, so a failed start can be read afterwards.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -29,21 +32,40 @@ def parse_address(text: str) -> Address:
     return host, int(port)
 
 
+@dataclass
+class ServerProcess:
+    """A server started by `start_server`: its process, address and log."""
+
+    role: str
+    process: subprocess.Popen[str]
+    address: Address
+    log_path: Path
+
+
 @contextmanager
 def running_servers(db_url: str, log_dir: Path,
                     extra_args: tuple[str, ...] = ()) -> Iterator[dict[str, Address]]:
     """Both servers on free ports over one database, as {"buyer": addr, "seller": addr}."""
+    with running_server_processes(db_url, log_dir, extra_args) as servers:
+        yield {role: server.address for role, server in servers.items()}
+
+
+@contextmanager
+def running_server_processes(db_url: str, log_dir: Path,
+                             extra_args: tuple[str, ...] = ()) -> Iterator[dict[str, ServerProcess]]:
+    """Both servers as processes (to watch or signal), stopped at the end if still running."""
     processes: list[subprocess.Popen[str]] = []
     try:
-        addresses = {}
+        servers = {}
         for role in ("buyer", "seller"):
-            process = _spawn(role, db_url, log_dir / f"{role}_server.log", extra_args)
+            log_path = log_dir / f"{role}_server.log"
+            process = _spawn(role, db_url, log_path, extra_args)
             processes.append(process)
-            addresses[role] = _wait_listening(process, role, log_dir / f"{role}_server.log")
-        yield addresses
+            servers[role] = ServerProcess(role, process, _wait_listening(process, role, log_path), log_path)
+        yield servers
     finally:
         for process in processes:
-            _stop(process)
+            stop_process(process)
 
 
 def start_server(role: str, db_url: str, log_path: Path, port: int = 0,
@@ -60,7 +82,9 @@ def _spawn(role: str, db_url: str, log_path: Path, extra_args: tuple[str, ...], 
         return subprocess.Popen(
             [sys.executable, "-m", f"{role}_server", "--port", str(port), "--db-url", db_url,
              "--log-level", "WARNING", *extra_args],
-            stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+            stdout=subprocess.PIPE, stderr=log, text=True,
+            # every simulated user signs up from this one address: no limit on sign-ups
+            env={**(os.environ if env is None else env), "MARKET_SIGNUPS_PER_ADDRESS_HOUR": "0"})
 
 
 def _wait_listening(process: subprocess.Popen[str], role: str, log_path: Path) -> Address:
@@ -106,11 +130,17 @@ def _drain(stream: IO[str]) -> None:
         pass
 
 
-def _stop(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def stop_process(process: subprocess.Popen[str], timeout_s: float = 15.0) -> float | None:
+    """SIGTERM, then SIGKILL after timeout_s; the seconds SIGTERM took (0 if it had already
+    ended), or None if it had to be killed."""
+    if process.poll() is not None:
+        return 0.0
+    asked = time.monotonic()
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return None
+    return time.monotonic() - asked

@@ -206,14 +206,14 @@ def market(database: Database) -> Iterator[Market]:
 def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every query sent to MySQL/MariaDB from now on (one round trip each), as the number
     of statements it carried; the driver is the real one, only watched."""
-    from db.engine import _QuietConnection
+    import db.unit_of_work
 
     sent: list[int] = []
-    send = _QuietConnection._send
+    send = db.unit_of_work._run_mysql
 
-    def watched(self: Any, statements: list[bytes]) -> Any:
+    def watched(cursor: Any, statements: list[tuple[str, Any]]) -> Any:
         sent.append(len(statements))
-        return send(self, statements)
+        return send(cursor, statements)
 
-    monkeypatch.setattr(_QuietConnection, "_send", watched)
+    monkeypatch.setattr(db.unit_of_work, "_run_mysql", watched)
     return sent

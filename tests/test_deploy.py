@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,7 +86,8 @@ def compose() -> dict[str, Any]:
 
 
 def interpolate(value: str, variables: dict[str, str]) -> str:
-    """Compose's ${VAR}, ${VAR:-default}, ${VAR-default} and $$."""
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?message} (interpolate_strictly
+    checks those) and $$."""
     def one(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
@@ -96,7 +98,7 @@ def interpolate(value: str, variables: dict[str, str]) -> str:
             return variables.get(name, default)
         return variables.get(name, "")
 
-    return re.sub(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:?-)(?P<default>[^}]*))?\}", one, value)
+    return re.sub(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<default>[^}]*))?\}", one, value)
 
 
 def dockerfile() -> list[tuple[str, str]]:
@@ -181,18 +183,53 @@ def test_env_example_values_are_the_defaults_of_the_servers_and_client(
     assert ([server_settings(role, []) for role in SERVERS], build_parser().parse_args(["serve"])) == defaults
 
 
+def test_a_setting_may_come_from_the_file_its_file_variable_names(tmp_path: Path) -> None:
+    secret = tmp_path / "db_url"
+    secret.write_text("mysql://market:s3cret@db:3306/market\n")
+    code = ("from wire.config import server_settings; s = server_settings('buyer', []); "
+            "print(s.db_url, s.host)")
+    env = {"PATH": os.environ.get("PATH", ""), "MARKET_DB_URL": "", "MARKET_DB_URL_FILE": str(secret),
+           "MARKET_HOST_FILE": str(secret)}
+    result = subprocess.run([sys.executable, "-c", code], env={**env, "MARKET_HOST": "0.0.0.0"}, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout == "mysql://market:s3cret@db:3306/market 0.0.0.0\n", result.stderr  # set wins
+    secret.unlink()
+    result = subprocess.run([sys.executable, "-c", code], env={**env, "MARKET_HOST": "0.0.0.0"}, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr == f"error: MARKET_DB_URL_FILE={secret}: No such file or directory\n"
+
+
 # ---- the Dockerfile ----
 
-def test_the_image_is_slim_python_runs_as_a_user_and_installs_from_pyproject() -> None:
+def test_the_image_is_slim_python_runs_as_a_user_and_installs_from_the_lock() -> None:
     instructions = dockerfile()
     keywords = [kw for kw, _ in instructions]
-    base = next(args for kw, args in instructions if kw == "FROM")
+    base = next(args for kw, args in instructions if kw == "FROM").split()[0]
     assert re.fullmatch(r"python:3\.\d+-slim(-\w+)?", base), base
     user = [args for kw, args in instructions if kw == "USER"]
     assert user and user[-1] not in ("root", "0"), "the image must run as a non-root user"
     assert keywords.index("USER") < keywords.index("CMD")
-    assert any(kw == "COPY" and "pyproject.toml" in args for kw, args in instructions)
-    assert any(kw == "RUN" and "pip install" in args for kw, args in instructions)
+    assert [args for kw, args in instructions if kw == "FROM"][-1].split()[-1] == "server"
+    installs = [args for kw, args in instructions if kw == "RUN" and "pip install" in args]
+    assert installs[0] == ("pip install --require-hashes --no-deps -r /src/requirements/runtime.txt"
+                           " -r /src/requirements/build.txt")
+    assert installs[1].startswith("pip install --no-deps --no-build-isolation /src"), "setuptools unpinned"
+    assert all("--no-deps" in args for args in installs), "nothing unpinned may come in"
+
+
+def image_install_commands(stage: str) -> list[str]:
+    """The Dockerfile's `pip install` RUNs of a stage and the stages it is built FROM."""
+    stages: dict[str, tuple[str, list[str]]] = {}
+    current = ""
+    for keyword, args in dockerfile():
+        if keyword == "FROM":
+            parent, _, current = args.split()
+            stages[current] = (parent, [])
+        elif keyword == "RUN" and "pip install" in args:
+            stages[current][1].append(args)
+    parent, commands = stages[stage]
+    return [*(image_install_commands(parent) if parent in stages else []), *commands]
 
 
 def test_the_image_health_check_pings_through_market_health() -> None:
@@ -204,6 +241,79 @@ def test_the_image_command_is_a_server_of_this_project() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     command = exec_form("ENTRYPOINT") + exec_form("CMD")
     assert command and command[0] in scripts, command
+
+
+def build_context(destination: Path) -> Path:
+    """A copy of what `docker build .` sends (.dockerignore's names left out)."""
+    ignored = [line.strip().removeprefix("**/") for line in
+               (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+               if line.strip() and not line.startswith("#")]
+    shutil.copytree(ROOT, destination, ignore=shutil.ignore_patterns(*ignored))
+    return destination
+
+
+@pytest.mark.slow
+def test_the_servers_image_installs_from_the_lock_without_plots_or_load_tools(tmp_path: Path) -> None:
+    """No container engine here: a venv is given the server stage's own pip commands over a
+    copy of the build context, then runs a server as the image would."""
+    src, venv = build_context(tmp_path / "src"), tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for command in image_install_commands("server"):
+        installed = subprocess.run(["sh", "-c", command.replace("/src", str(src))], env=env, cwd=tmp_path,
+                                   capture_output=True, text=True, timeout=600)
+        assert installed.returncode == 0, installed.stderr
+    python = str(venv / "bin" / "python")
+    present = subprocess.run([python, "-c", "import importlib.util as u; print(*(m for m in ("
+                              "'matplotlib', 'numpy', 'locust', 'gevent', 'pytest') if u.find_spec(m)))"],
+                             capture_output=True, text=True, timeout=60)
+    assert present.stdout.strip() == "", "in the servers' image: " + present.stdout
+    assert subprocess.run([python, "-c", "import _mysql_connector"], timeout=60).returncode == 0, \
+        "the driver's C extension does not load"
+    server, port = start([str(venv / "bin" / "market-buyer-server"), "--port", "0", "--db-url",
+                          f"sqlite:///{tmp_path / 'market.db'}"], env, tmp_path)
+    try:
+        check = ["CMD", str(venv / "bin" / "market"), "health", "--ready", "127.0.0.1:1"]
+        assert health(check, "1", port) == 0
+    finally:
+        server.terminate()
+        assert server.wait(timeout=30) == 0
+    sim = subprocess.run([str(venv / "bin" / "market-sim"), "-n", "1"], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=60)
+    assert sim.returncode == 2 and "pip install 'marketplace[sim]'" in sim.stderr, sim.stderr
+
+
+def test_the_simulators_image_adds_the_locked_sim_set() -> None:
+    assert image_install_commands("sim")[-1].startswith("pip install --require-hashes --no-deps -r ")
+    assert "sim.txt" in image_install_commands("sim")[-1]
+    assert compose()["services"]["sim"]["build"]["target"] == "sim"
+
+
+def test_the_lock_files_pin_every_package_with_hashes_and_keep_the_servers_lean() -> None:
+    build = (ROOT / "requirements" / "build.txt").read_text(encoding="utf-8")
+    assert re.search(r"^setuptools==\S+ \\\n +--hash=sha256:", build, re.M), "the build backend unlocked"
+    for name in ("runtime", "sim", "dev"):
+        lock = (ROOT / "requirements" / f"{name}.txt").read_text(encoding="utf-8")
+        packages = re.findall(r"^([a-z0-9][\w.-]*)(?:\[[^]]*\])?==([^\s;]+)", lock, re.M)
+        assert packages, name
+        entries = re.split(r"\n(?=[a-z0-9])", lock.split("\n", 1)[1])
+        for entry in entries:
+            if "==" in entry:
+                assert "--hash=sha256:" in entry, f"{name}.txt: no hash for {entry.split()[0]}"
+        pinned = dict(packages)
+        assert pinned["mysql-connector-python"] == "9.7.0"
+        heavy = {"matplotlib", "numpy", "locust"} & set(pinned)
+        assert heavy == {"runtime": set(), "sim": {"matplotlib", "numpy"},
+                         "dev": {"matplotlib", "numpy", "locust"}}[name], (name, heavy)
+
+
+def test_the_vm_installs_the_release_from_the_lock() -> None:
+    vm, startup = ((GCP / name).read_text(encoding="utf-8") for name in ("vm.sh", "startup.sh"))
+    assert '"$REPO/requirements/runtime.txt" "$release/"' in vm
+    installs = [line for line in startup.splitlines() if "pip\" install" in line]
+    assert installs == [
+        '"$APP/venv/bin/pip" install --quiet --require-hashes --no-deps -r "$release/runtime.txt"',
+        '"$APP/venv/bin/pip" install --quiet --force-reinstall --no-deps "$release"/*.whl']
 
 
 # ---- docker-compose.yml ----
@@ -228,7 +338,8 @@ def test_compose_mysql_buffer_pool_is_set_from_env_example() -> None:
 def test_compose_servers_wait_for_the_database_and_publish_their_port(role: str) -> None:
     service = compose()["services"][role]
     port = service["environment"][SERVERS[role]]
-    assert service["depends_on"] == {"db": {"condition": "service_healthy"}}
+    assert service["depends_on"] == {"db": {"condition": "service_healthy"},
+                                     "tls": {"condition": "service_completed_successfully"}}
     assert service["ports"] == [f"${{{SERVERS[role]}:-{env_example_values()[SERVERS[role]]}}}:{port}"]
     assert service["healthcheck"]["test"] == ["CMD", "market", "health", "--ready", f"127.0.0.1:{port}"]
     assert service["command"][0] == f"market-{role}-server"
@@ -240,7 +351,8 @@ def test_compose_servers_wait_for_the_database_and_publish_their_port(role: str)
 def test_compose_environment_uses_only_listed_settings(service: str) -> None:
     listed = env_example()
     environment = compose()["services"][service]["environment"]
-    assert set(environment) <= set(listed), set(environment) - set(listed)
+    names = {name.removesuffix("_FILE") for name in environment}  # NAME_FILE: NAME's value, from a file
+    assert names <= set(listed), names - set(listed)
     for value in map(str, environment.values()):
         for name in re.findall(r"\$\{(\w+)", value):
             assert name in listed, f"{service}: ${{{name}}} is not in .env.example"
@@ -253,9 +365,9 @@ def test_compose_sim_profile_runs_the_simulator_against_both_servers() -> None:
     assert sim["depends_on"] == {role: {"condition": "service_healthy"} for role in SERVERS}
     command = sim["command"]
     ports = {role: services[role]["environment"][setting] for role, setting in SERVERS.items()}
-    assert command[:5] == ["market-sim", "--buyer", f"buyer:{ports['buyer']}",
-                           "--seller", f"seller:{ports['seller']}"]
-    assert command[command.index("--db-url") + 1] == sim["environment"]["MARKET_DB_URL"]
+    assert command == ["market-sim", "--buyer", f"buyer:{ports['buyer']}",
+                       "--seller", f"seller:{ports['seller']}"]  # the database URL from its file
+    assert sim["environment"]["MARKET_DB_URL_FILE"] == sim["configs"][0]["target"]
     assert all("profiles" not in services[name] for name in ("db", *SERVERS))
 
 
@@ -267,19 +379,40 @@ def deploy_database(mysql_server: str) -> Iterator[str]:
     yield from fresh_mysql_database(mysql_server, prefix="market_deploy")
 
 
-def container_environment(service: dict[str, Any], database_url: str) -> dict[str, str]:
+def container_environment(service: dict[str, Any], database_url: str, folder: Path) -> dict[str, str]:
     """What the container sees: the image's ENV, then .env (here .env.example), then the
     compose environment, interpolated from .env.example. The compose `db` service becomes
     the test database (address and account); ports become 0 (free ones), as this machine's
-    7001 and 7002 may be taken, where a container has its own."""
+    7001 and 7002 may be taken, where a container has its own; the files mounted in the
+    container (the URL's config, the tls volume) are in `folder`."""
     variables = env_example_values()
     env = {**dockerfile_env(), **variables,
            **{key: interpolate(str(value), variables) for key, value in service["environment"].items()}}
-    compose_url, url = make_url(env["MARKET_DB_URL"]), make_url(database_url)
+    compose_url, url = make_url(db_url_config(variables)), make_url(database_url)
     assert compose_url.host == "db", compose_url
-    env["MARKET_DB_URL"] = url.set(drivername=compose_url.drivername).render_as_string(hide_password=False)
+    url_file = folder / "db_url"
+    url_file.write_text(url.set(drivername=compose_url.drivername).render_as_string(hide_password=False))
+    env["MARKET_DB_URL_FILE"] = str(url_file)
+    for name in ("MARKET_TLS_CERT", "MARKET_TLS_KEY", "MARKET_TLS_CA"):  # the tls volume's files
+        env[name] = env[name].replace("/app/tls", str(folder / "tls"))
     env.update({setting: "0" for setting in SERVERS.values()})
     return {**env, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def db_url_config(variables: dict[str, str]) -> str:
+    """The servers' database URL as the compose config `db_url` holds it."""
+    return interpolate(compose()["configs"]["db_url"]["content"], variables)
+
+
+def run_tls_service(folder: Path) -> subprocess.CompletedProcess[str]:
+    """The compose `tls` service's command, the image's script run from the checkout."""
+    command = compose()["services"]["tls"]["command"]
+    assert command[:2] == ["market-make-certs", "/app/tls"]
+    script = ROOT / "deploy" / "tls" / "make-certs.sh"
+    assert ("COPY", f"deploy/tls/make-certs.sh /usr/local/bin/{command[0]}") in dockerfile()
+    args = [interpolate(arg, env_example_values()) for arg in command[2:]]
+    return subprocess.run(["bash", str(script), str(folder / "tls"), *args], capture_output=True, text=True,
+                          timeout=60)
 
 
 def start(command: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], int]:
@@ -294,34 +427,40 @@ def start(command: list[str], env: dict[str, str], cwd: Path) -> tuple[subproces
     return proc, int(match.group(2))
 
 
-def health(check: list[str], container_port: str, port: int) -> int:
+def health(check: list[str], container_port: str, port: int, env: dict[str, str] | None = None) -> int:
     """Run a compose health check, the container's port swapped for the real one."""
     command = [arg.replace(f":{container_port}", f":{port}") for arg in check[1:]]
-    return subprocess.run(command, env={"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
-                          capture_output=True, timeout=30).returncode
+    env = env or {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(command, env=env, capture_output=True, timeout=30).returncode
 
 
 @pytest.mark.slow
 def test_servers_start_with_the_container_command_and_answer_the_health_check(
         deploy_database: str, tmp_path: Path) -> None:
     services = compose()["services"]
+    assert run_tls_service(tmp_path).returncode == 0
     running: list[tuple[subprocess.Popen[str], list[str], str, int]] = []
+    env: dict[str, str] = {}
     try:
         for role in SERVERS:  # one after the other: the first creates the schema
             service = services[role]
             command = exec_form("ENTRYPOINT") + (service.get("command") or exec_form("CMD"))
-            proc, port = start(command, container_environment(service, deploy_database), tmp_path)
+            env = container_environment(service, deploy_database, tmp_path)
+            assert "PASSWORD" not in json.dumps(env).upper().replace('PASSWORD": ""', "")
+            proc, port = start(command, env, tmp_path)
             running.append((proc, service["healthcheck"]["test"], service["environment"][SERVERS[role]],
                             port))
         for _, check, container_port, port in running:
-            assert health(check, container_port, port) == 0
+            assert health(check, container_port, port, env) == 0, "the health check over TLS"
+            plaintext = {**env, "MARKET_TLS_CA": ""}
+            assert health(check, container_port, port, plaintext) != 0, "a server answering in plaintext"
     finally:
         for proc, *_ in running:
             proc.send_signal(signal.SIGTERM)
         codes = [proc.wait(timeout=30) for proc, *_ in running]
     assert codes == [0] * len(SERVERS), "SIGTERM must stop a server with exit 0"
     for _, check, container_port, port in running:
-        assert health(check, container_port, port) != 0, "a stopped server must be unhealthy"
+        assert health(check, container_port, port, env) != 0, "a stopped server must be unhealthy"
 
 
 # ---- scripts and systemd units ----
@@ -331,6 +470,9 @@ def test_start_and_test_scripts_taking_turns_install_once_each(tmp_path: Path) -
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "_venv.sh").write_text((ROOT / "scripts" / "_venv.sh").read_text())
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "requirements").mkdir()
+    for locked in ("runtime", "dev", "build"):
+        (tmp_path / "requirements" / f"{locked}.txt").write_text(f"# {locked}\n")
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     python = tmp_path / ".venv" / "bin" / "python"  # stands in for pip: records each install
     python.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'installs'}\n")
@@ -340,13 +482,18 @@ def test_start_and_test_scripts_taking_turns_install_once_each(tmp_path: Path) -
     def venv(extra: str) -> list[str]:
         subprocess.run(["bash", "-c", f"source scripts/_venv.sh {extra}"], cwd=tmp_path, check=True)
         log = tmp_path / "installs"
-        return [line for line in log.read_text().splitlines() if "-e" in line] if log.exists() else []
+        return log.read_text().splitlines() if log.exists() else []
 
-    assert venv("dev") == ["-m pip install --quiet -e .[dev]"]
-    assert len(venv("runtime")) == 2
-    assert len(venv("dev")) == 2 and len(venv("runtime")) == 2  # both stamps kept
+    locked = ("-m pip install --quiet --require-hashes --no-deps -r requirements/{}.txt"
+              " -r requirements/build.txt")
+    checkout = "-m pip install --quiet --no-deps --no-build-isolation -e ."
+    assert venv("dev") == [locked.format("dev"), checkout]
+    assert venv("runtime")[2:] == [locked.format("runtime"), checkout]
+    assert len(venv("dev")) == 4 and len(venv("runtime")) == 4  # both stamps kept
+    (tmp_path / "requirements" / "dev.txt").write_text("# dev, refreshed\n")
+    assert len(venv("dev")) == 6  # a refreshed lock file installs again
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")
-    assert len(venv("dev")) == 3  # a changed pyproject.toml installs again
+    assert len(venv("dev")) == 8  # a changed pyproject.toml installs again
     assert sorted(p.name.rsplit("-", 1)[1] for p in (tmp_path / ".venv").glob(".installed-*")) == ["dev"]
 
 
@@ -356,6 +503,9 @@ def test_a_half_made_venv_is_made_again(tmp_path: Path) -> None:
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "_venv.sh").write_text((ROOT / "scripts" / "_venv.sh").read_text())
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "dev.txt").write_text("# dev\n")
+    (tmp_path / "requirements" / "build.txt").write_text("# build\n")
     half_made = tmp_path / ".venv" / "bin"
     half_made.mkdir(parents=True)
     (half_made / "python").symlink_to(sys.executable)
@@ -379,19 +529,88 @@ def test_a_half_made_venv_is_made_again(tmp_path: Path) -> None:
     (half_made / "python").symlink_to(sys.executable)
     made = venv()
     assert made.returncode == 0, made.stderr
-    assert "-m pip install --quiet -e .[dev]" in (tmp_path / "log").read_text()
+    assert "-m pip install --quiet --require-hashes --no-deps -r requirements/dev.txt" in (
+        tmp_path / "log").read_text()
+    assert "-m pip install --quiet --no-deps --no-build-isolation -e ." in (tmp_path / "log").read_text()
 
 
-def test_the_servers_containers_get_no_mysql_password_but_their_url() -> None:
+def test_the_servers_containers_get_no_password_in_their_environment_but_a_file() -> None:
     """env_file: .env gives every variable of .env to the servers' containers, MySQL's root
-    password too; the shared environment blanks those it does not need."""
+    password too; the shared environment blanks those it does not need, and the database URL,
+    which holds the password, is a file."""
     services = compose()["services"]
     names = set(env_example())
     for name in ("buyer", "seller", "sim"):
         environment = services[name]["environment"]
         secrets = {key for key in names if key.startswith("MYSQL_") and "PASSWORD" in key}
         assert secrets and all(environment.get(key) == "" for key in secrets), (name, environment)
-        assert "MARKET_DB_URL" in environment
+        assert environment["MARKET_DB_URL"] == "", ".env's own URL would win over the file"
+        assert [(c["source"], c["target"], c["mode"]) for c in services[name]["configs"]] == [
+            ("db_url", environment["MARKET_DB_URL_FILE"], 0o400)]
+    variables = env_example_values()
+    assert make_url(db_url_config(variables)).password == variables["MYSQL_PASSWORD"]
+
+
+def test_compose_has_no_fallback_password_and_stops_without_one() -> None:
+    text = (ROOT / "docker-compose.yml").read_text(encoding="utf-8")
+    uses = re.findall(r"\$\{(\w*PASSWORD\w*)(:?[-?+]?)([^}]*)\}", text)
+    assert uses and all(op == ":?" and "set " in message for _, op, message in uses), uses
+    assert {name for name, _, _ in uses} == {"MYSQL_ROOT_PASSWORD", "MYSQL_PASSWORD"}
+    for name in ("MYSQL_ROOT_PASSWORD", "MYSQL_PASSWORD"):
+        with pytest.raises(KeyError):  # compose's ${VAR:?}: missing and empty alike stop it
+            interpolate_strictly(text, {**env_example_values(), name: ""})
+
+
+def interpolate_strictly(value: str, variables: dict[str, str]) -> str:
+    """interpolate, with ${VAR:?message} raising KeyError(message) as compose stops."""
+    def check(match: re.Match[str]) -> str:
+        if not variables.get(match["name"]):
+            raise KeyError(match["message"])
+        return match.group(0)
+
+    return re.sub(r"\$\{(?P<name>\w+):\?(?P<message>[^}]*)\}", check, value)
+
+
+def test_mysql_reads_its_passwords_from_secrets_the_compose_file_declares() -> None:
+    spec = compose()
+    db = spec["services"]["db"]
+    assert not {"MYSQL_ROOT_PASSWORD", "MYSQL_PASSWORD"} & set(db["environment"])
+    assert db["environment"]["MYSQL_ROOT_PASSWORD_FILE"] == "/run/secrets/mysql_root_password"
+    assert db["environment"]["MYSQL_PASSWORD_FILE"] == "/run/secrets/mysql_password"
+    assert set(db["secrets"]) == set(spec["secrets"]) == {"mysql_root_password", "mysql_password"}
+    assert {s["environment"] for s in spec["secrets"].values()} == {"MYSQL_ROOT_PASSWORD", "MYSQL_PASSWORD"}
+    check = " ".join(db["healthcheck"]["test"])
+    assert "/run/secrets/mysql_root_password" in check and "--password" not in check
+
+
+@pytest.mark.parametrize("role", SERVERS)
+def test_compose_servers_serve_tls_with_the_certificate_made_at_first_start(role: str) -> None:
+    services = compose()["services"]
+    environment, tls = services[role]["environment"], services["tls"]
+    assert (environment["MARKET_TLS_CERT"], environment["MARKET_TLS_KEY"], environment["MARKET_TLS_CA"]) == (
+        "/app/tls/server.pem", "/app/tls/server.key", "/app/tls/ca.pem")
+    assert "${TLS_DIR:-tls}:/app/tls:ro" in services[role]["volumes"]
+    assert tls["volumes"] == ["${TLS_DIR:-tls}:/app/tls"] and tls["restart"] == "no"
+    assert role in tls["command"], "the certificate must name the server the others reach it by"
+
+
+def test_the_tls_service_makes_a_certificate_once_that_verifies_against_its_ca(tmp_path: Path) -> None:
+    made = run_tls_service(tmp_path)
+    assert made.returncode == 0, made.stderr
+    tls = tmp_path / "tls"
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(tls / "ca.pem"), str(tls / "server.pem")],
+                              capture_output=True, text=True, timeout=30)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    names = subprocess.run(["openssl", "x509", "-in", str(tls / "server.pem"), "-noout", "-ext",
+                            "subjectAltName"], capture_output=True, text=True, timeout=30).stdout
+    for name in ("DNS:localhost", "IP Address:127.0.0.1", "DNS:buyer", "DNS:seller"):
+        assert name in names, names
+    assert oct((tls / "server.key").stat().st_mode & 0o777) == "0o600"
+    assert oct((tls / "ca.key").stat().st_mode & 0o777) == "0o600"
+    before = (tls / "server.pem").read_bytes()
+    again = run_tls_service(tmp_path)
+    assert again.returncode == 0 and "keeping" in again.stdout
+    assert (tls / "server.pem").read_bytes() == before, "a second start must keep the certificate"
 
 
 def test_shell_scripts_pass_shellcheck() -> None:
@@ -489,6 +708,9 @@ def done(code=0, lines=()):
 if any(command.startswith(refused) for refused in state.get("refuse", [])):
     sys.stderr.write("ERROR: Producer services (e.g. CloudSQL) are still using this connection.\\n")
     done(1)
+if command.startswith("compute addresses describe") and "--format=value(address)" in args:
+    found = "compute addresses " + words[3] in resources
+    done(0, [state.get("address", "203.0.113.7")]) if found else done(1)
 if command.startswith("compute regions describe"):
     done(0, state["regions"][words[3]]) if words[3] in state["regions"] else done(1)
 if command.startswith("compute networks peerings delete"):
@@ -546,6 +768,9 @@ class FakeGcloud:
         gcloud = bin_dir / "gcloud"
         gcloud.write_text(f"#!{sys.executable}\n{FAKE_GCLOUD}")
         gcloud.chmod(0o755)
+        curl = bin_dir / "curl"  # what `curl https://checkip...` answers: FAKE_CALLER, or a failure
+        curl.write_text('#!/bin/sh\n[ -n "$FAKE_CALLER" ] || exit 6\necho "$FAKE_CALLER"\n')
+        curl.chmod(0o755)
         self.state_path, self.log_path = tmp_path / "state.json", tmp_path / "calls.jsonl"
         self.state = {"network": "market-net", "peerings": [], "resources": [], "secrets": {},
                       "sql_users": [],
@@ -653,3 +878,97 @@ def test_the_docs_copy_the_settings_secret_only_into_a_private_temporary_file() 
     docs = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
     copies = re.findall(r"gcloud secrets versions access latest --secret=market-env\s*>\s*(\S+)", docs)
     assert copies == ['"$f"'] and 'f=$(mktemp)' in docs and 'rm -f "$f"' in docs
+
+
+# ---- the GCP scripts: who may connect, and TLS ----
+
+def firewall_calls(fake: FakeGcloud) -> list[str]:
+    return [c for c in fake.commands() if c.startswith("compute firewall-rules")]
+
+
+def test_without_client_ranges_only_this_machine_may_reach_the_servers(tmp_path: Path) -> None:
+    # before: CLIENT_RANGES defaulted to 0.0.0.0/0, the whole internet
+    fake = FakeGcloud(tmp_path)
+    result = fake.run("network.sh", FAKE_CALLER="198.51.100.23\n")
+    assert result.returncode == 0, result.stderr
+    created = [c for c in firewall_calls(fake) if " create " in c]
+    assert len(created) == 1 and "--source-ranges=198.51.100.23/32 " in created[0], created
+    assert "0.0.0.0/0" not in " ".join(fake.commands())
+    assert "only this machine (198.51.100.23/32)" in result.stderr
+
+
+def test_without_client_ranges_or_this_machines_address_nothing_is_created(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path)
+    result = fake.run("network.sh")  # curl fails, and no terminal to ask
+    assert result.returncode == 2 and "set CLIENT_RANGES" in result.stderr, result.stderr
+    assert not [c for c in fake.commands() if " create " in f" {c} "], fake.commands()
+
+
+def test_client_ranges_given_are_used_and_a_rerun_without_them_keeps_the_rules(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path)
+    assert fake.run("network.sh", CLIENT_RANGES="203.0.113.0/24,192.0.2.8/32").returncode == 0
+    assert "--source-ranges=203.0.113.0/24,192.0.2.8/32 " in [c for c in firewall_calls(fake)
+                                                           if " create " in c][0]
+    again = fake.run("network.sh", FAKE_CALLER="198.51.100.23", BUYER_PORT="8001")
+    assert again.returncode == 0, again.stderr
+    updates = [c for c in firewall_calls(fake) if " update " in c]
+    assert len(updates) == 1 and "tcp:8001" in updates[0] and "--source-ranges" not in updates[0], updates
+
+
+def certificate_names(pem: str, tmp_path: Path) -> str:
+    path = tmp_path / "check.pem"
+    path.write_text(pem + "\n")
+    return subprocess.run(["openssl", "x509", "-in", str(path), "-noout", "-ext", "subjectAltName"],
+                          capture_output=True, text=True, timeout=30).stdout
+
+
+def test_tls_sh_puts_a_certificate_naming_the_vms_ip_in_secret_manager(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path, resources=["compute addresses market-ip"], address="203.0.113.7")
+    result = fake.run("tls.sh", TLS_DIR=str(tmp_path / "ca"), TLS_NAMES="market.example.com")
+    assert result.returncode == 0, result.stderr
+    secrets = fake.current()["secrets"]
+    cert, key, ca = (secrets[name] for name in ("market-tls-cert", "market-tls-key", "market-tls-ca"))
+    assert ca == (tmp_path / "ca" / "ca.pem").read_text().rstrip("\n") and "PRIVATE KEY" in key
+    names = certificate_names(cert, tmp_path)
+    assert "IP Address:203.0.113.7" in names and "DNS:market.example.com" in names, names
+    (tmp_path / "ca.pem").write_text(ca + "\n")
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.pem"),
+                               str(tmp_path / "check.pem")], capture_output=True, text=True, timeout=30)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    calls = fake.calls()
+    assert not [c for c in calls if key.splitlines()[1] in " ".join(c["args"])], "the key on a command line"
+    seeing = [c for c in calls if key.splitlines()[1] in (c["stdin"] or "")]
+    assert len(seeing) == 1 and seeing[0]["env"]["CLOUDSDK_CORE_DISABLE_FILE_LOGGING"] == "1"
+    again = fake.run("tls.sh", TLS_DIR=str(tmp_path / "ca"))
+    assert again.returncode == 0 and "kept" in again.stdout
+    assert not [c for c in fake.commands() if c.startswith("secrets") and "describe" not in c]
+
+
+def test_tls_sh_uploads_your_own_certificate_and_refuses_half_of_one(tmp_path: Path) -> None:
+    own = tmp_path / "own"
+    subprocess.run(["bash", str(ROOT / "deploy" / "tls" / "make-certs.sh"), str(own), "market.example.com"],
+                   check=True, capture_output=True, timeout=60)
+    fake = FakeGcloud(tmp_path)
+    half = fake.run("tls.sh", TLS_CERT=str(own / "server.pem"))
+    assert half.returncode == 2 and "go together" in half.stderr
+    result = fake.run("tls.sh", TLS_CERT=str(own / "server.pem"), TLS_KEY=str(own / "server.key"),
+                      TLS_CA=str(own / "ca.pem"))
+    assert result.returncode == 0, result.stderr
+    secrets = fake.current()["secrets"]
+    assert secrets["market-tls-cert"] == (own / "server.pem").read_text().rstrip("\n")
+    assert secrets["market-tls-key"] == (own / "server.key").read_text().rstrip("\n")
+
+
+@pytest.mark.parametrize("role", SERVERS)
+def test_the_vms_servers_serve_tls_from_the_files_startup_installs(role: str) -> None:
+    environment = " ".join(unit(f"market-{role}.service")["Environment"]).split()
+    files = dict(pair.split("=", 1) for pair in environment)
+    tls = "/etc/market/tls"
+    assert files == {"MARKET_TLS_CERT": f"{tls}/server.pem", "MARKET_TLS_KEY": f"{tls}/server.key",
+                     "MARKET_TLS_CA": f"{tls}/ca.pem"}
+    startup = (GCP / "startup.sh").read_text(encoding="utf-8")
+    for path in files.values():
+        name = path.rsplit("/", 1)[1]
+        assert f'"{name}:${{TLS_SECRETS[' in startup, name
+    assert '"/etc/market/tls/${pair%%:*}"' in startup
+    assert "\"$here/tls.sh\"" in (GCP / "up.sh").read_text(encoding="utf-8")

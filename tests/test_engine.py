@@ -14,13 +14,13 @@ from typing import Any
 import mysql.connector
 import pytest
 from conftest import fresh_mysql_database
+from mysql.connector.connection_cext import CMySQLConnection
 from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 import db.engine as engine_module
 from db import Database, DatabaseUnusable
-from db.engine import _QuietConnection, _template, driver_url
-from db.prepared import Prepared, PreparedRows, run_together
+from db.engine import driver_url
 from db.schema import login_failures
 from wire.errors import BusyError, UnavailableError
 
@@ -32,7 +32,7 @@ def test_mysql_runs_on_the_c_extension(database: Database) -> None:
     assert mysql.connector.HAVE_CEXT
     with database.engine.connect() as conn:
         raw = conn.connection.driver_connection
-        assert isinstance(raw, _QuietConnection)  # a subclass of the C extension's connection
+        assert isinstance(raw, CMySQLConnection)  # the C extension's connection
         isolation = conn.exec_driver_sql("SELECT @@session.tx_isolation").scalar()
         assert isolation == "READ-COMMITTED"
         assert conn.exec_driver_sql("SELECT @@character_set_connection").scalar() == "utf8mb4"
@@ -48,11 +48,11 @@ def test_mysql_urls_of_any_spelling_use_mysql_connector(url: str, expected: str)
     assert driver_url(url).render_as_string(hide_password=False) == expected
 
 
-_ONE = Prepared(select(login_failures.c.failures).where(login_failures.c.username == bindparam("username")))
+_ONE = (select(login_failures.c.failures).where(login_failures.c.username == bindparam("username")))
 
 
 def _in_transaction_after_a_statement(tx: Any) -> bool:
-    _ONE.all(tx, {"username": "nobody"})
+    tx.execute(_ONE, {"username": "nobody"}).all()
     return bool(tx.connection.driver_connection.in_transaction)
 
 
@@ -65,52 +65,16 @@ def test_reads_run_outside_a_transaction_and_writes_inside_one(database: Databas
                         tx.connection.driver_connection.in_transaction, write=True) is True
 
 
-class _QueriesSent:
-    """The C connection, passed through, with the text of every query sent on it."""
-
-    def __init__(self, cmysql: Any) -> None:
-        self.cmysql, self.sent, self.texts = cmysql, [], []
-
-    def query(self, statement: bytes, *args: Any, **kwargs: Any) -> Any:
-        self.sent.append(bytes(statement).split(b" ", 2)[:2])
-        self.texts.append(bytes(statement))
-        return self.cmysql.query(statement, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.cmysql, name)
-
-
 @pytest.fixture
 def mariadb_url(mysql_server: str) -> Iterator[str]:
     yield from fresh_mysql_database(mysql_server)
 
 
-def test_a_write_opens_its_transaction_with_its_first_statement(mariadb_url: str) -> None:
-    # MySQL only: SQLite's BEGIN costs no round trip
-    database = Database(mariadb_url, pool_size=1)  # one connection: every call below uses it
-    database.create_schema()
-    driver = database.run(lambda tx: tx.connection.driver_connection, write=False)
-    recorder = driver._cmysql = _QueriesSent(driver._cmysql)
-    try:
-        database.run(lambda tx: _ONE.all(tx, {"username": "nobody"}), write=True)
-        assert recorder.sent == [[b"START", b"TRANSACTION;SELECT"], [b"COMMIT"]]
-        recorder.sent.clear()
-        database.run(lambda tx: tx.execute(text("SELECT 1")).scalar(), write=True)  # SQLAlchemy's path
-        assert recorder.sent == [[b"START", b"TRANSACTION"], [b"SELECT", b"1"], [b"COMMIT"]]
-        recorder.sent.clear()
-        database.run(lambda tx: None, write=True)  # nothing sent, nothing to end
-        database.run(lambda tx: _ONE.all(tx, {"username": "nobody"}), write=False)
-        assert recorder.sent == [[b"SELECT", b"login_failures.failures"]]
-    finally:
-        driver._cmysql = recorder.cmysql
-        database.close()
+# -- Statements the unit of work runs on the driver itself -----------------------------------
 
-
-# -- Prepared statements run on the driver (on MySQL without a cursor: engine.run_statement) ---
-
-_LOGIN_FAILURE = Prepared(insert(login_failures).values(
+_LOGIN_FAILURE = (insert(login_failures).values(
     role=bindparam("role"), username=bindparam("username"), failures=bindparam("n"), last_failure_ms=0))
-_FAILURE_OF = Prepared(select(login_failures.c.username, login_failures.c.failures)
+_FAILURE_OF = (select(login_failures.c.username, login_failures.c.failures)
                        .where(login_failures.c.role == bindparam("role"),
                               login_failures.c.username == bindparam("username")))
 AWKWARD = ["it's", 'say "hi"', "back\\slash", "semi; DROP TABLE users; --", "%(role)s %s %%", "naïve 🛒",
@@ -119,33 +83,29 @@ AWKWARD = ["it's", 'say "hi"', "back\\slash", "semi; DROP TABLE users; --", "%(r
 
 @pytest.mark.parametrize("value", AWKWARD)
 def test_values_travel_exactly_as_given_never_as_sql(database: Database, value: str) -> None:
-    database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": value, "n": 7}))
-    row = database.run(lambda tx: _FAILURE_OF.first(tx, {"role": "buyer", "username": value}), write=False)
+    database.run(lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": value, "n": 7}))
+    row = database.run(lambda tx: tx.execute(_FAILURE_OF, {"role": "buyer", "username": value}).first(),
+                       write=False)
     assert row is not None and (row.username, row.failures) == (value, 7)
-    assert database.run(lambda tx: _FAILURE_OF.all(tx, {"role": "buyer", "username": value + "x"}),
+    assert database.run(lambda tx: tx.execute(_FAILURE_OF, {"role": "buyer", "username": value + "x"}).all(),
                         write=False) == []
 
 
 def test_driver_errors_arrive_as_sqlalchemy_errors(database: Database) -> None:
-    database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "dup", "n": 1}))
+    database.run(lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "dup", "n": 1}))
     with pytest.raises(IntegrityError):
-        database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "dup", "n": 1}))
+        database.run(lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "dup", "n": 1}))
     with pytest.raises(IntegrityError):  # NOT NULL
-        database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "nul", "n": None}))
+        database.run(lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "nul", "n": None}))
 
 
 def test_row_counts_and_new_ids_come_back(database: Database) -> None:
-    added = database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "seller", "username": "c", "n": 1}))
+    added = database.run(lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "seller", "username": "c", "n": 1}))
     assert added.rowcount == 1
-    bump = Prepared(update(login_failures).where(login_failures.c.role == bindparam("role"))
+    bump = (update(login_failures).where(login_failures.c.role == bindparam("role"))
                     .values(failures=login_failures.c.failures + 1))
-    assert database.run(lambda tx: bump.execute(tx, {"role": "seller"})).rowcount == 1
-    assert database.run(lambda tx: bump.execute(tx, {"role": "nobody"})).rowcount == 0
-
-
-def test_a_literal_percent_sign_is_refused_rather_than_guessed() -> None:
-    with pytest.raises(ValueError, match="outside a placeholder"):
-        _template("SELECT 1 FROM t WHERE name LIKE 'a%%'")
+    assert database.run(lambda tx: tx.execute(bump, {"role": "seller"})).rowcount == 1
+    assert database.run(lambda tx: tx.execute(bump, {"role": "nobody"})).rowcount == 0
 
 
 # -- Connections stay open between calls (Database's _Connections) -----------------------------
@@ -234,37 +194,36 @@ def test_a_call_waits_for_a_free_connection_then_says_busy(db_url: str) -> None:
     database.close()
 
 
-def test_prepared_rows_insert_every_row_exactly_in_chunks(database: Database) -> None:
+def test_many_rows_insert_every_row_exactly_in_chunks(database: Database) -> None:
     rows = [{"role": "seller", "username": f"{AWKWARD[n % len(AWKWARD)]}#{n}", "failures": n,
              "last_failure_ms": 10 * n} for n in range(45)]  # 20 + 20 + 5 rows
-    inserter = PreparedRows(login_failures, ("role", "username", "failures", "last_failure_ms"), chunk=20)
-    database.run(lambda tx: inserter.execute(tx, rows))
+    database.run(lambda tx: tx.execute(insert(login_failures), rows))
     stored = database.run(lambda tx: tx.execute(
         select(login_failures.c.username, login_failures.c.failures, login_failures.c.last_failure_ms)
         .where(login_failures.c.role == "seller")).all(), write=False)
     expected = [(row["username"], row["failures"], row["last_failure_ms"]) for row in rows]
     assert sorted(map(tuple, stored)) == sorted(expected)
-    assert sorted(inserter._by_count) == [5, 20]  # two statement shapes for three statements
 
 
-# -- Deferred writes and statements run together (db.prepared: defer, run_together) -------------
+# -- Writes held by the unit of work until something needs them sent ---------------------------
 
-_BUMP = Prepared(update(login_failures).where(login_failures.c.username == bindparam("username"))
-                 .values(failures=login_failures.c.failures + 1))
+_BUMP = (update(login_failures).where(login_failures.c.username == bindparam("username"))
+         .values(failures=login_failures.c.failures + 1))
 
 
 def _failures_of(database: Database, username: str) -> int | None:
-    row = database.run(lambda tx: _FAILURE_OF.first(tx, {"role": "buyer", "username": username}), write=False)
+    row = database.run(lambda tx: tx.execute(_FAILURE_OF, {"role": "buyer", "username": username}).first(),
+                       write=False)
     return None if row is None else int(row.failures)
 
 
 def test_a_deferred_write_is_seen_by_the_statements_after_it(database: Database) -> None:
     def work(tx: Any) -> tuple[int, int]:
-        _LOGIN_FAILURE.defer(tx, {"role": "buyer", "username": "later", "n": 1})
-        _BUMP.defer(tx, {"username": "later"})
-        seen = _FAILURE_OF.first(tx, {"role": "buyer", "username": "later"})
-        _BUMP.defer(tx, {"username": "later"})  # with the COMMIT
-        return int(seen.failures), len(_FAILURE_OF.all(tx, {"role": "buyer", "username": "none"}))
+        tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "later", "n": 1})
+        tx.execute(_BUMP, {"username": "later"})
+        seen = tx.execute(_FAILURE_OF, {"role": "buyer", "username": "later"}).first()
+        tx.execute(_BUMP, {"username": "later"})  # with the COMMIT
+        return int(seen.failures), len(tx.execute(_FAILURE_OF, {"role": "buyer", "username": "none"}).all())
 
     assert database.run(work) == (2, 0)
     assert _failures_of(database, "later") == 3
@@ -274,15 +233,15 @@ def test_a_deferred_write_is_seen_by_the_statements_after_it(database: Database)
 def test_a_deferred_write_that_fails_rolls_back_its_whole_transaction(db_url: str, failing: str) -> None:
     database = Database(db_url, pool_size=1)  # one connection: the call after the failure reuses it
     database.create_schema()
-    database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "taken", "n": 1}))
+    database.run(lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "taken", "n": 1}))
 
     def work(tx: Any) -> None:
-        _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "first", "n": 1})  # sent now
-        _BUMP.defer(tx, {"username": "taken"})
-        _LOGIN_FAILURE.defer(tx, {"role": "buyer", "username": "taken", "n": 1})  # a duplicate key
-        _BUMP.defer(tx, {"username": "taken"})
+        tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "first", "n": 1})  # sent now
+        tx.execute(_BUMP, {"username": "taken"})
+        tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "taken", "n": 1})  # a duplicate key
+        tx.execute(_BUMP, {"username": "taken"})
         if failing == "with a later statement":
-            _FAILURE_OF.all(tx, {"role": "buyer", "username": "first"})
+            tx.execute(_FAILURE_OF, {"role": "buyer", "username": "first"}).all()
 
     try:
         with pytest.raises(IntegrityError):
@@ -290,74 +249,72 @@ def test_a_deferred_write_that_fails_rolls_back_its_whole_transaction(db_url: st
         assert _failures_of(database, "first") is None  # the statement sent before it: rolled back
         assert _failures_of(database, "taken") == 1  # the deferred bump before it too
         assert database.run(_in_transaction_after_a_statement, write=False) is False  # nothing left open
-        database.run(lambda tx: _BUMP.defer(tx, {"username": "taken"}))  # the connection works on
+        database.run(lambda tx: tx.execute(_BUMP, {"username": "taken"}))  # the connection works on
         assert _failures_of(database, "taken") == 2
     finally:
         database.close()
 
 
-def test_statements_run_together_each_give_their_result(database: Database) -> None:
-    database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "both", "n": 1}))
-    bumped, missed, row = database.run(lambda tx: run_together(tx, [
-        (_BUMP, {"username": "both"}), (_BUMP, {"username": "nobody"}),
-        (_FAILURE_OF, {"role": "buyer", "username": "both"})]))
-    assert (bumped.rowcount, missed.rowcount) == (1, 0)
-    assert tuple(row.fetchall()[0]) == ("both", 2)
-
-
-def test_deferred_writes_and_statements_run_together_share_queries(mariadb_url: str) -> None:
-    database = Database(mariadb_url, pool_size=1)
-    database.create_schema()
-    driver = database.run(lambda tx: tx.connection.driver_connection, write=False)
-    recorder = driver._cmysql = _QueriesSent(driver._cmysql)
-
-    def queries(work: Any) -> list[list[bytes]]:
-        recorder.texts.clear()
-        database.run(work)
-        return [[part.split(b" ")[0] for part in text.split(b";")] for text in recorder.texts]
-
-    try:
-        database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "q", "n": 1}))
-        # deferred only: START TRANSACTION, the writes and COMMIT in one query
-        assert queries(lambda tx: [_BUMP.defer(tx, {"username": "q"}) for _ in range(3)]) == [
-            [b"START", b"UPDATE", b"UPDATE", b"UPDATE", b"COMMIT"]]
-        assert queries(lambda tx: (_BUMP.defer(tx, {"username": "q"}),
-                                   _FAILURE_OF.all(tx, {"role": "buyer", "username": "q"}))) == [
-            [b"START", b"UPDATE", b"SELECT"], [b"COMMIT"]]
-        assert queries(lambda tx: run_together(tx, [(_BUMP, {"username": "q"})] * 2 + [
-            (_FAILURE_OF, {"role": "buyer", "username": "q"})])) == [
-            [b"START", b"UPDATE", b"UPDATE", b"SELECT"], [b"COMMIT"]]
-        assert _failures_of(database, "q") == 7
-        # through SQLAlchemy's own path, what is pending goes first
-        assert queries(lambda tx: (_BUMP.defer(tx, {"username": "q"}), tx.execute(text("SELECT 1")))) == [
-            [b"START", b"UPDATE"], [b"SELECT"], [b"COMMIT"]]
-    finally:
-        driver._cmysql = recorder.cmysql
+@pytest.fixture
+def mariadb_database(mysql_server: str) -> Iterator[Database]:
+    for url in fresh_mysql_database(mysql_server):
+        database = Database(url, pool_size=1)  # one connection: every call below uses it
+        database.create_schema()
+        yield database
         database.close()
 
 
-def test_the_last_statement_can_carry_the_commit(db_url: str) -> None:
-    database = Database(db_url, pool_size=1)
-    database.create_schema()
+def test_held_writes_travel_with_the_next_statement_and_the_commit(mariadb_database: Database,
+                                                                   round_trips: list[int]) -> None:
+    database = mariadb_database
+    database.run(lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "q", "n": 0}))
 
-    def last(tx: Any) -> Any:
-        _LOGIN_FAILURE.defer(tx, {"role": "buyer", "username": "end", "n": 4})
-        return _FAILURE_OF.all_then_commit(tx, {"role": "buyer", "username": "end"})
+    def queries(work: Any, write: bool = True) -> list[int]:
+        round_trips.clear()
+        database.run(work, write=write)
+        return list(round_trips)
 
-    try:
-        assert [tuple(row) for row in database.run(last)] == [("end", 4)]
-        assert _failures_of(database, "end") == 4
-        assert database.run(_in_transaction_after_a_statement, write=False) is False
-        if not database.is_sqlite:  # committed already: another statement would run outside it
-            with pytest.raises(RuntimeError, match="after the transaction's COMMIT"):
-                database.run(lambda tx: (_FAILURE_OF.all_then_commit(tx, {"role": "buyer", "username": "x"}),
-                                         _BUMP.execute(tx, {"username": "end"})))
-            assert _failures_of(database, "end") == 4
-        with pytest.raises(IntegrityError):  # a failing statement: the COMMIT behind it never runs
-            database.run(lambda tx: (_BUMP.execute(tx, {"username": "end"}), last(tx)))  # "end" again
-        assert _failures_of(database, "end") == 4
-    finally:
-        database.close()
+    bump = {"username": "q"}
+    # START TRANSACTION, three held writes and the COMMIT: one query
+    assert queries(lambda tx: [tx.execute(_BUMP, bump) for _ in range(3)]) == [5]
+    # held writes go with the read that follows them; the COMMIT alone after it
+    assert queries(lambda tx: (tx.execute(_BUMP, bump),
+                               tx.execute(_FAILURE_OF, {"role": "buyer", "username": "q"}).all())) == [3, 1]
+    # a held write's result read: it is sent then, with what was held before it
+    assert queries(lambda tx: [tx.execute(_BUMP, bump), tx.execute(_BUMP, bump).rowcount]) == [3, 1]
+    assert queries(lambda tx: None) == []  # nothing sent, nothing to end
+    assert queries(lambda tx: tx.execute(_BUMP, bump), write=False) == [1]  # a read holds nothing
+    assert _failures_of(database, "q") == 7
+
+
+def test_a_held_writes_error_arrives_where_the_code_expects_it(database: Database) -> None:
+    """Plain Core code catching a write's IntegrityError keeps working though the write was held."""
+    database.run(lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "taken", "n": 1}))
+
+    def claim(tx: Any) -> str:
+        tx.execute(_BUMP, {"username": "taken"})
+        try:
+            tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "taken", "n": 1})
+        except IntegrityError:
+            return "caught"
+        tx.execute(_FAILURE_OF, {"role": "buyer", "username": "taken"}).all()  # would send it
+        return "missed"
+
+    assert database.run(claim) == "caught"
+    assert _failures_of(database, "taken") == 2  # the bump before it committed, once
+
+
+def test_a_payment_waits_for_the_writes_before_it(database: Database) -> None:
+    database.run(lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "paid", "n": 1}))
+    charged: list[int] = []
+
+    def purchase(tx: Any) -> None:
+        tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "paid", "n": 1})  # fails
+        tx.call_outside(charged.append, 100)
+
+    with pytest.raises(IntegrityError):
+        database.run(purchase)
+    assert charged == []
 
 
 @pytest.mark.parametrize("poll_s", [5.0, 0.05])  # the lock freed while polling, or after: SQLite's wait
@@ -371,7 +328,7 @@ def test_a_sqlite_writer_waits_for_the_write_lock_then_writes(tmp_path: Any, mon
     holder.execute("BEGIN IMMEDIATE")  # another process's writer, holding the lock
     wrote: list[Any] = []
     writer = threading.Thread(target=lambda: wrote.append(database.run(
-        lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "waited", "n": 1}).rowcount)))
+        lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "waited", "n": 1}).rowcount)))
     try:
         writer.start()
         writer.join(0.3)
@@ -390,15 +347,15 @@ def test_a_sqlite_writer_waits_for_the_write_lock_then_writes(tmp_path: Any, mon
 def test_outside_a_write_transaction_deferring_runs_at_once(database: Database) -> None:
     def read(tx: Any) -> int:  # a read: statement by statement, nothing held back for a COMMIT
         tx.execute(text("SELECT 1"))  # SQLAlchemy's own path, which opens its transaction
-        _LOGIN_FAILURE.defer(tx, {"role": "buyer", "username": "at once", "n": 5})
-        seen = len(_FAILURE_OF.all_then_commit(tx, {"role": "buyer", "username": "at once"}))
-        _BUMP.defer(tx, {"username": "at once"})  # the call's last statement
+        tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "at once", "n": 5})
+        seen = len(tx.execute(_FAILURE_OF, {"role": "buyer", "username": "at once"}).all())
+        tx.execute(_BUMP, {"username": "at once"})  # the call's last statement
         return seen
 
     assert database.run(read, write=False) == 1  # sent before the SELECT that sees it
-    # MySQL runs a read's statements in autocommit, so both stayed (none waited for a COMMIT
-    # that a read never sends); SQLite's read transaction is rolled back, with any write in it
-    assert _failures_of(database, "at once") == (None if database.is_sqlite else 6)
+    # a read's statements run in autocommit on both databases, so both stayed (none waited
+    # for a COMMIT that a read never sends)
+    assert _failures_of(database, "at once") == 6
 
 
 def test_a_sqlite_writer_that_waited_its_whole_lock_wait_answers_busy_once(tmp_path: Any,
@@ -416,7 +373,7 @@ def test_a_sqlite_writer_that_waited_its_whole_lock_wait_answers_busy_once(tmp_p
 
     def write(tx: Any) -> None:
         attempts[0] += 1
-        _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "never", "n": 1})
+        tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "never", "n": 1})
 
     try:
         with pytest.raises(BusyError, match=r"waited \d+ s for a lock another request held; nothing was"):
@@ -437,12 +394,12 @@ def test_a_mariadb_lock_wait_timeout_answers_busy_once(database: Database) -> No
     assert tuple(waits) == (engine_module.LOCK_WAIT_S,) * 2  # not the server's 50 s and a year
     one = Database(database.url, pool_size=1)
     one.run(lambda tx: tx.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1"), write=False)
-    database.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "held", "n": 1}))
+    database.run(lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "held", "n": 1}))
     attempts = [0]
 
     def bump(tx: Any) -> None:
         attempts[0] += 1
-        _BUMP.execute(tx, {"username": "held"})
+        tx.execute(_BUMP, {"username": "held"})
 
     try:
         with database.engine.connect() as holder, holder.begin():
@@ -495,7 +452,7 @@ def test_a_database_the_server_may_only_read_is_refused_at_start(database: Datab
             read_only.create_schema()
         if database.is_sqlite:  # a write, should one be tried (a full disk too): not INTERNAL
             with pytest.raises(UnavailableError):
-                read_only.run(lambda tx: _LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": "x",
+                read_only.run(lambda tx: tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": "x",
                                                                      "n": 1}))
         assert read_only.run(lambda tx: tx.execute(select(login_failures)).all(), write=False) == []
     finally:
@@ -570,8 +527,8 @@ def test_a_grown_sqlite_log_is_emptied_once_its_readers_move_on(tmp_path: Any, m
     reader.execute("SELECT count(*) FROM login_failures").fetchone()  # a snapshot held open
     try:
         for n in range(600):
-            database.run(lambda tx, n=n: _LOGIN_FAILURE.execute(
-                tx, {"role": "buyer", "username": f"u{n}" * 50, "n": n}))
+            database.run(lambda tx, n=n: tx.execute(
+                _LOGIN_FAILURE, {"role": "buyer", "username": f"u{n}" * 50, "n": n}))
         time.sleep(1.0)  # the keeper has looked, and found the reader in its way
         assert wal.stat().st_size > 256 << 10
         reader.execute("COMMIT")  # the reader moves on, as every short read does

@@ -86,7 +86,6 @@ def seeded(mysql_server: str) -> Iterator[Database]:
 def plan_of(db: Database, statement: Any) -> tuple[list[dict[str, Any]], str]:
     """EXPLAIN's rows for a statement (or a (statement, parameter overrides) pair), and its SQL."""
     statement, overrides = statement if isinstance(statement, tuple) else (statement, {})
-    statement = getattr(statement, "statement", statement)  # a Prepared one, or plain Core
     sql = str(statement.params(**{**PARAMS, **overrides}).compile(
         dialect=db.engine.dialect, compile_kwargs={"literal_binds": True}))
     plan = db.run(lambda tx: tx.exec_driver_sql("EXPLAIN " + sql.replace("%%", "%")).mappings().all(),

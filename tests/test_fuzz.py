@@ -511,8 +511,11 @@ def table_snapshot(database: Database) -> dict[str, list[tuple[Any, ...]]]:
 
 
 @pytest.fixture
-def server_processes(database: Database) -> Iterator[dict[str, ServerProcess]]:
-    """A buyer and a seller server process over the test's database."""
+def server_processes(database: Database,
+                     monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, ServerProcess]]:
+    """A buyer and a seller server process over the test's database, letting this one client
+    open a connection per malformed frame as fast as it can (the rate is tested elsewhere)."""
+    monkeypatch.setenv("MARKET_NEW_CONNECTIONS_PER_S_PER_ADDRESS", "1000000")
     servers = {role: ServerProcess(role, database.url) for role in ("buyer", "seller")}
     try:
         yield {role: server.wait_ready() for role, server in servers.items()}

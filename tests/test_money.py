@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 from conftest import CARD, Market, free_port, running_market
 from mysql.connector import errors as mysql_errors
-from sqlalchemy import event
-from sqlalchemy.exc import OperationalError
 from test_faults import (
     PrivateMariaDB,
     list_items,
@@ -28,7 +26,7 @@ from test_processes import ServerProcess
 
 from buyer_server.checkout import KILL_POINTS
 from buyer_server.payments import Card, SimulatedProcessor
-from db import Database, accounts, purchases
+from db import Database, accounts, purchases, unit_of_work
 from db.audit import audit
 from db.ledger import CAPTURED, DECLINED, VOIDED, Ledger, Payment
 from db.purchases import PAID, PENDING
@@ -235,35 +233,34 @@ def test_an_order_left_pending_is_undone_by_the_settler(market: Market) -> None:
 # -- faults at the COMMIT of the step that marks an order paid (MariaDB) ------------------------
 
 @contextlib.contextmanager
-def fault_at_commit(database: Database, fault: Callable[[Any], None]) -> Iterator[list[int]]:
-    """Run `fault(connection)` once, at the COMMIT of the transaction that marks an order paid
-    (found by its real UPDATE on the way to the database); yields the list of faults made."""
+def fault_at_commit(fault: Callable[[Any, Callable[[], Any]], Any]) -> Iterator[list[int]]:
+    """Once, at the query that carries the COMMIT of the step marking an order paid (its real
+    UPDATE in it), run `fault(cursor, send)` instead of `send()`, which sends the query to the
+    database; yields the list of faults made."""
     made: list[int] = []
+    send_query = unit_of_work._run_mysql
 
-    def seen(conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
-        if statement.startswith("UPDATE orders SET status") and "capturing" in str(params):
-            conn.info["fault_at_commit"] = True
-
-    def commit(conn: Any) -> None:
-        if conn.info.pop("fault_at_commit", False) and not made:
+    def faulty(cursor: Any, statements: list[tuple[str, Any]]) -> Any:
+        marks_paid = any(sql.startswith("UPDATE orders SET status") and "capturing" in str(values)
+                         for sql, values in statements)
+        if marks_paid and statements[-1][0] == "COMMIT" and not made:
             made.append(1)
-            fault(conn)
+            return fault(cursor, lambda: send_query(cursor, statements))
+        return send_query(cursor, statements)
 
-    event.listen(database.engine, "before_cursor_execute", seen)
-    event.listen(database.engine, "commit", commit)
+    unit_of_work._run_mysql = faulty  # type: ignore[assignment]
     try:
         yield made
     finally:
-        event.remove(database.engine, "before_cursor_execute", seen)
-        event.remove(database.engine, "commit", commit)
+        unit_of_work._run_mysql = send_query  # type: ignore[assignment]
 
 
-def _deadlock(conn: Any) -> None:
+def _deadlock(cursor: Any, _send: Callable[[], Any]) -> None:
     """What MariaDB (or Galera's certification) does to a COMMIT it will not make: the
     transaction rolled back, and error 1213."""
-    conn.connection.driver_connection.rollback()
-    raise OperationalError("COMMIT", {}, mysql_errors.InternalError(
-        msg="Deadlock found when trying to get lock; try restarting transaction", errno=1213))
+    cursor._connection.rollback()
+    raise mysql_errors.InternalError(
+        msg="Deadlock found when trying to get lock; try restarting transaction", errno=1213)
 
 
 @pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
@@ -271,7 +268,7 @@ def test_a_deadlock_at_the_commit_is_retried_and_captures_once(market: Market) -
     seller, buyer = market.user("seller"), market.user("buyer")
     item_id = market.item(seller, quantity=4)
     buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
-    with fault_at_commit(market.db, _deadlock) as made:
+    with fault_at_commit(_deadlock) as made:
         receipt = buyer.call("make_purchase", CARD)
     assert made == [1]
     assert [(p.state, p.captures, p.amount_cents) for p in ledger_of(market.db)] == [(CAPTURED, 1, 2500)]
@@ -281,26 +278,37 @@ def test_a_deadlock_at_the_commit_is_retried_and_captures_once(market: Market) -
 
 
 @pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
-def test_a_connection_lost_at_the_commit_answers_what_happened(market: Market) -> None:
+@pytest.mark.parametrize("lost", ["before_the_query", "after_the_commit"])
+def test_a_connection_lost_at_the_commit_answers_what_happened(market: Market, lost: str) -> None:
+    """The step that marks the order paid is one query, COMMIT included. Its connection lost
+    before the query, the step runs again on a fresh one; lost after its COMMIT ran (the
+    answer never came), the step's rerun finds the order moved already and reads it back:
+    either way the purchase goes on, and captures once."""
     seller, buyer = market.user("seller"), market.user("buyer")
     item_id = market.item(seller, quantity=4)
     buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
     with closing(Database(market.db.url, pool_size=1)) as admin:
-        def kill_connection(conn: Any) -> None:  # the server ends it: the COMMIT finds it gone
-            victim = conn.connection.driver_connection.connection_id
+        def kill(cursor: Any) -> None:
+            victim = cursor._connection.connection_id
             admin.run(lambda tx: tx.exec_driver_sql(f"KILL CONNECTION {victim}"))
 
-        with fault_at_commit(market.db, kill_connection) as made, pytest.raises(UnavailableError):
-            buyer.call("make_purchase", CARD)
+        def kill_connection(cursor: Any, send: Callable[[], Any]) -> Any:
+            if lost == "before_the_query":
+                kill(cursor)
+                return send()
+            send()
+            kill(cursor)
+            raise mysql_errors.OperationalError(msg="Lost connection to MySQL server during query",
+                                                errno=2013)
+
+        with fault_at_commit(kill_connection) as made:
+            receipt = buyer.call("make_purchase", CARD)
     assert made == [1]
-    # told UNAVAILABLE: nothing captured, the stock back, the cart as it was
-    assert [p.state for p in ledger_of(market.db)] == [VOIDED]
-    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 4
-    assert [line["quantity"] for line in buyer.call("display_cart")["cart"]["items"]] == [2]
-    assert buyer.call("get_purchase_history")["purchases"] == []
+    assert [(p.state, p.captures) for p in ledger_of(market.db)] == [(CAPTURED, 1)]
+    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 2
+    assert buyer.call("display_cart")["cart"]["items"] == []
+    assert [p["order_id"] for p in buyer.call("get_purchase_history")["purchases"]] == [receipt["order_id"]]
     assert audit(market.db) == []
-    buyer.call("make_purchase", CARD)  # and the next try buys
-    assert sorted(p.state for p in ledger_of(market.db)) == [CAPTURED, VOIDED]
 
 
 # -- the database stopped between steps ---------------------------------------------------------

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +28,14 @@ LISTENING = re.compile(r"^listening on (\S+):(\d+)$")
 class ServerProcess:
     """`python -m {role}_server --port 0` in a subprocess."""
 
-    def __init__(self, role: str, db_url: str, port: int = 0, *extra: str) -> None:
+    def __init__(self, role: str, db_url: str, port: int = 0, *extra: str, **environ: str) -> None:
         # stderr goes to a file: a pipe nobody reads would fill up and stall the server
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", f"{role}_server", "--port", str(port), "--db-url", db_url,
              "--threads", "4", *extra],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **environ})
 
     def wait_ready(self) -> ServerProcess:
         """Read the `listening on` line."""
@@ -307,6 +307,10 @@ def _alive(pid: int) -> bool:
     ([], {"MARKET_PAYMENT_DECLINE_RATE": "2"}, "MARKET_PAYMENT_DECLINE_RATE 2.0: must be from 0 to 1"),
     ([], {"MARKET_IDLE_TIMEOUT_S": "0"}, "MARKET_IDLE_TIMEOUT_S 0.0: must be from 0.001 to 1,000,000,000"),
     ([], {"MARKET_SQLITE_SYNCHRONOUS": "off"}, "--sqlite-synchronous off: one of NORMAL, FULL"),
+    ([], {"MARKET_MAX_CONNECTIONS_PER_ADDRESS": "0"},
+     "MARKET_MAX_CONNECTIONS_PER_ADDRESS 0: must be from 1 to 1,000,000"),
+    ([], {"MARKET_MAX_QUEUED_BYTES": "10"},
+     "MARKET_MAX_QUEUED_BYTES 10: must be from 1,024 to 1,099,511,627,776"),
 ])
 def test_a_setting_out_of_range_is_refused_in_one_line(args: list[str], env: dict[str, str], message: str,
                                                        tmp_path: Path) -> None:
@@ -569,3 +573,74 @@ def test_a_worker_that_cannot_be_forked_fails_the_start_and_stops_the_others(tmp
     assert done.stderr.splitlines()[-1] == ("error: buyer server: cannot start a worker process: "
                                             "Resource temporarily unavailable")
     assert "signal 15: stopping" in done.stderr  # the worker that had started was stopped
+
+
+@pytest.mark.slow
+def test_a_frozen_worker_is_killed_and_replaced(tmp_path: Path) -> None:
+    """Before, the supervisor restarted only workers that died: one stopped by SIGSTOP held
+    its share of the connections unanswered for good."""
+    server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'market.db'}", 0, "--workers", "2",
+                           MARKET_WORKER_TIMEOUT_S="2")
+    a_frozen_worker_is_replaced(server, server.connect)
+
+
+def a_frozen_worker_is_replaced(server: ServerProcess, connect: Callable[[], Connection]) -> None:
+    """SIGSTOP one of two workers (MARKET_WORKER_TIMEOUT_S=2): it is killed, logged, and
+    replaced; the other is left alone; the service answers; the supervisor stops cleanly."""
+    try:
+        server.wait_ready()
+        workers = _children(server.proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGSTOP)
+        deadline = time.monotonic() + 15  # a ping every 0.67 s, answered within 2 s
+        children = _children(server.proc.pid)
+        while time.monotonic() < deadline and (len(children) != 2 or workers[0] in children):
+            time.sleep(0.1)
+            children = _children(server.proc.pid)
+        assert len(children) == 2 and workers[0] not in children, (workers, children, server.stderr())
+        assert workers[1] in children  # alive all along, and left alone
+        assert all(connect().call("ping")["server"] == "buyer" for _ in range(10))
+        log = server.stderr()
+        assert f"worker {workers[0]} did not answer a health check within 2 s; killing it" in log, log
+        assert f"worker {workers[0]} was killed by SIGKILL" in log, log
+        assert server.stop() == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_server_process_sweeps_old_rows_in_the_background(workers: str, tmp_path: Path) -> None:
+    from sqlalchemy import func, insert, select
+
+    from db import Database
+    from db.housekeeping import FORGET_FAILURES_AFTER_MS
+    from db.schema import login_failures
+
+    url = f"sqlite:///{tmp_path / 'market.db'}"
+    database = Database(url, pool_size=1)
+    database.create_schema()
+    old = int(time.time() * 1000) - FORGET_FAILURES_AFTER_MS - 1000
+    database.run(lambda tx: tx.execute(insert(login_failures), [
+        {"role": "buyer", "username": f"ghost{n}", "failures": 7, "last_failure_ms": old}
+        for n in range(500)]))
+
+    def left() -> int:
+        return int(database.run(lambda tx: tx.execute(select(func.count()).select_from(login_failures))
+                                .scalar_one(), write=False))
+
+    server = ServerProcess("buyer", url, 0, "--workers", workers, MARKET_HOUSEKEEPING_INTERVAL_S="0.2")
+    try:
+        server.wait_ready()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and left():
+            time.sleep(0.1)
+        assert left() == 0, server.stderr()
+        assert "housekeeping deleted" in server.stderr()
+        assert server.stop() == 0
+    finally:
+        database.close()
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()

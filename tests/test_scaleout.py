@@ -32,6 +32,7 @@ from test_races import codes, race
 
 from db import Database
 from db.audit import audit
+from db.engine import BATCHES_KEY
 from db.ledger import CAPTURED, Ledger
 from simulation.mixes import MIXES
 from simulation.scenario import RunResult, run_once
@@ -296,13 +297,14 @@ def test_a_galera_node_gets_one_statement_per_query(cluster: Cluster, round_trip
     and the rest would then run outside it: on Galera nothing is deferred or run together."""
     name = f"galera-{random.randrange(10**9)}"
     with closing(Database(cluster.node_url(1), pool_size=1)) as database:
-        assert database.run(lambda tx: tx.connection.driver_connection.batches, write=False) is False
+        assert database.run(lambda tx: tx.info[BATCHES_KEY], write=False) is False
         round_trips.clear()
-        database.run(lambda tx: [_LOGIN_FAILURE.execute(tx, {"role": "buyer", "username": name, "n": 1}),
-                                 _BUMP.defer(tx, {"username": name}), _BUMP.defer(tx, {"username": name})])
+        bump = {"username": name}
+        database.run(lambda tx: [tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": name, "n": 1}),
+                                 tx.execute(_BUMP, bump), tx.execute(_BUMP, bump)])
         # START TRANSACTION with the first statement (nothing to abort yet), then one each
         assert round_trips == [2, 1, 1, 1]
-        assert database.run(lambda tx: _FAILURE_OF.first(tx, {"role": "buyer", "username": name}),
+        assert database.run(lambda tx: tx.execute(_FAILURE_OF, {"role": "buyer", "username": name}).first(),
                             write=False).failures == 3
 
 

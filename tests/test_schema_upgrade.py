@@ -63,7 +63,7 @@ def test_version_2_gets_one_index_for_unlisting_an_items_keywords(database: Data
     database.create_schema()
 
     def by_item(tx: Connection) -> list[str]:
-        return [ix["name"] for ix in inspect(tx).get_indexes("item_keywords")
+        return [ix["name"] for ix in inspect(tx.core).get_indexes("item_keywords")
                 if ix["column_names"][:1] == ["item_id"]]
 
     assert len(database.run(by_item)) == 1
@@ -86,7 +86,7 @@ def test_version_2_on_mysql_compares_keywords_and_idempotency_keys_exactly(datab
     def types(tx: Connection) -> list[str]:
         wanted = (("item_keywords", "keyword"), ("orders", "idempotency_key"))
         return [str(column["type"]) for table, name in wanted
-                for column in inspect(tx).get_columns(table) if column["name"] == name]
+                for column in inspect(tx.core).get_columns(table) if column["name"] == name]
 
     assert database.run(types) == ["VARBINARY(32)", "VARBINARY(512)"]
     assert database.run(lambda tx: tx.execute(select(item_keywords.c.keyword)).scalars().all()) == ["old"]
@@ -228,6 +228,6 @@ def test_version_3_orders_become_paid_orders_without_a_payment_key(database: Dat
                          write=False)
     assert tuple(order) == ("paid", None)
     assert database.run(lambda tx: tx.execute(select(schema_info.c.version)).scalar()) == SCHEMA_VERSION
-    indexes = database.run(lambda tx: inspect(tx).get_indexes("orders"), write=False)
+    indexes = database.run(lambda tx: inspect(tx.core).get_indexes("orders"), write=False)
     names = {index["name"] for index in indexes}
     assert {"ix_orders_status", "uq_orders_payment_key"} <= names

@@ -87,11 +87,30 @@ def test_market_sim_drives_running_servers_with_the_classic_mix(
         market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     buyer, seller = (":".join(map(str, s.address)) for s in (market.buyer_server, market.seller_server))
     code = sim.main([*SMALL, "--mix", "classic", "--buyer", buyer, "--seller", seller,
-                     "--db-url", market.db.url, "--out", str(tmp_path)])
+                     "--db-url", market.db.url, "--out", str(tmp_path), "--allow-live"])
     assert code == 0
     assert "consistency: OK" in capsys.readouterr().out
     assert set(_csv_rows(tmp_path)) == {"get_seller_rating", "put_item", "display_items",
                                         "search_items", "ALL"}
+    with market.db.engine.connect() as conn:  # what it made can be told from the marketplace's own
+        names = conn.execute(text("SELECT username FROM users")).scalars().all()
+        items = conn.execute(text("SELECT name FROM items")).scalars().all()
+    assert names and all(name.startswith("loadtest-") for name in names)
+    assert items and all(name.startswith("loadtest-") for name in items)
+
+
+def test_market_sim_refuses_servers_it_did_not_start_without_allow_live(
+        market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    buyer, seller = (":".join(map(str, s.address)) for s in (market.buyer_server, market.seller_server))
+    with pytest.raises(SystemExit) as exit_:
+        sim.main([*SMALL, "--buyer", buyer, "--seller", seller, "--db-url", market.db.url,
+                  "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "creates accounts and items named loadtest-" in err
+    assert "--allow-live" in err
+    with market.db.engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM users")).scalar_one() == 0
 
 
 @SQLITE_ONLY
@@ -101,7 +120,7 @@ def test_market_sim_lists_violations_and_exits_non_zero(
     monkeypatch.setattr(sim, "audit", lambda database, acknowledged: ["item 1: sold 2 != 1 units"])
     buyer, seller = (":".join(map(str, s.address)) for s in (market.buyer_server, market.seller_server))
     code = sim.main([*SMALL, "--users", "1", "--buyer", buyer, "--seller", seller,
-                     "--db-url", market.db.url, "--out", str(tmp_path)])
+                     "--db-url", market.db.url, "--out", str(tmp_path), "--allow-live"])
     output = capsys.readouterr().out
     assert code == 1
     assert "consistency: 1 violations" in output and "item 1: sold 2 != 1 units" in output
@@ -174,6 +193,7 @@ def test_locust_headless_run_reports_every_op_without_failures(market: Market, t
     (tmp_path / ".env").write_text(f"MARKET_BUYER_ADDR={':'.join(map(str, market.buyer_server.address))}\n"
                                    f"MARKET_SELLER_ADDR={':'.join(map(str, market.seller_server.address))}\n")
     env = {name: value for name, value in os.environ.items() if not name.startswith("MARKET_")}
+    env["MARKET_LOCUST_ALLOW_LIVE"] = "1"
     prefix = tmp_path / "locust"
     command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", "4", "-r", "4",
                "-t", "8s", "--csv", str(prefix), "--html", str(tmp_path / "locust.html"), "--only-summary"]
@@ -184,6 +204,15 @@ def test_locust_headless_run_reports_every_op_without_failures(market: Market, t
     every_op = {*DEFAULT.buyer, *DEFAULT.seller, "login"}  # (importing locust here would patch threads)
     assert every_op <= set(stats), sorted(every_op - set(stats))
     assert stats["Aggregated"]["Failure Count"] == "0", done.stderr[-3000:]
+
+
+def test_locust_stops_with_one_line_unless_allowed_to_write_into_a_live_marketplace(tmp_path: Path) -> None:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MARKET_")}
+    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", "1", "-r", "1",
+               "-t", "2s"]
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "set MARKET_LOCUST_ALLOW_LIVE=1 to go ahead" in done.stderr.strip().splitlines()[-1]
 
 
 def test_a_login_lost_to_a_dropped_connection_is_tried_again() -> None:
@@ -357,3 +386,14 @@ def test_buyers_add_only_items_with_units_left_and_pick_them_evenly() -> None:
     assert all(800 < count < 1200 for count in picks.values())  # 1,000 each if even
     buyer.cart.update({8: 2, 9: 2, 10: 2})
     assert buyer._plan_add_to_cart().op == "search_items"
+
+
+def test_the_simulators_set_up_waits_out_a_full_hashing_queue(database: Database) -> None:
+    """Twenty users signing up at once against a queue of one hash: every one gets set up,
+    each BUSY answer tried again after a pause, and the run itself counts no error."""
+    from wire.config import Settings
+
+    with running_market(database, Settings(role="buyer", hash_queue=1)) as market:
+        result = scenario.run_once(DEFAULT, 10, 5, market.buyer_server.address, market.seller_server.address)
+    assert not result.error_kinds, result.error_kinds
+    assert sum(len(log.latencies) for log in result.ops.values()) == 2 * 10 * 5

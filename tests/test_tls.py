@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CARD, PASSWORD, unique_name
+from test_processes import ServerProcess, a_frozen_worker_is_replaced
 
 from buyer_server.ops import build_app
 from db import Database
@@ -170,3 +171,13 @@ def test_tls_clients_that_read_late_or_never_hold_no_thread(certificate: tuple[s
             sock.close()
     finally:
         server.shutdown()
+
+
+@pytest.mark.slow
+def test_a_frozen_tls_worker_is_killed_and_replaced(tmp_path: Path, certificate: tuple[str, str]) -> None:
+    """The supervisor's health checks speak TLS to a TLS server's workers."""
+    server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'market.db'}", 0, "--workers", "2",
+                           "--tls-cert", certificate[0], "--tls-key", certificate[1],
+                           MARKET_WORKER_TIMEOUT_S="2")
+    a_frozen_worker_is_replaced(server, lambda: Connection(server.host, server.port, timeout=10,
+                                                           tls=client_context(certificate[0])))

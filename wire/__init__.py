@@ -11,7 +11,7 @@ from .framing import DEFAULT_MAX_FRAME, FrameDecoder, decode_body, encode_frame
 from .ops import BUYER_OPS, SELLER_OPS, OpSpec
 
 PROTOCOL_VERSION = "1"
-__version__ = "1.0.0"
+__version__ = "1.0.0"  # the package version: pyproject.toml reads it from here
 
 __all__ = [
     "BUYER_OPS", "DEFAULT_MAX_FRAME", "ERROR_CLASSES", "PROTOCOL_VERSION", "SELLER_OPS", "__version__",

@@ -46,20 +46,21 @@ class Stepwise:
 class App:
     """A server's ops: specs from wire.ops paired with handlers.
 
-    Public handlers are called as handler(**args); private ones as
-    handler(tx, session, **args) inside the gate's transaction.
+    Public handlers are called as handler(**args), those named in `addressed` as
+    handler(peer, **args) with the client's address (None when unknown), for limits per
+    address; private ones as handler(tx, session, **args) inside the gate's transaction.
     """
 
     def __init__(self, specs: dict[str, OpSpec], handlers: dict[str, Handler | Stepwise], gate: Gate,
-                 background: Sequence[Background] = ()) -> None:
+                 addressed: frozenset[str] = frozenset(), background: Sequence[Background] = ()) -> None:
         missing = set(specs) ^ set(handlers)
         if missing:
             raise ValueError(f"ops without a spec or a handler: {sorted(missing)}")
-        self.specs, self.handlers, self.gate = specs, handlers, gate
+        self.specs, self.handlers, self.gate, self.addressed = specs, handlers, gate, addressed
         self.background = list(background)
 
-    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
-        """The response to one request message (errors are raised, not returned)."""
+    def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]:
+        """The response to one request message from `peer` (errors are raised, not returned)."""
         op = message.get("op")
         if not isinstance(op, str):
             raise BadRequestError("op: required, must be a string")
@@ -70,7 +71,8 @@ class App:
         if spec.public:
             assert not isinstance(handler, Stepwise)
             request = parse_request(message)
-            return ok_response(request.id, handler(**spec.validate(request.args)))
+            args = spec.validate(request.args)
+            return ok_response(request.id, handler(peer, **args) if op in self.addressed else handler(**args))
         token = message.get("token")
         if not token or not isinstance(token, str):
             raise UnauthenticatedError(f"{op} needs a token; log in first")

@@ -32,8 +32,10 @@ class Connection:
     """One persistent connection to a buyer or seller server."""
 
     def __init__(self, host: str, port: int, *, timeout: float = 30.0,
-                 max_frame: int = DEFAULT_MAX_FRAME, tls: ssl.SSLContext | None = None) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME, tls: ssl.SSLContext | None = None,
+                 source: str | None = None) -> None:
         self.host, self.port, self.timeout, self.max_frame = host, port, timeout, max_frame
+        self.source = source  # the local address to connect from (the system's choice if None)
         self.tls = tls
         self.token: str | None = None
         self.reconnects = 0  # new sockets opened after the first
@@ -54,7 +56,8 @@ class Connection:
         if self._sock is not None and _closed_by_peer(self._sock):
             self.close()
         if self._sock is None:
-            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout,
+                                            source_address=(self.source, 0) if self.source else None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_hostname=self.host)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import resource
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,10 @@ class Settings:
     idle_timeout_s: float = _LIMITS.idle_timeout_s
     frame_deadline_s: float = _LIMITS.frame_deadline_s
     threads: int = _LIMITS.threads
+    max_connections_per_address: int = _LIMITS.max_connections_per_address
+    new_connections_per_s_per_address: float = _LIMITS.new_connections_per_s_per_address
+    max_queued_bytes_per_connection: int = _LIMITS.max_queued_bytes_per_connection
+    max_queued_bytes: int = _LIMITS.max_queued_bytes
     workers: int = 1
     session_idle_s: int = 300
     session_max_s: int = 86400
@@ -46,6 +51,12 @@ class Settings:
     test_kill_at: str | None = None  # a test hook: buyer_server.checkout.KILL_POINTS
     login_free_failures: int = 5
     login_max_delay_s: float = 900.0
+    login_address_free_failures: int = 50
+    login_account_free_failures: int = 100
+    signups_per_address_hour: int = 300
+    hash_queue: int = 0  # 0: threads - 1 (db.passwords.admitted_hashes)
+    housekeeping_interval_s: float = 60.0
+    worker_timeout_s: float = 30.0
     tls_cert: str | None = None
     tls_key: str | None = None
     log_level: str = "INFO"
@@ -89,9 +100,22 @@ def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def env(name: str, default: Any = None) -> Any:
-    """A MARKET_* setting from the environment or `.env`, else the default."""
+    """A MARKET_* setting from the environment or `.env`; when that is unset or empty, the
+    contents of the file NAME_FILE names (a container's secret); else the default."""
     _load_dotenv()
-    return os.environ.get(name, default)
+    value, path = os.environ.get(name), os.environ.get(f"{name}_FILE")
+    if path and not value:
+        return _secret_file(name, path)
+    return default if value is None else value
+
+
+def _secret_file(name: str, path: str) -> str:
+    """The file's text, its final line break dropped; a file that cannot be read ends the program."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().removesuffix("\n")
+    except OSError as exc:
+        sys.exit(f"error: {name}_FILE={path}: {exc.strerror}")
 
 
 # What each number may be: (the flag or variable that sets it, lowest, highest)
@@ -101,6 +125,10 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "workers": ("--workers / MARKET_WORKERS", 1, 256),
     "max_frame": ("MARKET_MAX_FRAME", 1024, 2**31 - 1),
     "max_connections": ("MARKET_MAX_CONNECTIONS", 1, 1_000_000),
+    "max_connections_per_address": ("MARKET_MAX_CONNECTIONS_PER_ADDRESS", 1, 1_000_000),
+    "new_connections_per_s_per_address": ("MARKET_NEW_CONNECTIONS_PER_S_PER_ADDRESS", 0.001, 10**9),
+    "max_queued_bytes_per_connection": ("MARKET_MAX_QUEUED_BYTES_PER_CONNECTION", 1024, 2**40),
+    "max_queued_bytes": ("MARKET_MAX_QUEUED_BYTES", 1024, 2**40),
     "idle_timeout_s": ("MARKET_IDLE_TIMEOUT_S", 0.001, 10**9),
     "frame_deadline_s": ("MARKET_FRAME_DEADLINE_S", 0.001, 10**9),
     "session_idle_s": ("MARKET_SESSION_IDLE_S", 1, 10**9),
@@ -110,6 +138,12 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "settle_after_s": ("MARKET_SETTLE_AFTER_S", 0.01, 30),
     "login_free_failures": ("MARKET_LOGIN_FREE_FAILURES", 0, 10**9),
     "login_max_delay_s": ("MARKET_LOGIN_MAX_DELAY_S", 0, 10**9),
+    "login_address_free_failures": ("MARKET_LOGIN_ADDRESS_FREE_FAILURES", 0, 10**9),
+    "login_account_free_failures": ("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", 0, 10**9),
+    "signups_per_address_hour": ("MARKET_SIGNUPS_PER_ADDRESS_HOUR", 0, 10**9),
+    "hash_queue": ("MARKET_HASH_QUEUE", 0, 1_000_000),
+    "housekeeping_interval_s": ("MARKET_HOUSEKEEPING_INTERVAL_S", 0.01, 10**6),
+    "worker_timeout_s": ("MARKET_WORKER_TIMEOUT_S", 0.1, 10**6),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS (the protocol package imports no db)
@@ -164,6 +198,13 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key,
         max_frame=number("MARKET_MAX_FRAME", int, default.max_frame),
         max_connections=number("MARKET_MAX_CONNECTIONS", int, default.max_connections),
+        max_connections_per_address=number("MARKET_MAX_CONNECTIONS_PER_ADDRESS", int,
+                                           default.max_connections_per_address),
+        new_connections_per_s_per_address=number("MARKET_NEW_CONNECTIONS_PER_S_PER_ADDRESS", float,
+                                                 default.new_connections_per_s_per_address),
+        max_queued_bytes_per_connection=number("MARKET_MAX_QUEUED_BYTES_PER_CONNECTION", int,
+                                               default.max_queued_bytes_per_connection),
+        max_queued_bytes=number("MARKET_MAX_QUEUED_BYTES", int, default.max_queued_bytes),
         idle_timeout_s=number("MARKET_IDLE_TIMEOUT_S", float, default.idle_timeout_s),
         frame_deadline_s=number("MARKET_FRAME_DEADLINE_S", float, default.frame_deadline_s),
         session_idle_s=number("MARKET_SESSION_IDLE_S", int, default.session_idle_s),
@@ -175,10 +216,46 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         test_kill_at=env("MARKET_TEST_KILL_AT") or None,
         login_free_failures=number("MARKET_LOGIN_FREE_FAILURES", int, default.login_free_failures),
         login_max_delay_s=number("MARKET_LOGIN_MAX_DELAY_S", float, default.login_max_delay_s),
+        login_address_free_failures=number("MARKET_LOGIN_ADDRESS_FREE_FAILURES", int,
+                                           default.login_address_free_failures),
+        login_account_free_failures=number("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", int,
+                                           default.login_account_free_failures),
+        signups_per_address_hour=number("MARKET_SIGNUPS_PER_ADDRESS_HOUR", int,
+                                        default.signups_per_address_hour),
+        hash_queue=number("MARKET_HASH_QUEUE", int, default.hash_queue),
+        worker_timeout_s=number("MARKET_WORKER_TIMEOUT_S", float, default.worker_timeout_s),
+        housekeeping_interval_s=number("MARKET_HOUSEKEEPING_INTERVAL_S", float,
+                                       default.housekeeping_interval_s),
         log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
     )
     for field, (source, low, high) in _RANGES.items():
         value = getattr(settings, field)
         if not low <= value <= high:
             refuse(f"{source} {value}: must be from {low:,} to {high:,}")
+    short = descriptor_shortage(settings)
+    if short:
+        refuse(short)
     return settings
+
+
+def descriptors_needed(settings: Settings) -> int:
+    """File descriptors one server process may hold at once: a socket per connection, and
+    per database connection (the pool and its overflow) up to three (SQLite's file, its
+    write-ahead log and shared memory), plus a margin for the listener, the selector, logs
+    and the accept that finds the process full."""
+    return settings.max_connections + 2 * settings.threads * 3 + 64
+
+
+def descriptor_shortage(settings: Settings) -> str:
+    """Why the process's descriptor limit cannot hold the settings ("" if it can); the soft
+    limit is raised towards the hard one first, as far as needed."""
+    needed = descriptors_needed(settings)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return ""
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        return ""
+    return (f"MARKET_MAX_CONNECTIONS {settings.max_connections} with {settings.threads} threads needs "
+            f"{needed} file descriptors, over this process's limit of {hard} (ulimit -n): "
+            f"lower MARKET_MAX_CONNECTIONS or raise the limit")

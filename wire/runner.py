@@ -23,6 +23,7 @@ from typing import Any, NoReturn, TypeVar
 
 from .app import App
 from .config import Settings, server_settings
+from .health import HealthWatch, join_health_checks
 from .server import Server, ServerLimits, StopRequested, StopSignals, reserve_port
 from .tls import server_context
 
@@ -56,7 +57,11 @@ def limits_of(settings: Settings) -> ServerLimits:
     """The server loop's limits from settings."""
     return ServerLimits(max_connections=settings.max_connections, max_frame=settings.max_frame,
                         idle_timeout_s=settings.idle_timeout_s,
-                        frame_deadline_s=settings.frame_deadline_s, threads=settings.threads)
+                        frame_deadline_s=settings.frame_deadline_s, threads=settings.threads,
+                        max_connections_per_address=settings.max_connections_per_address,
+                        new_connections_per_s_per_address=settings.new_connections_per_s_per_address,
+                        max_queued_bytes_per_connection=settings.max_queued_bytes_per_connection,
+                        max_queued_bytes=settings.max_queued_bytes)
 
 
 def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = None) -> int:
@@ -115,12 +120,15 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
            stops: StopSignals, ready: Callable[[Server], None], reuse_port: bool = False) -> None:
     """One server process: its own database pool, App and loop."""
     from db import Database
+    from db.housekeeping import Housekeeper
 
     stops.hold()  # threads start from here: a signal must not cut that short
     database = Database(settings.db_url, pool_size=settings.threads,
                         sqlite_synchronous=settings.sqlite_synchronous)
+    housekeeper = Housekeeper.for_settings(database, settings)
     try:
         app = build_app(settings, database)
+        housekeeper.start()
         server = _bound(settings.host, port, lambda: Server(app, settings.host, port, limits_of(settings),
                                                             reuse_port=reuse_port, tls=tls))
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
@@ -134,6 +142,7 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
             for task in app.background:
                 task.stop()
     finally:
+        housekeeper.close()
         database.close()
 
 
@@ -143,10 +152,11 @@ def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | No
 
 
 class _Supervisor:
-    """The parent of `--workers N`: forks the workers, passes SIGTERM on, and restarts a
-    worker that dies, pausing longer after each quick death (0.5 s, doubling up to 30 s),
-    and giving up (exit 2) when five started in a row died before they listened. It holds
-    the port all its life, so nothing else takes it while a worker is being replaced."""
+    """The parent of `--workers N`: forks the workers, passes SIGTERM on, kills a worker that
+    leaves a health check unanswered (wire.health), and restarts a worker that dies,
+    pausing longer after each quick death (0.5 s, doubling up to 30 s), and giving up
+    (exit 2) when five started in a row died before they listened. It holds the port all
+    its life, so nothing else takes it while a worker is being replaced."""
 
     def __init__(self, settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None) -> None:
         self.settings, self.build_app, self.tls = settings, build_app, tls
@@ -157,6 +167,7 @@ class _Supervisor:
         self.stopping = False
         self.pause_s = _FIRST_PAUSE_S
         self.failed_starts = 0  # in a row
+        self.health = HealthWatch(settings.worker_timeout_s, tls is not None, lambda: self.stopping)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.stop)  # before the first worker listens
@@ -173,6 +184,7 @@ class _Supervisor:
             _stop_all(set(self.workers))
             raise
         finally:
+            self.health.close()
             self.reserved.close()
 
     def stop(self, signum: int, _frame: Any) -> None:
@@ -183,7 +195,8 @@ class _Supervisor:
             _signal(pid, signal.SIGTERM)
 
     def start_worker(self) -> bool:
-        pid, listening = _fork_worker(self.settings, self.build_app, self.port, self.tls, self.reserved)
+        pid, listening = _fork_worker(self.settings, self.build_app, self.port, self.tls, self.reserved,
+                                      self.health)
         self.workers[pid] = time.monotonic()
         if self.stopping:  # the signal came while it started: it was not among those told
             _signal(pid, signal.SIGTERM)
@@ -230,7 +243,7 @@ def _how_it_ended(status: int) -> str:
 
 
 def _fork_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
-                 reserved: socket.socket) -> tuple[int, bool]:
+                 reserved: socket.socket, health: HealthWatch) -> tuple[int, bool]:
     """A worker process serving `port`, and whether it listens: returns once it does, or has died."""
     ready_r, ready_w = os.pipe()
     parent = os.getpid()
@@ -245,7 +258,8 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SS
     if pid == 0:
         os.close(ready_r)
         reserved.close()  # the supervisor's
-        _run_worker(settings, build_app, port, tls, parent, ready_w)
+        health.close()
+        _run_worker(settings, build_app, port, tls, parent, ready_w, health.port)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     os.close(ready_w)
     listening = os.read(ready_r, 1) == b"1"  # b"": it exited first (or was stopped while starting)
@@ -254,14 +268,21 @@ def _fork_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SS
 
 
 def _run_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
-                parent: int, ready_w: int) -> NoReturn:
+                parent: int, ready_w: int, health_port: int) -> NoReturn:
     """The forked worker's whole life."""
     code = 0
     try:
         stops = StopSignals()  # its own handlers, not the supervisor's copied ones
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         die_with_parent(parent)
-        _serve(settings, build_app, port, tls, stops, reuse_port=True, ready=lambda _: _signal_ready(ready_w))
+        def ready(server: Server) -> None:
+            _signal_ready(ready_w)
+            try:
+                join_health_checks(server.adopt, health_port)
+            except OSError as exc:  # serve all the same; the supervisor restarts what dies
+                log.warning("cannot join the supervisor's health checks: %s", exc)
+
+        _serve(settings, build_app, port, tls, stops, reuse_port=True, ready=ready)
     except StopRequested:
         pass
     except BaseException:

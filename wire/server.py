@@ -13,6 +13,12 @@ No thread ever waits for a client to read: an answer the socket will not take at
 stays in the connection's outbox, the thread goes back to the pool, and the leader
 sends the rest when the socket is writable, then hands the connection's queue to a
 thread again. A client that reads nothing of its answer for `send_timeout_s` is closed.
+
+No client can freeze or exhaust the process: waking the leader never blocks and the lead
+goes before any queued answering; requests wait undecoded, counted at their frame's size,
+and a connection (or the whole process) holding too many stops being read until answers
+drain; one address may hold only so many connections and open only so many a second; out
+of file descriptors, the leader stops accepting for a moment instead of spinning.
 """
 from __future__ import annotations
 
@@ -39,12 +45,16 @@ log = logging.getLogger("market.server")
 _READ_SIZE = 65536
 _SIGNAL_CHECK_S = 0.2  # how often serve_forever's thread looks for a signal to handle
 _PAUSE_AFTER = 64  # queued requests on one connection before we stop reading it
+_HOLDS_A_LOT = 65536  # bytes a connection holds that, past the process's limit, stop its reading
+_ACCEPT_PAUSE_S = 0.5  # out of file descriptors: how long the listener is left alone
+_OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+_LOOK_FIRST = (lambda _: None, None)  # wakes a pool thread to look at the calls that go first
 
 
 class App(Protocol):
     """What the loop serves: a message in, a response message out."""
 
-    def handle(self, message: dict[str, Any]) -> dict[str, Any]: ...
+    def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -57,14 +67,20 @@ class ServerLimits:
     frame_deadline_s: float = 10.0
     send_timeout_s: float = 10.0  # how long an answer may wait for its client to read more of it
     threads: int = 3  # on two cores, with the database nearby: the lowest tail (docs/benchmarks.md)
+    # the simulator's 100 clients to one server from one address, twice over (docs/reliability.md)
+    max_connections_per_address: int = 200
+    new_connections_per_s_per_address: float = 100.0  # bursts of max_connections_per_address
+    max_queued_bytes_per_connection: int = 4 * DEFAULT_MAX_FRAME  # requests read, not yet answered
+    max_queued_bytes: int = 64 * DEFAULT_MAX_FRAME  # ... on all connections of the process
 
 
-def respond(app: App, message: dict[str, Any] | ProtocolError) -> bytes:
-    """The framed response to one decoded message (or to a framing error), never raising."""
+def respond(app: App, message: dict[str, Any] | ProtocolError, peer: str | None = None) -> bytes:
+    """The framed response to one decoded message (or to a framing error), never raising;
+    `peer` is the client's address, for the App's limits per address."""
     if isinstance(message, ProtocolError):
         return encode_frame(error_response(None, message))
     try:
-        return encode_frame(app.handle(message))
+        return encode_frame(app.handle(message, peer))
     except ProtocolError as exc:
         return encode_frame(error_response(request_id(message), exc))
     except Exception:
@@ -81,6 +97,7 @@ class _WorkerPool:
 
     def __init__(self, threads: int) -> None:
         self._calls: queue.SimpleQueue[tuple[Callable[[Any], None], Any] | None] = queue.SimpleQueue()
+        self._first: collections.deque[tuple[Callable[[Any], None], Any]] = collections.deque()
         self._threads = [threading.Thread(target=self._work, name=f"market-worker-{n}", daemon=True)
                          for n in range(threads)]
         for thread in self._threads:
@@ -90,6 +107,11 @@ class _WorkerPool:
         """Run call(arg) on a worker thread."""
         self._calls.put((call, arg))
 
+    def submit_first(self, call: Callable[[Any], None], arg: Any) -> None:
+        """Run call(arg) on the next thread that is free, before every call waiting."""
+        self._first.append((call, arg))
+        self._calls.put(_LOOK_FIRST)
+
     def shutdown(self) -> None:
         """Finish the calls already submitted, then stop every thread."""
         for _ in self._threads:
@@ -97,8 +119,19 @@ class _WorkerPool:
         for thread in self._threads:
             thread.join()
 
+    def _next(self) -> tuple[Callable[[Any], None], Any] | None:
+        """The next call to run: one that goes first if any, else the longest waiting."""
+        while True:
+            try:
+                return self._first.popleft()
+            except IndexError:
+                pass
+            item = self._calls.get()
+            if item is not _LOOK_FIRST:
+                return item
+
     def _work(self) -> None:
-        while (item := self._calls.get()) is not None:
+        while (item := self._next()) is not None:
             call, arg = item
             try:
                 call(arg)
@@ -112,7 +145,11 @@ class _Connection:
     def __init__(self, sock: socket.socket, max_frame: int) -> None:
         self.sock = sock
         self.decoder = FrameDecoder(max_frame)
-        self.pending: collections.deque[dict[str, Any] | ProtocolError] = collections.deque()
+        self.pending: collections.deque[bytes | ProtocolError] = collections.deque()
+        self.queued_bytes = 0      # the frames in `pending`
+        self.partial_bytes = 0     # of a frame not yet complete, as counted in the process's total
+        self.finishing = False     # read while memory is short, to finish the frame it holds
+        self.address = ""          # the client's IP address
         self.lock = threading.Lock()
         self.busy = False          # a thread is answering `pending`
         self.closing = False       # close once that thread is done
@@ -170,6 +207,14 @@ class Server:
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # a full pair already wakes the leader: never wait on it
+        self._woken = False
+        self._queued = _QueuedBytes(limits.max_queued_bytes)
+        self._memory_paused: set[_Connection] = set()  # not read until the process holds less
+        self._per_address: collections.Counter[str] = collections.Counter()
+        self._arrivals: dict[str, _Bucket] = {}
+        self._accept_paused_until: float | None = None
+        self._accept_pause_logged = False
         self._calls: collections.deque[Callable[[], None]] = collections.deque()
         self._connections: set[_Connection] = set()
         self._ready: list[_Connection] = []  # connections the leader found requests for
@@ -224,6 +269,10 @@ class Server:
         if wait:
             self._stopped.wait()
 
+    def adopt(self, sock: socket.socket) -> None:
+        """Serve a socket connected elsewhere as if accepted (a supervisor's health checks)."""
+        self._call_soon(lambda: self._admit(sock, "supervisor", checked=True))
+
     # -- the leader ---------------------------------------------------------------
 
     def _lead(self, _: Any) -> None:
@@ -232,9 +281,12 @@ class Server:
         if not ready:  # stopping
             self._lead_ended.set()
             return
+        if self.limits.threads > 1:  # the next free thread leads; the others answer the rest
+            self._pool.submit_first(self._lead, None)
         for conn in ready[1:]:
             self._pool.submit(self._drain, conn)
-        self._pool.submit(self._lead, None)
+        if self.limits.threads == 1:  # a lone thread answers everything found before it looks again
+            self._pool.submit(self._lead, None)
         self._drain(ready[0])
 
     def _watch(self) -> list[_Connection]:
@@ -245,7 +297,11 @@ class Server:
                     self._dispatch_event(key.data, events)
                 if time.monotonic() >= self._next_sweep:
                     self._sweep_timeouts()
+                    self._resume_accepting()
+                    self._forget_refilled_buckets()
                     self._next_sweep = time.monotonic() + 0.5
+                if self._memory_paused:
+                    self._relieve_memory_pause()
                 if self._ready:
                     ready, self._ready = self._ready, []
                     return ready
@@ -272,8 +328,7 @@ class Server:
 
     def _begin_stopping(self) -> None:
         """Accept and read no more; what was read is answered (_stopped_serving)."""
-        self._selector.unregister(self._listener)
-        self._listener.close()
+        self._close_listener()
         for conn in list(self._connections):
             self._stop_reading(conn)
 
@@ -288,28 +343,71 @@ class Server:
             if events & selectors.EVENT_READ and data.reading and not data.closed:
                 self._read(data)
 
+    def _close_listener(self) -> None:
+        if self._accept_paused_until is None:
+            self._selector.unregister(self._listener)
+        self._accept_paused_until = None  # for good: nothing to resume
+        self._listener.close()
+
     def _accept_all(self) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, peer = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # e.g. EMFILE: leave it in the backlog for now
-                log.warning("accept failed: %s", exc)
+            except OSError as exc:
+                if exc.errno in _OUT_OF_DESCRIPTORS:
+                    self._pause_accepting(exc)
+                else:  # e.g. ECONNABORTED: that client is gone, the next may be fine
+                    log.debug("accept failed: %s", exc)
                 return
-            self._admit(sock)
+            self._admit(sock, peer[0])
 
-    def _admit(self, sock: socket.socket) -> None:
-        if len(self._connections) >= self.limits.max_connections:
-            _refuse_busy(sock, plaintext=self.tls is None)
+    def _pause_accepting(self, exc: OSError) -> None:
+        """Leave new clients in the backlog a moment (accepting again at once would spin)."""
+        if self._accept_paused_until is None and not self._accept_pause_logged:
+            log.warning("cannot accept (%s): pausing accepts until connections close; "
+                        "raise the descriptor limit (ulimit -n) or lower MARKET_MAX_CONNECTIONS",
+                        exc.strerror)
+            self._accept_pause_logged = True
+        self._selector.unregister(self._listener)
+        self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE_S
+
+    def _resume_accepting(self) -> None:
+        if self._accept_paused_until is not None and time.monotonic() >= self._accept_paused_until \
+                and not self._stopping.is_set():
+            self._accept_paused_until = None
+            self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+
+    def _admit(self, sock: socket.socket, address: str, checked: bool = False) -> None:
+        refusal = "" if checked else self._refusal(address)
+        if refusal:
+            _refuse_busy(sock, refusal, plaintext=self.tls is None)
             return
+        self._accept_pause_logged = False  # a descriptor shortage is logged again once it recurs
         sock.setblocking(True)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = _Connection(sock, self.limits.max_frame)
+        conn.address = address
         if self.tls is not None:
             conn.tls = conn.channel = TlsChannel(self.tls)
         self._connections.add(conn)
+        self._per_address[address] += 1
         self._watch_events(conn)
+
+    def _refusal(self, address: str) -> str:
+        """Why a new connection from `address` is turned away ("" if it is not)."""
+        if len(self._connections) >= self.limits.max_connections:
+            return "too many connections; try again later"
+        if self._per_address[address] >= self.limits.max_connections_per_address:
+            return "too many connections from your address; close some and try again"
+        bucket = self._arrivals.get(address)
+        if bucket is None:
+            bucket = self._arrivals[address] = _Bucket(self.limits.new_connections_per_s_per_address,
+                                                       self.limits.max_connections_per_address)
+        if not bucket.take():
+            return "too many new connections from your address; try again in a moment"
+        return ""
 
     def _read(self, conn: _Connection) -> None:
         try:
@@ -328,6 +426,7 @@ class Server:
         conn.last_activity = now
         conn.decoder.feed(plaintext)
         completed = self._queue_messages(conn)
+        self._count_partial(conn, completed)
         if conn.decoder.in_frame or (conn.tls is not None and not conn.tls.handshake_done):
             # the deadline is the started frame's: one begun in this read starts its own
             conn.frame_started = now if completed or conn.frame_started is None else conn.frame_started
@@ -349,29 +448,43 @@ class Server:
         return plaintext
 
     def _queue_messages(self, conn: _Connection) -> int:
-        """Queue the connection's complete requests for answering; how many there were."""
-        messages: list[dict[str, Any] | ProtocolError] = []
+        """Queue the connection's complete frames for answering (decoded by the thread that
+        answers: a frame waits at its own size); how many there were."""
+        frames: list[bytes | ProtocolError] = []
         try:
-            while (message := conn.decoder.next_message()) is not None:
-                messages.append(message)
+            while (frame := conn.decoder.next_frame()) is not None:
+                frames.append(frame)
         except ProtocolError as exc:
-            messages.append(exc)
-        except Exception:  # a bug in decoding one client's bytes costs that connection only
-            log.exception("could not decode a frame; answering BAD_FRAME and closing")
-            messages.append(BadFrameError("frame could not be decoded"))
-        if not messages:
+            frames.append(exc)
+        if not frames:
             return 0
-        if isinstance(messages[-1], ProtocolError):
-            self._stop_reading(conn)
+        size = sum(len(frame) for frame in frames if isinstance(frame, bytes))
         with conn.lock:
-            conn.pending.extend(messages)
+            conn.pending.extend(frames)
+            conn.queued_bytes += size
             start = not conn.busy
             conn.busy = True
-        if len(conn.pending) > _PAUSE_AFTER:
+        self._queued.add(size)
+        if (isinstance(frames[-1], ProtocolError) or len(conn.pending) > _PAUSE_AFTER
+                or conn.queued_bytes >= self.limits.max_queued_bytes_per_connection):
             self._stop_reading(conn)
         if start:
             self._ready.append(conn)
-        return len(messages)
+        return len(frames)
+
+    def _count_partial(self, conn: _Connection, completed: int) -> None:
+        """Count what the connection holds of an unfinished frame; past the process's limit,
+        stop reading it if it holds a lot (a client sending small requests is still read)."""
+        partial = conn.decoder.buffered
+        self._queued.add_partial(partial - conn.partial_bytes)
+        conn.partial_bytes = partial
+        if completed:
+            conn.finishing = False
+        if (conn.reading and not conn.finishing and self._queued.over()
+                and conn.queued_bytes + partial >= _HOLDS_A_LOT):
+            self._stop_reading(conn)
+            if not conn.busy:  # (a busy one is paused when its answers are sent: _resume_reading)
+                self._memory_paused.add(conn)
 
     def _watch_events(self, conn: _Connection) -> None:
         """Have the selector watch the socket for what the connection waits for (maybe nothing)."""
@@ -394,10 +507,37 @@ class Server:
 
     def _resume_reading(self, conn: _Connection) -> None:
         if not conn.reading and not conn.closed and not conn.closing and not self._stopping.is_set():
-            conn.reading = True
-            self._watch_events(conn)
-            if conn.frame_started is not None:  # the time we did not read is not the client's
-                conn.frame_started = time.monotonic()
+            if conn.partial_bytes >= _HOLDS_A_LOT and not self._queued.low():
+                self._memory_paused.add(conn)  # read again once the process holds less
+                return
+            self._read_again(conn)
+
+    def _read_again(self, conn: _Connection) -> None:
+        if conn.closed or conn.closing or self._stopping.is_set():
+            return
+        conn.reading = True
+        self._watch_events(conn)
+        if conn.frame_started is not None:  # the time we did not read is not the client's
+            conn.frame_started = time.monotonic()
+
+    def _forget_refilled_buckets(self) -> None:
+        """Keep the new-connection counts only of addresses that connected lately."""
+        self._arrivals = {address: bucket for address, bucket in self._arrivals.items() if not bucket.full()}
+
+    def _relieve_memory_pause(self) -> None:
+        """Read the paused connections again once the process holds half its limit; while no
+        answer is under way to free anything, read the one nearest to finishing its frame."""
+        if self._queued.low():
+            paused, self._memory_paused = self._memory_paused, set()
+        elif not self._queued.answering():
+            nearest = max(self._memory_paused, key=lambda conn: conn.partial_bytes)
+            nearest.finishing = True
+            paused = {nearest}
+            self._memory_paused -= paused
+        else:
+            return
+        for conn in paused:
+            self._read_again(conn)
 
     def _sweep_timeouts(self) -> None:
         now = time.monotonic()
@@ -407,7 +547,7 @@ class Server:
                     log.debug("closing a connection that left its answer unread too long")
                     self._close(conn)
                 continue
-            if conn.busy:
+            if conn.busy or conn in self._memory_paused:
                 continue
             if conn.frame_started is not None:
                 if now - conn.frame_started > self.limits.frame_deadline_s:
@@ -430,6 +570,13 @@ class Server:
         conn.reading = conn.writing = False
         self._watch_events(conn)
         self._connections.discard(conn)
+        self._memory_paused.discard(conn)
+        self._queued.add_partial(-conn.partial_bytes)
+        conn.partial_bytes = 0
+        self._per_address[conn.address] -= 1
+        if not self._per_address[conn.address]:
+            del self._per_address[conn.address]
+        self._forget_pending(conn)
         conn.sock.close()
 
     def _call_soon(self, call: Callable[[], None]) -> None:
@@ -437,9 +584,12 @@ class Server:
         self._wake()
 
     def _wake(self) -> None:
+        if self._woken:  # the leader has a wake-up to read already
+            return
+        self._woken = True
         try:
             self._wake_w.send(b"x")
-        except OSError:
+        except OSError:  # full (the leader will read it) or closed (stopped)
             pass
 
     def _run_calls(self) -> None:
@@ -448,13 +598,13 @@ class Server:
                 pass
         except (BlockingIOError, InterruptedError):
             pass
+        self._woken = False  # before the calls are run: a call queued after this wakes us again
         while self._calls:
             self._calls.popleft()()
 
     def _finish(self) -> None:
         if self._stop_deadline is None:  # stopped by a failure, not shutdown()
-            self._selector.unregister(self._listener)
-            self._listener.close()
+            self._close_listener()
         self._pool.shutdown()
         self._run_calls()
         connections = list(self._connections)
@@ -480,11 +630,16 @@ class Server:
                 if not conn.pending or conn.closed or self._past_stop_deadline():
                     conn.busy = False
                     break
-                message = conn.pending.popleft()
-            if not self._send(conn, respond(self.app, message)):
-                conn.pending.clear()
+                frame = conn.pending.popleft()
+                size = len(frame) if isinstance(frame, bytes) else 0
+                conn.queued_bytes -= size
+            if self._queued.add(-size) and self._memory_paused:
+                self._wake()  # the leader reads the paused connections again (or one of them)
+            message = _decode(conn, frame)
+            if not self._send(conn, respond(self.app, message, conn.address)):
+                self._forget_pending(conn)
             elif isinstance(message, ProtocolError):
-                conn.pending.clear()
+                self._forget_pending(conn)
                 conn.closing = True
             if conn.blocked_since is not None:  # the rest when the client reads: the leader's
                 self._call_soon(lambda: self._wait_writable(conn))
@@ -494,6 +649,13 @@ class Server:
             self._call_soon(lambda: self._close(conn))
         elif not conn.reading:
             self._call_soon(lambda: self._resume_reading(conn))
+
+    def _forget_pending(self, conn: _Connection) -> None:
+        """Drop the requests a connection has queued: it is closing, they go unanswered."""
+        with conn.lock:
+            conn.pending.clear()
+            size, conn.queued_bytes = conn.queued_bytes, 0
+        self._queued.add(-size)
 
     def _send(self, conn: _Connection, frame: bytes) -> bool:
         """Send, or leave in the outbox what the socket will not take now; False if it failed."""
@@ -528,6 +690,81 @@ class Server:
         self._ready.append(conn)  # still busy: _drain answers the rest, or closes
 
 
+class _QueuedBytes:
+    """The bytes of requests read and not yet answered on all connections, complete frames
+    (counted by the leader and the answering threads) and unfinished ones (the leader's)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.complete = 0
+        self.partial = 0
+        self._lock = threading.Lock()
+
+    @property
+    def total(self) -> int:
+        """Everything held."""
+        return self.complete + self.partial
+
+    def add(self, size: int) -> bool:
+        """Count size more of complete frames (or less, if negative); whether paused
+        connections may now be read again: down to half the limit, or no answer under way."""
+        with self._lock:
+            self.complete += size
+            return self.total <= self.limit // 2 or not self.complete
+
+    def add_partial(self, size: int) -> None:
+        """Count size more of unfinished frames (the leader only)."""
+        self.partial += size
+
+    def answering(self) -> bool:
+        """Some complete frames wait for, or get, their answer: memory will be freed."""
+        return self.complete > 0
+
+    def over(self) -> bool:
+        """More held than the limit."""
+        return self.total > self.limit
+
+    def low(self) -> bool:
+        """Down to half the limit: paused connections may be read again."""
+        return self.total <= self.limit // 2
+
+
+class _Bucket:
+    """A token bucket: `rate` takes a second on average, `burst` at once."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = float(burst)
+        self.updated = time.monotonic()
+
+    def take(self) -> bool:
+        """Take a token if there is one."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    def full(self) -> bool:
+        """Refilled to the burst: nothing is remembered that a new bucket would not know."""
+        return self.tokens + (time.monotonic() - self.updated) * self.rate >= self.burst
+
+
+def _decode(conn: _Connection, frame: bytes | ProtocolError) -> dict[str, Any] | ProtocolError:
+    """A queued frame as its message, or the error to answer it with."""
+    if isinstance(frame, ProtocolError):
+        return frame
+    try:
+        return conn.decoder.decode(frame)
+    except ProtocolError as exc:
+        return exc
+    except Exception:  # a bug in decoding one client's bytes costs that connection only
+        log.exception("could not decode a frame; answering BAD_FRAME and closing")
+        return BadFrameError("frame could not be decoded")
+
+
 def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -551,12 +788,12 @@ def _discard_unread(sock: socket.socket) -> None:
         return
 
 
-def _refuse_busy(sock: socket.socket, plaintext: bool) -> None:
-    """Tell a connection over the limit BUSY (unless it expects TLS) and close it, without blocking."""
+def _refuse_busy(sock: socket.socket, reason: str, plaintext: bool) -> None:
+    """Tell a connection over a limit BUSY (unless it expects TLS) and close it, without blocking."""
     try:
         sock.setblocking(False)
         if plaintext:
-            sock.send(encode_frame(error_response(None, BusyError("too many connections; try again later"))))
+            sock.send(encode_frame(error_response(None, BusyError(reason))))
     except OSError:
         pass
     finally:

@@ -48,12 +48,6 @@ with_ports() {
   [ -n "$seller" ] || printf 'MARKET_SELLER_PORT=%s\n' "$SELLER_PORT"
 }
 
-# gcloud for the commands that see the password. gcloud logs every command's arguments to a
-# file under its configuration folder (~/.config/gcloud/logs, mode 644 under the usual umask):
-# these log nothing to a file, nor HTTP bodies anywhere. The password comes on stdin, as a
-# flags file (--flags-file=-) or as data (--data-file=-), never as an argument.
-private_gcloud() { CLOUDSDK_CORE_DISABLE_FILE_LOGGING=1 CLOUDSDK_CORE_LOG_HTTP=false gcloud "$@"; }
-
 if ! exists gcloud secrets describe "$ENV_SECRET" --project "$PROJECT"; then
   # A new password only when there is no settings secret yet, so re-runs keep the working one.
   password=$(openssl rand -hex 24)  # hex: nothing to escape in a URL or in YAML

@@ -13,7 +13,7 @@ SUBNET=${SUBNET:-market-subnet}
 SUBNET_RANGE=${SUBNET_RANGE:-10.20.0.0/24}
 PEERING_RANGE=${PEERING_RANGE:-market-sql-peering}  # private services access: Cloud SQL's private IP
 SQL_PEERING=servicenetworking-googleapis-com          # the network peering that access makes
-CLIENT_RANGES=${CLIENT_RANGES:-0.0.0.0/0}            # who may reach the two ports; narrow it
+CLIENT_RANGES=${CLIENT_RANGES:-}  # who may reach the two ports (CIDR, comma-separated): no open default (network.sh)
 BUYER_PORT=${BUYER_PORT:-7001}
 SELLER_PORT=${SELLER_PORT:-7002}
 SERVER_TAG=market-server
@@ -26,6 +26,15 @@ SQL_TIER=${SQL_TIER:-db-custom-1-3840}
 DB_NAME=${DB_NAME:-market}
 DB_USER=${DB_USER:-market}
 ENV_SECRET=${ENV_SECRET:-market-env}                  # Secret Manager: the VM's /etc/market/market.env
+# TLS (tls.sh): the servers' certificate, its key and the CA clients trust, each a secret. Your
+# own files in TLS_CERT, TLS_KEY and TLS_CA; else a private CA made in TLS_DIR on this machine.
+TLS_CERT_SECRET=${TLS_CERT_SECRET:-market-tls-cert}
+TLS_KEY_SECRET=${TLS_KEY_SECRET:-market-tls-key}
+TLS_CA_SECRET=${TLS_CA_SECRET:-market-tls-ca}
+TLS_CERT=${TLS_CERT:-}
+TLS_KEY=${TLS_KEY:-}
+TLS_CA=${TLS_CA:-}
+TLS_NAMES=${TLS_NAMES:-}                              # host names in the certificate, besides the VM's IP
 
 VM_NAME=${VM_NAME:-market-vm}
 VM_MACHINE_TYPE=${VM_MACHINE_TYPE:-e2-small}
@@ -44,8 +53,16 @@ if [ -z "$PROJECT" ]; then
   exit 2
 fi
 
+TLS_DIR=${TLS_DIR:-$HOME/.config/market/tls-$PROJECT}  # the private CA's files (ca.pem for the clients)
+
 # True when a `gcloud ... describe` (the arguments) finds the resource.
 exists() { "$@" >/dev/null 2>&1; }
+
+# gcloud for the commands that see a password or a private key. gcloud logs every command's
+# arguments to a file under its configuration folder (~/.config/gcloud/logs, mode 644 under the
+# usual umask): these log nothing to a file, nor HTTP bodies anywhere. The secret comes on stdin,
+# as a flags file (--flags-file=-) or as data (--data-file=-), never as an argument.
+private_gcloud() { CLOUDSDK_CORE_DISABLE_FILE_LOGGING=1 CLOUDSDK_CORE_LOG_HTTP=false gcloud "$@"; }
 
 # Sets ZONE, when empty, to the first of REGION's zones, and checks that it is one of them;
 # exits otherwise. Not every region has a zone "-a" (europe-west1 and us-east1 have b, c and d).

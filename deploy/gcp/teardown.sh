@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Delete everything up.sh created: the VM and its IP, the bucket, the service account, the
-# secret, the Cloud SQL instance (and its data!), the firewall rules and the network.
+# secrets (settings, TLS), the Cloud SQL instance (and its data!), the firewall rules and the
+# network. The private CA made on this machine (TLS_DIR) stays.
 # Asks first unless YES=1. A deleted Cloud SQL instance's name stays taken for about a week.
 # Run it with the settings (REGION, ZONE, names) up.sh ran with. Safe to run again.
 set -euo pipefail
@@ -29,9 +30,11 @@ done
 if exists gcloud iam service-accounts describe "$VM_SA" --project "$PROJECT"; then
   gcloud iam service-accounts delete "$VM_SA" --project "$PROJECT" --quiet
 fi
-if exists gcloud secrets describe "$ENV_SECRET" --project "$PROJECT"; then
-  gcloud secrets delete "$ENV_SECRET" --project "$PROJECT" --quiet
-fi
+for secret in "$ENV_SECRET" "$TLS_CERT_SECRET" "$TLS_KEY_SECRET" "$TLS_CA_SECRET"; do
+  if exists gcloud secrets describe "$secret" --project "$PROJECT"; then
+    gcloud secrets delete "$secret" --project "$PROJECT" --quiet
+  fi
+done
 if exists gcloud sql instances describe "$SQL_INSTANCE" --project "$PROJECT"; then
   gcloud sql instances delete "$SQL_INSTANCE" --project "$PROJECT" --quiet
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The VM: a service account allowed to reach Cloud SQL and read the settings secret and the
-# release bucket; the release (a wheel of this checkout and the systemd units); a Debian VM
+# release bucket; the release (a wheel of this checkout, the runtime lock file and the systemd
+# units); a Debian VM
 # with a static IP whose startup script (startup.sh) installs the release at every boot.
 # Run again to deploy a new release: the VM is reset, and its startup script installs it.
 set -euo pipefail
@@ -15,8 +16,10 @@ for role in roles/cloudsql.client roles/logging.logWriter; do
   gcloud projects add-iam-policy-binding "$PROJECT" --member="serviceAccount:$VM_SA" --role="$role" \
     --condition=None >/dev/null
 done
-gcloud secrets add-iam-policy-binding "$ENV_SECRET" --project "$PROJECT" \
-  --member="serviceAccount:$VM_SA" --role=roles/secretmanager.secretAccessor >/dev/null
+for secret in "$ENV_SECRET" "$TLS_CERT_SECRET" "$TLS_KEY_SECRET" "$TLS_CA_SECRET"; do
+  gcloud secrets add-iam-policy-binding "$secret" --project "$PROJECT" \
+    --member="serviceAccount:$VM_SA" --role=roles/secretmanager.secretAccessor >/dev/null
+done
 
 if ! exists gcloud storage buckets describe "gs://$BUCKET" --project "$PROJECT"; then
   gcloud storage buckets create "gs://$BUCKET" --project "$PROJECT" --location="$REGION" \
@@ -28,13 +31,11 @@ gcloud storage buckets add-iam-policy-binding "gs://$BUCKET" --member="serviceAc
 release=$(mktemp -d)
 trap 'rm -rf "$release"' EXIT
 python3 -m pip wheel --quiet --no-deps --wheel-dir "$release" "$REPO"
-cp "$HERE"/systemd/*.service "$release/"
+cp "$HERE"/systemd/*.service "$REPO/requirements/runtime.txt" "$release/"
 gcloud storage rsync "$release" "gs://$BUCKET/release" --delete-unmatched-destination-objects
 
-if ! exists gcloud compute addresses describe "$VM_ADDRESS" --region "$REGION" --project "$PROJECT"; then
-  gcloud compute addresses create "$VM_ADDRESS" --region "$REGION" --project "$PROJECT"
-fi
 metadata="market-bucket=$BUCKET,market-secret=$ENV_SECRET,proxy-version=$PROXY_VERSION"
+metadata+=",market-tls-cert=$TLS_CERT_SECRET,market-tls-key=$TLS_KEY_SECRET,market-tls-ca=$TLS_CA_SECRET"
 if exists gcloud compute instances describe "$VM_NAME" --zone "$ZONE" --project "$PROJECT"; then
   gcloud compute instances add-metadata "$VM_NAME" --zone "$ZONE" --project "$PROJECT" \
     --metadata="$metadata" --metadata-from-file=startup-script="$HERE/startup.sh"
@@ -52,4 +53,6 @@ ip=$(gcloud compute addresses describe "$VM_ADDRESS" --region "$REGION" --projec
 echo "VM:            $VM_NAME in zone $ZONE"
 echo "buyer server:  $ip:$BUYER_PORT"
 echo "seller server: $ip:$SELLER_PORT"
-echo "check:         market health $ip:$BUYER_PORT && market health $ip:$SELLER_PORT"
+ca=${TLS_CA:-$TLS_DIR/ca.pem}
+echo "TLS CA:        $ca (the clients' --tls-ca; gcloud secrets versions access latest --secret=$TLS_CA_SECRET)"
+echo "check:         market health --tls-ca $ca $ip:$BUYER_PORT && market health --tls-ca $ca $ip:$SELLER_PORT"

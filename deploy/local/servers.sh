@@ -47,7 +47,8 @@ parse_options() {
 # start_instance ROLE N: one server on a free port; prints the port once it is listening.
 start_instance() {
   local name="$1-$2" port
-  "$PYTHON" -m "$1_server" --host 127.0.0.1 --port 0 --db-url "$DB_URL" \
+  # behind HAProxy every client comes from HAProxy's address: no limit on sign-ups per address
+  MARKET_SIGNUPS_PER_ADDRESS_HOUR=${MARKET_SIGNUPS_PER_ADDRESS_HOUR:-0} "$PYTHON" -m "$1_server" --host 127.0.0.1 --port 0 --db-url "$DB_URL" \
     --workers "$WORKERS" ${THREADS:+--threads "$THREADS"} >"$DIR/$name.out" 2>"$DIR/$name.log" &
   echo $! >"$DIR/$name.pid"
   wait_for 60 grep -q '^listening on ' "$DIR/$name.out" \

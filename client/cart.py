@@ -1,0 +1,52 @@
+"""What a buyer's shell knows of the session's cart: its last known lines and whether they
+differ from the saved cart, so that leaving can offer to save it and an expired session can
+say what was in it and put it back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CartMemory:
+    """The cart as last seen (None: not seen in this session) and whether it is unsaved."""
+
+    lines: list[dict[str, Any]] | None = None
+    unsaved: bool = False
+    _changes: int = field(default=0, repr=False)
+
+    def seen(self, content: dict[str, Any]) -> None:
+        """The server showed the cart."""
+        self.lines = list(content["items"])
+
+    def changed(self, content: dict[str, Any]) -> None:
+        """A command changed the cart: it now differs from the saved one."""
+        self.seen(content)
+        self.unsaved = True
+
+    def saved(self, content: dict[str, Any]) -> None:
+        """The cart was saved."""
+        self.seen(content)
+        self.unsaved = False
+
+    def bought(self) -> None:
+        """A purchase emptied the cart."""
+        self.lines, self.unsaved = [], False
+
+    def forget(self) -> None:
+        """A new session, or none: its cart starts as the saved cart."""
+        self.lines, self.unsaved = None, False
+
+    def worth_saving(self) -> bool:
+        """Whether leaving now would lose something."""
+        return self.unsaved
+
+    def summary(self) -> str:
+        """The lines in a few words: `2 x Desk lamp (item 7), 1 x Mug (item 9)`."""
+        return ", ".join(f"{line['quantity']} x {line['name']} (item {line['item_id']})"
+                         for line in self.lines or [])
+
+    def to_restore(self) -> list[tuple[int, int]]:
+        """(item_id, quantity) of each line, to put the cart back in a new session."""
+        return [(line["item_id"], line["quantity"]) for line in self.lines or []]

@@ -1,0 +1,95 @@
+"""What a shell accepts for each kind of value, checked as it is typed: categories by name,
+prices, quantities, card numbers with spaces or dashes. The rules are wire.values' own (the
+contract's Values); a refusal is a ValueError whose message says what would do.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from wire import values
+from wire.errors import BadRequestError
+
+from .registry import Arg
+
+# PROTOCOL.md 1.1, Values: the names clients show; the wire carries the number.
+CATEGORY_NAMES = ("Other", "Books", "Home", "Electronics", "Clothing", "Sports", "Toys", "Garden",
+                  "Health", "Collectibles")
+
+Convert = Callable[[str], Any]
+
+
+def wire_rule(rule: values.Validator, name: str) -> Convert:
+    """A converter applying one of wire's value rules to the typed text (unchanged if valid)."""
+    def convert(text: str) -> str:
+        try:
+            rule(name, text)
+        except BadRequestError as exc:
+            raise ValueError(exc.message.removeprefix(f"{name}: ")) from None
+        return text
+    return convert
+
+
+def whole_number_in(rule: values.Validator, name: str) -> Convert:
+    """A converter to an integer that wire's rule accepts (a quantity, an item id)."""
+    def convert(text: str) -> int:
+        number = whole_number(text)
+        try:
+            return int(rule(name, number))
+        except BadRequestError as exc:
+            raise ValueError(exc.message.removeprefix(f"{name}: ")) from None
+    return convert
+
+
+def whole_number(text: str) -> int:
+    """An integer argument, with a message people understand."""
+    try:
+        return int(text)
+    except ValueError:
+        shown = text if len(text) <= 24 else f"{text[:20]}… ({len(text)} characters)"
+        if text.strip().isdigit():  # past Python's 4,300 digits
+            raise ValueError(f"{shown} is far too large") from None
+        raise ValueError(f"{shown!r} is not a whole number") from None
+
+
+def category(text: str) -> int:
+    """A category by name (any case, or the start of one name) or by number."""
+    if text.strip().isdigit():
+        return whole_number_in(values.category, "category")(text)
+    wanted = text.strip().lower()
+    matches = [number for number, name in enumerate(CATEGORY_NAMES) if name.lower().startswith(wanted)]
+    exact = [number for number in matches if CATEGORY_NAMES[number].lower() == wanted]
+    if len(exact or matches) == 1 and wanted:
+        return (exact or matches)[0]
+    raise ValueError(f"{text!r} is not a category; one of {category_list()}")
+
+
+def category_name(number: int) -> str:
+    """The name of a category number (the number itself if the contract names none)."""
+    return CATEGORY_NAMES[number] if 0 <= number < len(CATEGORY_NAMES) else str(number)
+
+
+def category_list() -> str:
+    """The categories as `Name` words, for help and errors."""
+    return ", ".join(CATEGORY_NAMES)
+
+
+def card_number(text: str) -> str:
+    """A card number as printed on the card: digits, with spaces or dashes between groups."""
+    digits = "".join(char for char in text if char not in " -")
+    return str(wire_rule(values.card_number, "card_number")(digits))
+
+
+price = wire_rule(values.money, "price")
+card_expiry = wire_rule(values.card_expiry, "card_expiry")
+item_name = wire_rule(values.item_name, "name")
+quantity = whole_number_in(values.quantity, "quantity")
+item_id = whole_number_in(values.object_id, "item_id")
+limit = whole_number_in(values.limit, "limit")
+
+# The ranges `help COMMAND` lists (the wording of the contract's Values).
+PRICE_RANGE = f"0.01 to {values.format_money(values.MAX_CENTS)}, at most two decimals"
+QUANTITY_RANGE = "a whole number from 1 to 1000000"
+
+ITEM_ID = Arg("item_id", convert=item_id, hint="an item's number, as lists show it")
+LIMIT = Arg("limit", "--limit", convert=limit, required=False, default=20, hint="1 to 500 a page")

@@ -1,0 +1,105 @@
+"""Housekeeping: a thread of each server process deletes the rows nobody will read again,
+expired sessions with their cart lines and failed-login counts long past.
+
+Small batches, one short transaction each: a batch's rows are found without locks, then
+locked or deleted by primary key only if they still qualify, so any number of processes may sweep at once,
+on SQLite or MySQL, and none holds a lock for long. Saved carts stay: they are the buyer's.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, delete, select, tuple_
+
+from .accounts import SessionPolicy, end_sessions, ended_long_ago
+from .database import Database, now_ms
+from .schema import login_failures as lf
+from .schema import sessions
+
+log = logging.getLogger("market.housekeeping")
+BATCH = 200  # rows per transaction: a statement of bounded size and a lock held briefly
+# A failed-login count untouched this long is forgotten (its wait ran out long before).
+FORGET_FAILURES_AFTER_MS = 24 * 3600 * 1000
+
+
+def end_expired_sessions(tx: Connection, policy: SessionPolicy, batch: int = BATCH) -> int:
+    """Delete up to `batch` sessions that ended long ago, with their cart lines."""
+    ended = ended_long_ago(policy, now_ms())
+    # found without locks (a locking scan would wait on every live session a cart write
+    # holds), then locked by primary key if they still qualify: a request in flight on one
+    # commits first, and at READ COMMITTED its new last-seen is what the condition sees
+    found = tx.execute(select(sessions.c.session_id).where(ended).order_by(sessions.c.session_id)
+                       .limit(batch)).scalars().all()
+    if not found:
+        return 0
+    ids = tx.execute(select(sessions.c.session_id).where(sessions.c.session_id.in_(found), ended)
+                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
+    if ids:
+        end_sessions(tx, ids)
+    return len(ids)
+
+
+def forget_old_failures(tx: Connection, batch: int = BATCH) -> int:
+    """Delete up to `batch` failed-login counts untouched for FORGET_FAILURES_AFTER_MS."""
+    old = lf.c.last_failure_ms < now_ms() - FORGET_FAILURES_AFTER_MS
+    keys = tx.execute(select(lf.c.role, lf.c.username).where(old)
+                      .order_by(lf.c.role, lf.c.username).limit(batch)).all()
+    if not keys:
+        return 0
+    # by primary key, and only if still old: a failure meanwhile keeps its count
+    return tx.execute(delete(lf).where(tuple_(lf.c.role, lf.c.username).in_([tuple(k) for k in keys]),
+                                       old)).rowcount
+
+
+def sweep(db: Database, policy: SessionPolicy, batch: int = BATCH,
+          stop: Callable[[], bool] = lambda: False) -> int:
+    """Every sweep, batch after batch until one deletes less than a full batch (another
+    housekeeper took the rest, or none is left); the rows deleted."""
+    deleted = 0
+    for step in (lambda tx: end_expired_sessions(tx, policy, batch),
+                 lambda tx: forget_old_failures(tx, batch)):
+        while not stop():
+            count = db.run(step)
+            deleted += count
+            if count < batch:
+                break
+    return deleted
+
+
+class Housekeeper:
+    """A thread sweeping every `interval_s` (give or take a tenth, so processes spread out)."""
+
+    def __init__(self, db: Database, policy: SessionPolicy, interval_s: float) -> None:
+        self._db, self._policy, self._interval_s = db, policy, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="market-housekeeping", daemon=True)
+
+    @classmethod
+    def for_settings(cls, db: Database, settings: Any) -> Housekeeper:
+        """The housekeeper a server's settings (wire.config.Settings) ask for."""
+        return cls(db, SessionPolicy.from_settings(settings), settings.housekeeping_interval_s)
+
+    def start(self) -> Housekeeper:
+        """Start sweeping; returns self."""
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop after the batch in hand."""
+        self._stop.set()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+
+    def _keep(self) -> None:
+        while not self._stop.wait(self._interval_s * random.uniform(0.9, 1.1)):
+            try:
+                deleted = sweep(self._db, self._policy, stop=self._stop.is_set)
+            except Exception:  # a database away for a while: the next sweep tries again
+                log.exception("housekeeping failed; trying again in %.0f s", self._interval_s)
+                continue
+            if deleted:
+                log.info("housekeeping deleted %d expired sessions and old failed-login counts", deleted)

@@ -1,0 +1,407 @@
+"""The unit of work: the transaction object Database.run hands to a transaction function.
+
+It runs plain SQLAlchemy Core statements (`tx.execute(statement, params)`) and owns every
+batching rule, so that the area modules need none. A write (INSERT, UPDATE, DELETE) is held
+and answered with a pending result; what is held is sent before the next read, before a call
+that leaves the database (`call_outside`), at COMMIT, or when a held write's result is read.
+On MySQL/MariaDB what is held travels in the same query as the statement that follows it
+(START TRANSACTION and COMMIT too), through the driver's documented multi-statement support:
+one round trip instead of several. Statements are compiled once per dialect (StatementCache)
+and run on one driver cursor per connection, skipping SQLAlchemy's per-execution machinery;
+anything else (DDL, text(), executemany) goes through SQLAlchemy, after a flush.
+"""
+from __future__ import annotations
+
+import re
+import weakref
+from collections import namedtuple
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Delete, Dialect, Insert, Select, Update, bindparam, insert
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.sql import ClauseElement
+
+try:
+    from mysql.connector.errors import Error as DriverError
+    from mysql.connector.errors import get_mysql_exception
+except ImportError:  # pragma: no cover - SQLite only
+    DriverError = Exception  # type: ignore[assignment,misc]
+
+from .engine import BATCHES_KEY, begin_immediate, count_statement
+
+T = TypeVar("T")
+_CURSOR_KEY = "market_cursor"  # connection info: the driver cursor statements run on
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+ROW_CHUNK = 20  # rows per INSERT of many rows: few statements are ever compiled
+
+
+class _Compiled:
+    """One statement's SQL, parameter layout, and type conversions for one dialect."""
+
+    def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql = str(compiled)
+        self.writes = isinstance(statement, Insert | Update | Delete)
+        self.expanding = "POSTCOMPILE" in self.sql  # an IN of a list: SQLAlchemy renders it per call
+        self.defaults = {k: v for k, v in compiled.params.items() if v is not None}
+        for column in getattr(compiled, "insert_prefetch", ()):  # columns left to a Python default
+            if column.default is not None and column.default.is_scalar:
+                self.defaults.setdefault(column.key, column.default.arg)
+        self.binds = {name: processor for name, bind in getattr(compiled, "binds", {}).items()
+                      if (processor := bind.type.dialect_impl(dialect).bind_processor(dialect))}
+        positional = getattr(compiled, "positional", False)
+        self.order = list(getattr(compiled, "positiontup", None) or []) if positional else None
+        columns = getattr(statement, "selected_columns", None) if isinstance(statement, Select) else None
+        self.row = _row_type(list(columns.keys())) if columns is not None else None
+        self.results = [c.type.dialect_impl(dialect).result_processor(dialect, None)
+                        for c in columns] if columns is not None else []
+
+    def parameters(self, params: dict[str, Any]) -> Sequence[Any] | dict[str, Any]:
+        """The values in the form the driver takes them (by name, or in order)."""
+        values = {**self.defaults, **params}
+        for name, processor in self.binds.items():
+            if name in values:
+                values[name] = processor(values[name])
+        return [values[name] for name in self.order] if self.order is not None else values
+
+    def rows(self, raw: Sequence[Sequence[Any]]) -> list[Any]:
+        """Driver rows as named tuples, each value converted as its column's type says."""
+        assert self.row is not None
+        if any(self.results):
+            return [self.row(*[p(v) if p else v for p, v in zip(self.results, values, strict=True)])
+                    for values in raw]
+        return [self.row(*values) for values in raw]
+
+
+def _row_type(names: list[str]) -> type:
+    base = namedtuple("Row", names, rename=True)  # type: ignore[misc]
+    return type("Row", (base,), {"__slots__": (), "_mapping": property(lambda self: self._asdict())})
+
+
+class StatementCache:
+    """Statements compiled once per dialect; a statement made per call is compiled per call."""
+
+    def __init__(self) -> None:
+        self._by_statement: weakref.WeakKeyDictionary[Any, dict[str, _Compiled]] = weakref.WeakKeyDictionary()
+        self._rows: dict[tuple[Any, tuple[str, ...], int], Insert] = {}
+
+    def compiled(self, statement: ClauseElement, dialect: Dialect) -> _Compiled:
+        """The statement compiled for the dialect."""
+        by_dialect = self._by_statement.get(statement)
+        if by_dialect is None:
+            by_dialect = self._by_statement.setdefault(statement, {})
+        found = by_dialect.get(dialect.name)
+        if found is None:
+            found = by_dialect[dialect.name] = _Compiled(statement, dialect)
+        return found
+
+    def rows_insert(self, statement: Insert, columns: tuple[str, ...], count: int) -> Insert:
+        """An INSERT of `count` rows in one VALUES list (parameters `column_n`)."""
+        key = (statement.table, columns, count)
+        found = self._rows.get(key)
+        if found is None:
+            values: list[dict[str, Any]] = [{c: bindparam(f"{c}_{n}") for c in columns} for n in range(count)]
+            found = self._rows[key] = insert(statement.table).values(values)  # type: ignore[arg-type]
+        return found
+
+
+STATEMENTS = StatementCache()
+
+
+class Result:
+    """A statement's rows, or its row count and new id; reading it sends what is held."""
+
+    def __init__(self, uow: UnitOfWork | None = None) -> None:
+        self._uow = uow
+        self._rows: list[Any] = []
+        self._rowcount = -1
+        self._lastrowid: int | None = None
+
+    def fill(self, rows: list[Any], rowcount: int, lastrowid: int | None) -> None:
+        self._rows, self._rowcount, self._lastrowid, self._uow = rows, rowcount, lastrowid, None
+
+    def _ready(self) -> Result:
+        if self._uow is not None:
+            self._uow.flush(demanded=self)
+        return self
+
+    @property
+    def rowcount(self) -> int:
+        return self._ready()._rowcount
+
+    @property
+    def lastrowid(self) -> int | None:
+        return self._ready()._lastrowid
+
+    @property
+    def inserted_primary_key(self) -> tuple[int | None]:
+        return (self.lastrowid,)
+
+    def all(self) -> list[Any]:
+        return list(self._ready()._rows)
+
+    fetchall = all
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.all())
+
+    def first(self) -> Any | None:
+        rows = self._ready()._rows
+        return rows[0] if rows else None
+
+    fetchone = first
+
+    def one(self) -> Any:
+        rows = self._ready()._rows
+        if len(rows) != 1:
+            raise ValueError(f"expected one row, found {len(rows)}")
+        return rows[0]
+
+    def one_or_none(self) -> Any | None:
+        rows = self._ready()._rows
+        return self.one() if rows else None
+
+    def scalar(self) -> Any | None:
+        row = self.first()
+        return row[0] if row is not None else None
+
+    def scalar_one(self) -> Any:
+        return self.one()[0]
+
+    def scalar_one_or_none(self) -> Any | None:
+        row = self.one_or_none()
+        return row[0] if row is not None else None
+
+    def scalars(self) -> _Scalars:
+        return _Scalars([row[0] for row in self.all()])
+
+    def mappings(self) -> _Scalars:
+        return _Scalars([row._asdict() for row in self.all()])
+
+
+class _Scalars(list[Any]):
+    def all(self) -> list[Any]:
+        return list(self)
+
+    def first(self) -> Any | None:
+        return self[0] if self else None
+
+
+class ReplayUnheld(Exception):
+    """A held write broke a constraint: run the transaction again with nothing held, so that
+    its error arrives at the statement that made it, where the caller may handle it."""
+
+
+class UnitOfWork:
+    """One transaction's statements; behaves like a SQLAlchemy Connection for `execute`.
+
+    Rules it keeps so callers need not: a write is held until something needs it sent (a
+    read, a held write's result read, `call_outside`, `flush`, commit); whatever it holds
+    fails with the statement it was sent with, and the whole transaction rolls back.
+    """
+
+    def __init__(self, conn: Connection, write: bool, hold: bool = True) -> None:
+        self.core = conn  # the SQLAlchemy Connection underneath: for DDL and inspection
+        self.write = write
+        self._batches = hold and bool(conn.info.get(BATCHES_KEY, False))
+        self._went_outside = False  # call_outside was called: no replay past that point
+        self._held: list[tuple[_Compiled, dict[str, Any], Result]] = []
+        self._begin_pending = False  # START TRANSACTION waits for the next statement (MySQL)
+        self._open = False  # a transaction was begun on the server
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.core, name)  # dialect, info, engine ... as the Connection has them
+
+    def execute(self, statement: Any, params: dict[str, Any] | Sequence[dict[str, Any]] | None = None) -> Any:
+        """Run a Core statement: a write is held (see the class notes), a read runs now."""
+        if isinstance(params, Sequence) and isinstance(statement, Insert) and _plain(statement):
+            for part, values in _row_chunks(statement, params):
+                self.execute(part, values)
+            return None
+        if not (isinstance(statement, Select | Insert | Update | Delete) and _plain(statement)) \
+                or (params is not None and not isinstance(params, dict)):
+            self.flush()
+            return self.core.execute(statement, params)
+        compiled = STATEMENTS.compiled(statement, self.core.dialect)
+        if compiled.expanding:
+            self.flush()
+            return self.core.execute(statement, params)
+        result = Result(self)
+        self._held.append((compiled, params or {}, result))
+        if not (compiled.writes and self.write and self._batches):
+            self.flush(demanded=result)
+        return result
+
+    def flush(self, demanded: Result | None = None) -> None:
+        """Send every held statement now (one query on MySQL/MariaDB).
+
+        Should one that was held (not `demanded` now) break a constraint (a duplicate key, say),
+        ReplayUnheld: the code that made it may be waiting for that error at the statement."""
+        if not self._held and not self._begin_pending:
+            return
+        held, self._held = self._held, []
+        try:
+            self._send([(c.sql, c.parameters(p)) for c, p, _ in held], [(c, r) for c, _, r in held])
+        except DBAPIError as exc:
+            was_held = any(c.writes and r is not demanded for c, _, r in held)
+            if was_held and not self._went_outside and isinstance(exc, IntegrityError):
+                raise ReplayUnheld from exc
+            raise
+
+    def call_outside(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call something that leaves the database (a payment): what is held is sent first,
+        so that the call happens only once the writes before it have succeeded."""
+        self.flush()
+        self._went_outside = True
+        return call(*args, **kwargs)
+
+    def begin(self) -> None:
+        """Open the write transaction (on MySQL with its first statement)."""
+        if not self.write:
+            return
+        self._open = True
+        if self.core.dialect.name == "sqlite":
+            self._guarded("BEGIN IMMEDIATE", partial(begin_immediate, self._driver_connection))
+        else:  # even on Galera: nothing can be aborted before the first statement
+            self._begin_pending = True
+
+    def commit(self) -> None:
+        """Send what is held with COMMIT; nothing to commit when nothing was ever sent."""
+        if self._open and not self._begin_pending or self._held:
+            self._held.append((_COMMIT, {}, Result()))
+            self.flush()
+        self._begin_pending = self._open = False
+        if self.core.in_transaction():  # SQLAlchemy's own bookkeeping, for statements it ran
+            self.core.commit()
+
+    def rollback(self) -> None:
+        """Forget what is held and end the transaction, if the server has one open."""
+        self._held, self._begin_pending = [], False
+        if self._open and not self.core.invalidated and _in_server_transaction(self._driver_connection):
+            self._send([("ROLLBACK", {})], [])
+        self._open = False
+        if self.core.in_transaction():
+            self.core.rollback()
+
+    @property
+    def _driver_connection(self) -> Any:
+        return self.core.connection.driver_connection
+
+    def _send(self, statements: list[tuple[str, Any]], results: list[tuple[_Compiled, Result]]) -> None:
+        if self._begin_pending:
+            statements.insert(0, ("START TRANSACTION", {}))
+            results.insert(0, (_COMMIT, Result()))
+            self._begin_pending = False
+        if self.core.dialect.name == "sqlite":
+            cursor = self._cursor()
+            outcomes = [self._guarded(sql, partial(_run_sqlite, cursor, sql, values))
+                        for sql, values in statements]
+        else:
+            outcomes = self._guarded(";".join(s for s, _ in statements),
+                                     partial(_run_mysql, self._cursor(), statements))
+        for (compiled, result), (rows, rowcount, lastrowid) in zip(results, outcomes, strict=False):
+            result.fill(compiled.rows(rows) if compiled.row is not None else [], rowcount, lastrowid)
+        for _ in statements:
+            count_statement(self.core.info)
+
+    def _cursor(self) -> Any:
+        driver = self._driver_connection
+        kept = self.core.info.get(_CURSOR_KEY)
+        if kept is None or kept[0] is not driver:  # one per connection: the driver pings for each new one
+            kept = self.core.info[_CURSOR_KEY] = (driver, driver.cursor())
+        return kept[1]
+
+    def _guarded(self, sql: str, send: Callable[[], T]) -> T:
+        """Run `send`; a driver error raised as SQLAlchemy would raise it (IntegrityError ...)."""
+        dialect = self.core.dialect
+        try:
+            return send()
+        except dialect.loaded_dbapi.Error as exc:
+            self._held = []
+            disconnect = dialect.is_disconnect(exc, self.core.connection.dbapi_connection, None)  # type: ignore[arg-type]
+            if disconnect:  # as SQLAlchemy does: every pooled connection of this age is suspect
+                self.core.info.pop(_CURSOR_KEY, None)
+                self.core.invalidate(exc)
+                self.core.engine.dispose(close=False)
+            error = DBAPIError.instance(sql, None, exc, dialect.loaded_dbapi.Error,
+                                        connection_invalidated=disconnect, dialect=dialect)
+            raise error from exc
+
+
+class _CommitStatement:
+    """Stands for START TRANSACTION, COMMIT: no rows, nothing to convert."""
+
+    sql, row = "COMMIT", None
+
+    def parameters(self, _params: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+_COMMIT: Any = _CommitStatement()
+
+
+def _plain(statement: Any) -> bool:
+    """A statement the unit of work runs itself: no RETURNING, no multi-table options."""
+    return not getattr(statement, "_returning", ()) and not getattr(statement, "_post_values_clause", None)
+
+
+def _row_chunks(statement: Insert, rows: Sequence[dict[str, Any]]) -> Iterator[tuple[Insert, dict[str, Any]]]:
+    """Rows for INSERTs of up to ROW_CHUNK rows each (one round trip, no executemany)."""
+    if not rows:
+        return
+    columns = tuple(rows[0])
+    for start in range(0, len(rows), ROW_CHUNK):
+        part = rows[start:start + ROW_CHUNK]
+        yield (STATEMENTS.rows_insert(statement, columns, len(part)),
+               {f"{c}_{n}": row[c] for n, row in enumerate(part) for c in columns})
+
+
+def _in_server_transaction(driver: Any) -> bool:
+    return bool(getattr(driver, "in_transaction", True))
+
+
+def _run_sqlite(cursor: Any, sql: str, values: Any) -> tuple[list[Any], int, int | None]:
+    cursor.execute(sql, values)
+    rows = cursor.fetchall() if cursor.description else []
+    return rows, cursor.rowcount, cursor.lastrowid
+
+
+def _run_mysql(cursor: Any, statements: list[tuple[str, Any]]) -> list[tuple[list[Any], int, int | None]]:
+    """The statements in one query, each one's outcome; every result is read, so that an
+    error of a later statement (after which MariaDB runs nothing more) is raised here."""
+    if len(statements) == 1:
+        sql, values = statements[0]
+    else:
+        sql, values = _joined(statements)
+    cursor.execute(sql, values or None)
+    outcomes = []
+    while True:
+        rows = cursor.fetchall() if cursor.with_rows else []
+        outcomes.append((rows, cursor.rowcount, cursor.lastrowid))
+        if len(outcomes) == len(statements) or not _next_result(cursor):
+            return outcomes
+
+
+def _next_result(cursor: Any) -> bool:
+    """The cursor on the query's next result; the C extension raises its own error class
+    there, made here into the driver's DB-API one (IntegrityError ...) as execute() does."""
+    try:
+        return bool(cursor.nextset())
+    except Exception as exc:
+        if isinstance(exc, DriverError) or getattr(exc, "errno", None) is None:
+            raise
+        raise get_mysql_exception(getattr(exc, "errno", 0), msg=getattr(exc, "msg", str(exc)),
+                                  sqlstate=getattr(exc, "sqlstate", None)) from exc
+
+
+def _joined(statements: list[tuple[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """One query of several statements, their %(name)s parameters renamed apart."""
+    texts: list[str] = []
+    merged: dict[str, Any] = {}
+    for n, (sql, values) in enumerate(statements):
+        texts.append(_PLACEHOLDER.sub(rf"%(\1__{n})s", sql))
+        merged.update({f"{name}__{n}": value for name, value in values.items()})
+    text = ";".join(texts)
+    return (text, merged) if merged else (text.replace("%%", "%"), merged)
