@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from conftest import CARD, Market, free_port, running_market
 from mysql.connector import errors as mysql_errors
+from sqlalchemy import select
 from test_faults import (
     PrivateMariaDB,
     list_items,
@@ -385,7 +386,7 @@ def test_settlers_racing_each_other_and_the_purchases_act_once(market: Market) -
     item_id = market.item(seller, quantity=50)
     checkout = market.buyer_server.app.checkout  # type: ignore[attr-defined]
     gate = accounts.SessionGate(market.db, "buyer", accounts.SessionPolicy())
-    opened = []
+    opened, buyers = [], []
     for _ in range(6):
         buyer = market.user("buyer")
         buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
@@ -393,6 +394,7 @@ def test_settlers_racing_each_other_and_the_purchases_act_once(market: Market) -
         checkout.processor.authorise(order.payment_key, order.buyer_id, order.total_cents,
                                      Card(CARD["card_name"], CARD["card_number"], CARD["card_expiry"]))
         opened.append(order)
+        buyers.append(buyer)
     start = threading.Barrier(8 + len(opened))
     paid: list[bool] = []
 
@@ -419,4 +421,11 @@ def test_settlers_racing_each_other_and_the_purchases_act_once(market: Market) -
     states = Counter(p.state for p in ledger_of(market.db))
     assert states == Counter({CAPTURED: len(paid), VOIDED: len(opened) - len(paid)})
     assert market.user("buyer").call("get_item", {"item_id": item_id})["quantity"] == 50 - 2 * len(paid)
+    # a paid order's lines left its buyer's cart; an undone one's cart is as it was, even when
+    # its purchase tried to mark it paid after a settler had undone it
+    bought = {row.buyer_id for row in market.db.run(
+        lambda tx: tx.execute(select(orders.c.buyer_id).where(orders.c.status == PAID)).all(), write=False)}
+    for buyer in buyers:
+        cart = [line["quantity"] for line in buyer.call("display_cart")["cart"]["items"]]
+        assert cart == ([] if buyer.user_id in bought else [2])  # type: ignore[attr-defined]
     assert audit(market.db) == []
