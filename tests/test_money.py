@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import CARD, Market, free_port, running_market
 from mysql.connector import errors as mysql_errors
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 from test_faults import (
     PrivateMariaDB,
     list_items,
@@ -31,7 +31,7 @@ from db import Database, accounts, purchases, unit_of_work
 from db.audit import audit
 from db.ledger import CAPTURED, DECLINED, VOIDED, Ledger, Payment
 from db.purchases import PAID, PENDING
-from db.schema import orders
+from db.schema import orders, users
 from wire import Connection, ProtocolError
 from wire.config import Settings
 from wire.errors import ConflictError, PaymentDeclinedError, UnavailableError
@@ -276,6 +276,33 @@ def test_a_deadlock_at_the_commit_is_retried_and_captures_once(market: Market) -
     assert buyer.call("get_purchase_history")["purchases"][0]["order_id"] == receipt["order_id"]
     assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 2
     assert audit(market.db) == []
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_a_deadlock_at_a_commit_sent_alone_is_retried(database: Database) -> None:
+    """On a Galera node every statement, COMMIT too, goes alone; a certification failure at
+    that COMMIT is a deadlock to retry, not an internal error."""
+    send_query, failed = unit_of_work._run_mysql, []
+
+    def deadlock_once(cursor: Any, statements: list[tuple[str, Any]]) -> Any:
+        if [sql for sql, _ in statements] == ["COMMIT"] and not failed:
+            failed.append(1)
+            _deadlock(cursor, lambda: None)
+        return send_query(cursor, statements)
+
+    def bump(tx: Any) -> int:  # its row count read: the COMMIT goes alone
+        sold = update(users).where(users.c.user_id == 1).values(items_sold=users.c.items_sold + 1)
+        return int(tx.execute(sold).rowcount)
+
+    database.run(lambda tx: tx.execute(insert(users).values(user_id=1, role="seller", username="s", name="S",
+                                                            password_hash="x", created_ms=0)))
+    unit_of_work._run_mysql = deadlock_once  # type: ignore[assignment]
+    try:
+        assert database.run(bump) == 1
+    finally:
+        unit_of_work._run_mysql = send_query  # type: ignore[assignment]
+    assert failed == [1]
+    assert database.run(lambda tx: tx.execute(select(users.c.items_sold)).scalar_one(), write=False) == 1
 
 
 @pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
