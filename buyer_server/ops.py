@@ -1,21 +1,38 @@
-"""The buyer server: a table of op name -> handler (the db transaction functions)."""
+"""The buyer server: a table of op name -> handler (the db transaction functions); the
+purchase runs in steps of its own (checkout), settled by a background thread."""
 from __future__ import annotations
 
-from functools import partial
+import logging
 
 from db import Database, accounts, cache, carts, catalog, orders
 from db.address_limits import AccountGuards
+from db.ledger import Ledger
 from wire import BUYER_OPS, __version__
-from wire.app import App
+from wire.app import App, Stepwise
 from wire.config import Settings
+from wire.errors import ProtocolError
 
-from .payments import CountedProcessor, PaymentProcessor, SimulatedProcessor
+from .checkout import Checkout, Settler
+from .payments import PaymentProcessor, SimulatedProcessor
+
+log = logging.getLogger("market.buyer")
 
 
 def build_app(settings: Settings, db: Database, processor: PaymentProcessor | None = None) -> App:
-    """The buyer server's App over a database."""
+    """The buyer server's App over a database; its settler starts with the server."""
     policy = accounts.SessionPolicy.from_settings(settings)
-    processor = CountedProcessor(processor or SimulatedProcessor(settings.payment_decline_rate))
+    background: list[LedgerDatabase | Settler] = []
+    if processor is None:
+        ledger_db = LedgerDatabase(settings.payments_url) if settings.payments_url else None
+        background += [ledger_db] if ledger_db else []
+        ledger = Ledger(ledger_db.database if ledger_db else db)
+        try:
+            ledger.create_table()
+        except ProtocolError as exc:  # the database is away: made at the first purchase instead
+            log.warning("the payment ledger's table could not be checked now: %s", exc)
+        processor = SimulatedProcessor(ledger, settings.payment_decline_rate)
+    checkout = Checkout(db, processor, settings.test_kill_at)
+    background.append(Settler(checkout, settings.settle_period_s, settings.settle_after_s))
     handlers = {
         **accounts.account_handlers(db, "buyer", policy,
                                     __version__, AccountGuards.for_settings(settings)),
@@ -26,10 +43,26 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
         "display_cart": carts.display_cart,
         "clear_cart": carts.clear_cart,
         "save_cart": carts.save_cart,
-        "make_purchase": partial(orders.make_purchase, charge=processor.charge),
+        "make_purchase": Stepwise(checkout.make_purchase),
         "provide_feedback": orders.provide_feedback,
         "get_seller_rating": catalog.get_seller_rating,
         "get_purchase_history": orders.get_purchase_history,
     }
-    return cache.server_app(settings, BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy),
-                            accounts.ADDRESSED_OPS)
+    app = cache.server_app(settings, BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy),
+                           accounts.ADDRESSED_OPS, background)
+    app.checkout = checkout  # type: ignore[attr-defined]  # for tests and tools that settle now
+    return app
+
+
+class LedgerDatabase:
+    """The ledger's own database (MARKET_PAYMENTS_URL), closed when the server stops."""
+
+    def __init__(self, url: str) -> None:
+        self.database = Database(url, pool_size=4)
+
+    def start(self) -> None:
+        """Nothing to start: the ledger opens connections as it needs them."""
+
+    def stop(self) -> None:
+        """Close the ledger's connections."""
+        self.database.close()

@@ -7,7 +7,8 @@
   market seed             bulk-load sellers and items into a database (for scale measurements)
   market db upgrade       bring a database to this code's schema (made from nothing if empty)
   market db current       print a database's schema revision, and whether it is the newest
-  market audit            check the books of a whole database; exit 0 when they balance, 1 when not
+  market audit            check the books of a whole database and the payment ledger; exit 0 when
+                          they balance, 1 when not
   market --version        the marketplace's version and its protocol's
 """
 from __future__ import annotations
@@ -131,20 +132,23 @@ def audit(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import DBAPIError
 
     from db import Database
-    from db.audit import audit_with_totals
+    from db.audit import audit_with_totals, ledger_of, ledger_totals
 
-    if _missing_sqlite_file(args.db_url):
-        print(f"error: no such database file: {args.db_url}", file=sys.stderr)
-        return 2
+    for url in (args.db_url, args.payments_url):
+        if url and _missing_sqlite_file(url):
+            print(f"error: no such database file: {url}", file=sys.stderr)
+            return 2
     database = Database(args.db_url, pool_size=1)
-    try:
-        found, totals = audit_with_totals(database)
+    try:  # the ledger where the buyer servers keep it
+        ledger = ledger_of(database, args.payments_url)
+        found, totals = audit_with_totals(database, ledger)
     except (DBAPIError, ProtocolError) as exc:
         reason = " ".join(str(getattr(exc, "orig", None) or exc).split())
         print(f"error: cannot audit {database.engine.url!r}: {reason}", file=sys.stderr)
         return 2
     finally:
         database.close()
+    totals.update(ledger_totals(ledger))
     for violation in found:
         print(violation)
     print(_totals_line(found, totals))
@@ -210,9 +214,13 @@ def _missing_sqlite_file(db_url: str) -> bool:
 
 def _totals_line(found: list[str], totals: dict[str, int]) -> str:
     verdict = "the books balance" if not found else f"{len(found)} violation{'s' * (len(found) != 1)}"
-    cents = totals.pop("cents taken")
+    taken, captured = totals.pop("cents taken"), totals.pop("cents captured")
     counted = ", ".join(f"{count} {name}" for name, count in totals.items())
-    return f"audit: {verdict}; checked {counted}, {cents // 100}.{cents % 100:02d} taken"
+    return f"audit: {verdict}; checked {counted}, {_money(taken)} taken, {_money(captured)} captured"
+
+
+def _money(cents: int) -> str:
+    return f"{cents // 100}.{cents % 100:02d}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -243,8 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
         q = db_sub.add_parser(name, help=text)
         q.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
         q.set_defaults(func=func)
-    p = sub.add_parser("audit", help="check the books of a whole database (run it with no load)")
+    p = sub.add_parser("audit", help="check the books of a whole database and the payment ledger "
+                                     "(run it with no load)")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+    p.add_argument("--payments-url", default=env("MARKET_PAYMENTS_URL") or None,
+                   help="the payment ledger's database, when the buyer servers keep it apart "
+                        "(default: MARKET_PAYMENTS_URL, else the payments table of --db-url)")
     p.set_defaults(func=audit)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")

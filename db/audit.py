@@ -1,5 +1,6 @@
 """A consistency audit of the whole database, like a bank's: every counter is checked
-against the rows it counts, and every purchase a client was told about must be there.
+against the rows it counts, every purchase a client was told about must be there, and the
+payment processor's ledger agrees with the orders (_payment_rules).
 
 Run it when no load is running: on SQLite it reads in one read transaction, but on
 MySQL it reads statement by statement (autocommit), with no snapshot across them. Each rule returns a
@@ -12,9 +13,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, distinct, exists, func, select
+from sqlalchemy import Connection, and_, case, distinct, exists, func, inspect, select
 
-from .database import Database
+from .database import Database, now_ms
+from .ledger import CAPTURED, Payment, payments
+from .purchases import COMPLETED, PAID, VOID, VOIDING, is_completed
 from .schema import (
     feedback,
     item_keyword_pairs,
@@ -38,17 +41,76 @@ class AckedOrder:
     lines: dict[int, int] = field(default_factory=dict)
 
 
-def audit(database: Database, acknowledged: Iterable[AckedOrder] = ()) -> list[str]:
-    """Every violation of the marketplace's invariants; empty when consistent."""
+# How long a purchase may stay unsettled: the settler's longest wait (MARKET_SETTLE_AFTER_S
+# at most 30 s, then a period of at most 25 s) and a little over, 60 s as the protocol says.
+SETTLE_WITHIN_MS = 60_000
+
+
+def audit(database: Database, acknowledged: Iterable[AckedOrder] = (),
+          ledger: Iterable[Payment] | None = None) -> list[str]:
+    """Every violation of the marketplace's invariants; empty when consistent. `ledger`: the
+    payment processor's entries (default: the payments table of this database, if any)."""
     acked = list(acknowledged)  # read again if the call is retried
-    return database.run(lambda tx: violations(tx, acked), write=False)
+    entries = None if ledger is None else list(ledger)
+    return database.run(lambda tx: violations(tx, acked, entries), write=False)
 
 
-def violations(tx: Connection, acknowledged: Iterable[AckedOrder] = ()) -> list[str]:
+def violations(tx: Connection, acknowledged: Iterable[AckedOrder] = (),
+               ledger: Iterable[Payment] | None = None) -> list[str]:
     """Every violation the rules find through `tx` (with no load running: see the module)."""
     acked = list(acknowledged)
+    entries = list(ledger) if ledger is not None else _ledger_here(tx)
     return [*_item_rules(tx), *_search_index_rules(tx), *_seller_rules(tx), *_order_rules(tx),
-            *_feedback_rules(tx), *_acknowledged_rules(tx, acked)]
+            *_feedback_rules(tx), *_acknowledged_rules(tx, acked), *_payment_rules(tx, entries)]
+
+
+def _ledger_here(tx: Connection) -> list[Payment]:
+    """The simulated processor's ledger when it lives in this database; else none."""
+    if not inspect(getattr(tx, "core", tx)).has_table(payments.name):  # a UnitOfWork's Connection
+        return []
+    return [Payment(**row._asdict()) for row in tx.execute(select(payments))]
+
+
+def _payment_rules(tx: Connection, ledger: list[Payment]) -> Iterator[str]:
+    """Every capture has one completed order of its buyer and total, every completed order
+    one capture, nothing captured twice, nothing unsettled past the settling time."""
+    by_key = {entry.payment_key: entry for entry in ledger}
+    late = now_ms() - SETTLE_WITHIN_MS
+    keyed = tx.execute(select(orders.c.order_id, orders.c.buyer_id, orders.c.total_cents, orders.c.status,
+                              orders.c.payment_key, orders.c.created_ms)
+                       .where(orders.c.payment_key.is_not(None)).order_by(orders.c.order_id)).all()
+    for order in keyed:
+        entry = by_key.pop(order.payment_key, None)
+        yield from _order_against_ledger(order, entry)
+        if order.status not in (*COMPLETED, VOID) and order.created_ms < late:
+            yield f"order {order.order_id}: still {order.status} after the settling time"
+    for entry in by_key.values():  # keys of no order: only a void may be (a key voided unused)
+        if entry.state == CAPTURED:
+            yield f"payment {entry.payment_key}: captured {entry.amount_cents} cents for no order"
+        elif entry.state != "voided" and entry.created_ms < late:
+            yield f"payment {entry.payment_key}: {entry.state} for no order"
+
+
+def _order_against_ledger(order: Any, entry: Payment | None) -> Iterator[str]:
+    """A paid order has its capture, of its buyer and total; no other order has one. (A
+    capturing order's capture may be on its way: its age is checked by the caller.)"""
+    name = f"order {order.order_id} ({order.status})"
+    if entry is not None and entry.captures > 1:
+        yield f"{name}: captured {entry.captures} times"
+    captured = entry is not None and entry.state == CAPTURED
+    if order.status == PAID and not captured:
+        yield f"{name}: paid, but its payment is {entry.state if entry else 'missing'}"
+    elif captured and order.status not in COMPLETED:
+        yield f"{name}: its payment was captured, but the purchase was not completed"
+    elif captured and entry and (entry.buyer_id, entry.amount_cents) != (order.buyer_id, order.total_cents):
+        yield (f"{name}: buyer {order.buyer_id} owes {order.total_cents} cents, the capture says "
+               f"buyer {entry.buyer_id}, {entry.amount_cents} cents")
+
+
+def _order_rules(tx: Connection) -> Iterator[str]:
+    undone = set(tx.execute(select(orders.c.order_id).where(orders.c.status.in_((VOIDING, VOID)))).scalars())
+    yield from _order_line_rules(tx, undone)
+    yield from _line_owner_rules(tx)
 
 
 def _item_rules(tx: Connection) -> Iterator[str]:
@@ -106,12 +168,17 @@ def _seller_rules(tx: Connection) -> Iterator[str]:
         yield from _thumbs(name, user, thumbs.get(user.user_id, (0, 0)), "its items'")
 
 
-def _order_rules(tx: Connection) -> Iterator[str]:
+def _order_line_rules(tx: Connection, undone: set[int]) -> Iterator[str]:
     totals = _by_key(tx, select(order_lines.c.order_id,
                                 func.sum(order_lines.c.quantity * order_lines.c.price_cents),
                                 func.min(order_lines.c.quantity), func.min(order_lines.c.price_cents))
                      .group_by(order_lines.c.order_id))
     for order in tx.execute(select(orders.c.order_id, orders.c.total_cents).order_by(orders.c.order_id)):
+        if order.order_id in undone:  # its lines went with the stock given back
+            if order.order_id in totals:
+                yield f"order {order.order_id}: undone, but it still has lines"
+            totals.pop(order.order_id, None)
+            continue
         if order.order_id not in totals:
             yield f"order {order.order_id}: has no lines"
             continue
@@ -122,7 +189,6 @@ def _order_rules(tx: Connection) -> Iterator[str]:
             yield f"order {order.order_id}: a line with quantity or price not positive"
     for order_id in sorted(totals):
         yield f"order lines of order {order_id}: no such order"
-    yield from _line_owner_rules(tx)
 
 
 def _line_owner_rules(tx: Connection) -> Iterator[str]:
@@ -197,9 +263,24 @@ def _negatives(name: str, row: Any, columns: tuple[str, ...]) -> Iterator[str]:
             yield f"{name}: {column} is negative ({getattr(row, column)})"
 
 
-def audit_with_totals(database: Database) -> tuple[list[str], dict[str, int]]:
-    """The violations and what was checked (`book_totals`), read in one transaction."""
-    return database.run(lambda tx: (violations(tx), book_totals(tx)), write=False)
+def audit_with_totals(database: Database, ledger: Iterable[Payment] | None = None
+                      ) -> tuple[list[str], dict[str, int]]:
+    """The violations and what was checked (`book_totals`), read in one transaction; `ledger`
+    as for `audit`."""
+    entries = None if ledger is None else list(ledger)
+    return database.run(lambda tx: (violations(tx, (), entries), book_totals(tx)), write=False)
+
+
+def ledger_of(database: Database, payments_url: str | None = None) -> list[Payment]:
+    """The payment ledger's entries: in the database at `payments_url` (MARKET_PAYMENTS_URL)
+    when given, else in `database`; none if that database has no payments table."""
+    if not payments_url:
+        return list(database.run(_ledger_here, write=False))
+    apart = Database(payments_url, pool_size=1)
+    try:
+        return list(apart.run(_ledger_here, write=False))
+    finally:
+        apart.close()
 
 
 def book_totals(tx: Connection) -> dict[str, int]:
@@ -210,6 +291,13 @@ def book_totals(tx: Connection) -> dict[str, int]:
               for name, table in tables.items()}
     totals["units sold"] = int(tx.execute(select(func.coalesce(func.sum(order_lines.c.quantity), 0)))
                                .scalar_one())
-    totals["cents taken"] = int(tx.execute(select(func.coalesce(func.sum(orders.c.total_cents), 0)))
-                                .scalar_one())
+    totals["cents taken"] = int(tx.execute(select(func.coalesce(func.sum(orders.c.total_cents), 0))
+                                           .where(is_completed(orders.c.status))).scalar_one())
     return totals
+
+
+def ledger_totals(ledger: Iterable[Payment]) -> dict[str, int]:
+    """The ledger's entries and the money it captured (in cents), for the audit's summary."""
+    entries = list(ledger)
+    return {"payments": len(entries),
+            "cents captured": sum(e.amount_cents for e in entries if e.state == CAPTURED)}

@@ -15,7 +15,7 @@ import mmap
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,7 +205,7 @@ class ReadCache:
         if isinstance(token, str):
             self.generations.bump((session_slot(token_hash(token)),))
 
-    def with_cached_reads(self, handlers: dict[str, Handler]) -> dict[str, Handler]:
+    def with_cached_reads(self, handlers: dict[str, Any]) -> dict[str, Any]:
         """The handler table with its catalogue reads answered through the cache."""
         return {op: self.cached(op, h) if op in CACHED_READS else h for op, h in handlers.items()}
 
@@ -225,9 +225,10 @@ class ReadCache:
 class _InvalidatingApp(App):
     """An App whose catalogue writes bump the counters after their commit, before their answer."""
 
-    def __init__(self, specs: dict[str, OpSpec], handlers: dict[str, Handler], gate: Gate,
-                 cache: ReadCache, addressed: frozenset[str] = frozenset()) -> None:
-        super().__init__(specs, cache.with_cached_reads(handlers), gate, addressed)
+    def __init__(self, specs: dict[str, OpSpec], handlers: dict[str, Any], gate: Gate,
+                 cache: ReadCache, addressed: frozenset[str] = frozenset(),
+                 background: Sequence[Any] = ()) -> None:
+        super().__init__(specs, cache.with_cached_reads(handlers), gate, addressed, background)
         self.cache = cache
 
     def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]:
@@ -267,11 +268,11 @@ def from_settings(settings: Any) -> ReadCache | None:
     return ReadCache(generations, settings.cache_mb * 1024 * 1024)
 
 
-def server_app(settings: Any, specs: dict[str, OpSpec], handlers: dict[str, Handler], gate: Gate,
-               addressed: frozenset[str] = frozenset()) -> App:
+def server_app(settings: Any, specs: dict[str, OpSpec], handlers: dict[str, Any], gate: Gate,
+               addressed: frozenset[str] = frozenset(), background: Sequence[Any] = ()) -> App:
     """A server's App; with MARKET_CACHE on, its catalogue reads cached and its writes keeping
     them fresh."""
     read_cache = from_settings(settings)
     if read_cache is None:
-        return App(specs, handlers, gate, addressed)
-    return _InvalidatingApp(specs, handlers, gate, read_cache, addressed)
+        return App(specs, handlers, gate, addressed, background)
+    return _InvalidatingApp(specs, handlers, gate, read_cache, addressed, background)

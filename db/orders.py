@@ -1,15 +1,10 @@
-"""Purchases, purchase history and feedback.
+"""Purchase history and feedback: both read completed orders only (a purchase in progress,
+or one undone, is not in the history and gives no right to vote).
 
-A purchase is one transaction: stock is taken with conditional updates in item_id
-order (so concurrent purchases lock in the same order), the order and its lines are
-written, sellers' `items_sold` grow, the card is charged, and the carts are emptied;
-any failure rolls all of it back. An idempotency key is a unique constraint: a
-second purchase with the same key waits for the first, then replays its answer.
+The purchase itself, in steps, is db.purchases.
 """
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -19,7 +14,6 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
-    delete,
     insert,
     select,
     update,
@@ -30,125 +24,11 @@ from wire.errors import ConflictError, ForbiddenError
 from wire.values import decode_cursor, encode_cursor, format_money, format_time
 
 from .accounts import Session
-from .catalog import item_for_session, split_page, unlist
-from .database import RetryTransaction, now_ms
-from .schema import cart_lines, feedback, items, order_lines, orders, saved_cart_lines, users
+from .catalog import item_for_session, split_page
+from .database import now_ms
+from .purchases import is_completed
+from .schema import feedback, items, order_lines, orders, users
 from .unit_of_work import UnitOfWork
-
-# charge(amount_cents, card_name, card_number, card_expiry, idempotency_key); raises on refusal.
-Charge = Callable[[int, str, str, str, str | None], None]
-
-
-# The cart with its items' sellers, names, prices and stock, locked (in item order, as the
-# stock updates take them) so that what the order records is exact.
-_CART_LINES = (select(cart_lines.c.item_id, cart_lines.c.quantity, items.c.seller_id, items.c.name,
-                              items.c.price_cents, items.c.quantity.label("available"))
-                       .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
-                       .where(cart_lines.c.session_id == bindparam("session_id"))
-                       .order_by(cart_lines.c.item_id).with_for_update())
-_ADD_SOLD = (update(users).where(users.c.user_id == bindparam("seller_id"))
-                     .values(items_sold=users.c.items_sold + bindparam("n")))
-_NEW_ORDER = (insert(orders).values(buyer_id=bindparam("buyer_id"), total_cents=0,
-                                            idempotency_key=bindparam("key"), created_ms=bindparam("now")))
-_NEW_LINES = insert(order_lines)
-_TAKE_STOCK = (update(items)
-                       .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
-                       .values(quantity=items.c.quantity - bindparam("n"),
-                               sold=items.c.sold + bindparam("n")))
-_SET_TOTAL = (update(orders).where(orders.c.order_id == bindparam("order_id"))
-                      .values(total_cents=bindparam("total")))
-_EMPTY_CART = (delete(cart_lines).where(cart_lines.c.session_id == bindparam("session_id")))
-_EMPTY_SAVED = (delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id")))
-_ORDER_BY_KEY = (select(orders.c.order_id, orders.c.total_cents)
-                         .where(orders.c.buyer_id == bindparam("buyer_id"),
-                                orders.c.idempotency_key == bindparam("key")))
-_ORDER_LINES = (select(order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
-                               order_lines.c.price_cents.label("cents"))
-                        .where(order_lines.c.order_id == bindparam("order_id"))
-                        .order_by(order_lines.c.item_id))
-
-
-def make_purchase(tx: UnitOfWork, session: Session, card_name: str, card_number: str,
-                  card_expiry: str, idempotency_key: str | None, *, charge: Charge) -> dict[str, Any]:
-    """Buy the whole cart or nothing."""
-    # The session's row first: a cart change of the session on another connection waits for
-    # the purchase, and is not emptied with the bought lines without being bought.
-    session.lock()
-    if idempotency_key is not None:
-        done = _order_by_key(tx, session.user_id, idempotency_key)
-        if done is not None:
-            return done
-    # The order row comes first: with a key, it is the lock that makes a second request
-    # with the same key wait for this one, then replay it (read the cart only after it).
-    order_id, cart = _order_and_cart(tx, session, idempotency_key)
-    if not cart:
-        raise ConflictError("your cart is empty")
-    _take_stock(tx, cart)
-    # What is left is written with the COMMIT: nothing in it is read back.
-    lines = _write_lines(tx, session.user_id, order_id, cart)
-    total = sum(line["cents"] * line["quantity"] for line in lines)
-    tx.execute(_SET_TOTAL, {"order_id": order_id, "total": total})
-    tx.call_outside(charge, total, card_name, card_number, card_expiry, idempotency_key)
-    tx.execute(_EMPTY_CART, {"session_id": session.session_id})
-    tx.execute(_EMPTY_SAVED, {"buyer_id": session.user_id})
-    return _receipt(order_id, total, lines)
-
-
-def _order_and_cart(tx: UnitOfWork, session: Session, key: str | None) -> tuple[int, Sequence[Any]]:
-    """A new order's id, and the cart it buys, locked: one query, the order first."""
-    order = {"buyer_id": session.user_id, "key": key, "now": now_ms()}
-    try:
-        created = tx.execute(_NEW_ORDER, order)
-        cart = tx.execute(_CART_LINES, {"session_id": session.session_id}).all()
-    except IntegrityError:
-        raise RetryTransaction from None  # the same key has just committed: replay it
-    return int(created.lastrowid), cart
-
-
-def _take_stock(tx: UnitOfWork, cart: Sequence[Any]) -> None:
-    """Take the cart's units, every line in one query; the item rows are locked, so `available`
-    is exact, and each conditional update's row count is checked all the same."""
-    for line in cart:
-        if line.quantity > line.available:
-            raise _short_of(line)
-    taken = [tx.execute(_TAKE_STOCK, {"item_id": ln.item_id, "n": ln.quantity}) for ln in cart]
-    for line, result in zip(cart, taken, strict=True):
-        if result.rowcount != 1:
-            raise _short_of(line)
-
-
-def _short_of(line: Any) -> ConflictError:
-    return ConflictError(f"item {line.item_id}: only {line.available} left")
-
-
-def _write_lines(tx: UnitOfWork, buyer_id: int, order_id: int,
-                 cart: Sequence[Any]) -> list[dict[str, Any]]:
-    """The order's lines, each seller's units sold, and the search index of what sold out."""
-    tx.execute(_NEW_LINES, [
-        {"order_id": order_id, "item_id": ln.item_id, "buyer_id": buyer_id, "seller_id": ln.seller_id,
-         "name": ln.name, "quantity": ln.quantity, "price_cents": ln.price_cents} for ln in cart])
-    sold: Counter[int] = Counter()
-    for ln in cart:
-        sold[ln.seller_id] += ln.quantity
-    for seller_id in sorted(sold):
-        tx.execute(_ADD_SOLD, {"seller_id": seller_id, "n": sold[seller_id]})
-    unlist(tx, [ln.item_id for ln in cart if ln.available == ln.quantity])  # the last units went
-    return [{"item_id": ln.item_id, "name": ln.name, "quantity": ln.quantity, "cents": ln.price_cents}
-            for ln in cart]
-
-
-def _receipt(order_id: int, total: int, lines: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"order_id": order_id, "total": format_money(total),
-            "lines": [{"item_id": ln["item_id"], "name": ln["name"], "quantity": ln["quantity"],
-                       "price": format_money(ln["cents"])} for ln in lines]}
-
-
-def _order_by_key(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
-    order = tx.execute(_ORDER_BY_KEY, {"buyer_id": buyer_id, "key": key}).first()
-    if order is None:
-        return None
-    rows = tx.execute(_ORDER_LINES, {"order_id": order.order_id}).all()
-    return _receipt(order.order_id, order.total_cents, [r._asdict() for r in rows])
 
 
 def provide_feedback(tx: UnitOfWork, session: Session, item_id: int, vote: str) -> dict[str, Any]:
@@ -182,8 +62,9 @@ def _count_vote(column: str) -> tuple[Update, Update]:
 # INSERT in one statement.
 _VOTE_OF_BUYER = (select(order_lines.c.buyer_id, order_lines.c.item_id, bindparam("vote", type_=String),
                          bindparam("now", type_=BigInteger))
+                  .join(orders, orders.c.order_id == order_lines.c.order_id)
                   .where(order_lines.c.buyer_id == bindparam("buyer_id"),
-                         order_lines.c.item_id == bindparam("item_id"))
+                         order_lines.c.item_id == bindparam("item_id"), is_completed(orders.c.status))
                   .limit(1))
 _VOTE_IF_BOUGHT = (insert(feedback).from_select(["buyer_id", "item_id", "vote", "created_ms"],
                                                         _VOTE_OF_BUYER))
@@ -197,7 +78,7 @@ _HISTORY = (
     .join_from(order_lines, orders, orders.c.order_id == order_lines.c.order_id)
     .outerjoin(feedback, and_(feedback.c.buyer_id == order_lines.c.buyer_id,
                               feedback.c.item_id == order_lines.c.item_id))
-    .where(order_lines.c.buyer_id == bindparam("buyer_id"),
+    .where(order_lines.c.buyer_id == bindparam("buyer_id"), is_completed(orders.c.status),
            (order_lines.c.order_id < bindparam("last_order"))
            | ((order_lines.c.order_id == bindparam("last_order"))
               & (order_lines.c.item_id > bindparam("last_item"))))

@@ -31,8 +31,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
 # 2: item_keywords holds items on sale only; 3: item_keyword_pairs, item_keywords by item_id,
-# keywords and idempotency keys compared exactly on MySQL (ExactText)
-SCHEMA_VERSION = 3  # (Database._upgrade)
+# keywords and idempotency keys compared exactly on MySQL (ExactText); 4: orders.status and
+# orders.payment_key, for purchases in steps (db.purchases)
 metadata = MetaData()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.
@@ -188,8 +188,14 @@ orders = Table(
     Column("total_cents", BigInteger, nullable=False),
     Column("idempotency_key", ExactText(128), nullable=True),
     Column("created_ms", BigInteger, nullable=False),
+    # pending -> capturing -> paid, or pending -> voiding -> void (db.purchases); orders made
+    # before schema version 4 are paid, without a payment key
+    Column("status", String(9), nullable=False, default="pending", server_default="paid"),
+    Column("payment_key", String(64), nullable=True),  # the processor's key, made per order
     UniqueConstraint("buyer_id", "idempotency_key", name="uq_orders_idempotency"),
+    UniqueConstraint("payment_key", name="uq_orders_payment_key"),
     Index("ix_orders_buyer", "buyer_id", "order_id"),
+    Index("ix_orders_status", "status", "created_ms"),
     **_MYSQL,
 )
 

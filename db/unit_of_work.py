@@ -334,6 +334,7 @@ class _CommitStatement:
     """Stands for START TRANSACTION, COMMIT: no rows, nothing to convert."""
 
     sql, row = "COMMIT", None
+    writes = False  # read by flush when a query fails: a COMMIT alone (on Galera) is no held write
 
     def parameters(self, _params: dict[str, Any]) -> dict[str, Any]:
         return {}

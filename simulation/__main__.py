@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from db import Database
-from db.audit import audit
+from db.audit import audit, ledger_of
 from observe.trace import trace_clients
 from wire.config import add_tls_arguments, env, positive_int
 from wire.tls import optional_client_context
@@ -155,7 +155,9 @@ def run_all(args: argparse.Namespace, buyer: Address, seller: Address, database:
                               on_progress=show, tls=optional_client_context(args.tls_ca, args.tls))
             finished += 2 * users * args.calls
             progress.update(task, completed=finished)
-            result.violations = audit(database, result.acknowledged)
+            # the payment ledger where the buyer servers keep it (MARKET_PAYMENTS_URL, if set)
+            ledger = ledger_of(database, os.environ.get("MARKET_PAYMENTS_URL") or None)
+            result.violations = audit(database, result.acknowledged, ledger)
             console.print(_describe(result))
             if args.metrics:  # latency in ms; what the server's lacks is network and the client's own
                 for line in report(result, during(before, scrape(args.metrics))):

@@ -28,7 +28,8 @@ from db.catalog import (
     pair_params,
 )
 from db.login_throttle import _FAILURES
-from db.orders import _CART_LINES, _HISTORY, _VOTE_OF_BUYER
+from db.orders import _HISTORY, _VOTE_OF_BUYER
+from db.purchases import CART_LINES, DUE_ORDERS
 from db.schema import cart_lines, items, login_failures, metadata, sessions
 from db.seed import seed
 
@@ -56,8 +57,8 @@ STATEMENTS = {
     "search keywords+category": _ranked_search(True, False, 2),
     "search keywords, next page": _ranked_search(True, True, 2), "display_cart": _CART,
     "token check": _SESSION_BY_TOKEN, "own item (change_price, remove_item)": (_OWN_ITEM, SELLER),
-    "add_to_cart": _STOCK_AND_HELD, "remove_from_cart": _IN_CART, "make_purchase's cart": _CART_LINES,
-    "purchase history": _HISTORY,
+    "add_to_cart": _STOCK_AND_HELD, "remove_from_cart": _IN_CART, "make_purchase's cart": CART_LINES,
+    "purchase history": _HISTORY, "orders due to settle": (DUE_ORDERS, {"pending_before": 0, "limit": 100}),
     "login backoff": _FAILURES, "provide_feedback's vote": (_VOTE_OF_BUYER, {"vote": "up", "now": 0}),
 }
 

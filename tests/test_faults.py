@@ -28,6 +28,7 @@ from test_processes import ServerProcess
 
 from db import Database
 from db.audit import AckedOrder, audit
+from db.purchases import COMPLETED
 from db.schema import orders
 from wire import Connection, ProtocolError
 from wire.framing import encode_frame
@@ -68,8 +69,10 @@ def acked_order(buyer_id: int, receipt: dict[str, Any]) -> AckedOrder:
 
 
 def orders_per_buyer(database: Database) -> Counter[int]:
+    """Completed orders per buyer (an order undone after a crash or a decline stays, as void)."""
     rows = database.run(lambda tx: tx.execute(
-        select(orders.c.buyer_id, func.count()).group_by(orders.c.buyer_id)).all(), write=False)
+        select(orders.c.buyer_id, func.count()).where(orders.c.status.in_(COMPLETED))
+        .group_by(orders.c.buyer_id)).all(), write=False)
     return Counter({int(buyer): int(count) for buyer, count in rows})
 
 

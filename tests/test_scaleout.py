@@ -33,6 +33,7 @@ from test_races import codes, race
 from db import Database
 from db.audit import audit
 from db.engine import BATCHES_KEY
+from db.ledger import CAPTURED, Ledger
 from simulation.mixes import MIXES
 from simulation.scenario import RunResult, run_once
 from wire import Connection
@@ -327,7 +328,9 @@ def test_buyers_on_three_nodes_race_for_few_units_without_loss_or_overselling(cl
                 buyer.call("clear_cart")
         assert seller.call("get_seller_rating")["items_sold"] == 10
         with closing(Database(cluster.url(), pool_size=2)) as database:
-            assert audit(database) == []
+            assert audit(database) == []  # the ledger against the orders too
+            captured = [p for p in Ledger(database).entries() if p.state == CAPTURED]
+            assert len(captured) == 10 and all(p.captures == 1 for p in captured)
         certified = conflicts_resolved(cluster) - before
         print(f"galera race: {certified} certification conflicts and brute-force aborts, all retried")
         assert certified > 0, "the race never conflicted across nodes"

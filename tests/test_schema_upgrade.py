@@ -19,7 +19,7 @@ from sqlalchemy import Connection, insert, inspect, select, text, update
 from db import Database, DatabaseUnusable
 from db.audit import audit
 from db.migrations import _upgrade_lock, head, make_current, revision_of, upgrade
-from db.schema import item_keyword_pairs, item_keywords, items, metadata, schema_info, users
+from db.schema import item_keyword_pairs, item_keywords, items, metadata, orders, schema_info, users
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LAST_VERSION = 3  # schema_info's version when migrations came: schema3
@@ -337,3 +337,31 @@ def test_a_server_with_upgrade_schema_brings_an_older_database_to_head(tmp_path:
         assert revision_of(database).is_head
     finally:
         database.close()
+
+
+
+# MariaDB only: SQLite cannot drop a column of a table's UNIQUE constraint, which a version 4
+# table has (its upgrade adds a unique index instead, by the same code).
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_version_3_orders_become_paid_orders_without_a_payment_key(database: Database) -> None:
+    def to_version_3(tx: Connection) -> None:  # the orders table as version 3 made it
+        for index in ("ix_orders_status", "uq_orders_payment_key"):
+            tx.execute(text(f"DROP INDEX {index} ON orders"))
+        for column in ("status", "payment_key"):
+            tx.execute(text(f"ALTER TABLE orders DROP COLUMN {column}"))
+        tx.execute(text("UPDATE alembic_version SET version_num = 'schema3'"))
+        tx.execute(insert(users).values(user_id=1, role="buyer", username="b1", name="B", password_hash="x",
+                                        created_ms=0))
+        tx.execute(text("INSERT INTO orders (order_id, buyer_id, total_cents, created_ms)"
+                        " VALUES (7, 1, 0, 0)"))
+
+    database.run(to_version_3)
+    database.create_schema()
+    database.create_schema()  # a second server finds it done
+    order = database.run(lambda tx: tx.execute(select(orders.c.status, orders.c.payment_key)).one(),
+                         write=False)
+    assert tuple(order) == ("paid", None)
+    assert revision_of(database).is_head
+    indexes = database.run(lambda tx: inspect(tx.core).get_indexes("orders"), write=False)
+    names = {index["name"] for index in indexes}
+    assert {"ix_orders_status", "uq_orders_payment_key"} <= names

@@ -116,7 +116,7 @@ def test_market_sim_refuses_servers_it_did_not_start_without_allow_live(
 def test_market_sim_lists_violations_and_exits_non_zero(
         market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sim, "audit", lambda database, acknowledged: ["item 1: sold 2 != 1 units"])
+    monkeypatch.setattr(sim, "audit", lambda database, acknowledged, ledger: ["item 1: sold 2 != 1 units"])
     buyer, seller = (":".join(map(str, s.address)) for s in (market.buyer_server, market.seller_server))
     code = sim.main([*SMALL, "--users", "1", "--buyer", buyer, "--seller", seller,
                      "--db-url", market.db.url, "--out", str(tmp_path), "--allow-live"])

@@ -4,11 +4,13 @@ Checks run in the order PROTOCOL.md fixes: UNKNOWN_OP, then UNAUTHENTICATED, the
 BAD_REQUEST (the envelope's other fields, then the args), then the op's own errors; only
 an `op` that is not a string comes first, as BAD_REQUEST, having no op to look up. A
 private op runs inside the transaction that checked its token (the gate), so a call costs
-one transaction.
+one transaction; an op of several steps (`Stepwise`) runs its first step there and the
+others itself.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .envelope import ok_response, parse_request, request_id
@@ -24,6 +26,23 @@ class Gate(Protocol):
     def run(self, token: str, write: bool, work: Callable[[Any, Any], Any]) -> Any: ...
 
 
+class Background(Protocol):
+    """Work a server process runs beside its ops (the buyer server's settler)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Stepwise:
+    """A private op that runs its own transactions: `run(first_step)`, where
+    first_step(work) runs work(tx, session, args) in the gate's transaction, so the token
+    and the arguments are checked in the protocol's order before anything else."""
+
+    run: Callable[[Callable[[Callable[[Any, Any, dict[str, Any]], Any]], Any]], dict[str, Any]]
+
+
 class App:
     """A server's ops: specs from wire.ops paired with handlers.
 
@@ -32,12 +51,13 @@ class App:
     address; private ones as handler(tx, session, **args) inside the gate's transaction.
     """
 
-    def __init__(self, specs: dict[str, OpSpec], handlers: dict[str, Handler], gate: Gate,
-                 addressed: frozenset[str] = frozenset()) -> None:
+    def __init__(self, specs: dict[str, OpSpec], handlers: dict[str, Handler | Stepwise], gate: Gate,
+                 addressed: frozenset[str] = frozenset(), background: Sequence[Background] = ()) -> None:
         missing = set(specs) ^ set(handlers)
         if missing:
             raise ValueError(f"ops without a spec or a handler: {sorted(missing)}")
         self.specs, self.handlers, self.gate, self.addressed = specs, handlers, gate, addressed
+        self.background = list(background)
 
     def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]:
         """The response to one request message from `peer` (errors are raised, not returned)."""
@@ -49,12 +69,19 @@ class App:
             raise UnknownOpError(f"no op {op!r} on this server")
         handler = self.handlers[op]
         if spec.public:
+            assert not isinstance(handler, Stepwise)
             request = parse_request(message)
             args = spec.validate(request.args)
             return ok_response(request.id, handler(peer, **args) if op in self.addressed else handler(**args))
         token = message.get("token")
         if not token or not isinstance(token, str):
             raise UnauthenticatedError(f"{op} needs a token; log in first")
+
+        if isinstance(handler, Stepwise):
+            def first_step(step: Callable[[Any, Any, dict[str, Any]], Any]) -> Any:
+                return self.gate.run(token, spec.writes, lambda tx, session: step(
+                    tx, session, spec.validate(parse_request(message).args)))
+            return ok_response(request_id(message), handler.run(first_step))
 
         def work(tx: Any, session: Any) -> dict[str, Any]:
             return handler(tx, session, **spec.validate(parse_request(message).args))

@@ -45,6 +45,10 @@ class Settings:
     session_idle_s: int = 300
     session_max_s: int = 86400
     payment_decline_rate: float = 0.0
+    payments_url: str | None = None  # the simulated processor's ledger; None: in db_url's database
+    settle_period_s: float = 5.0
+    settle_after_s: float = 30.0  # a pending purchase this old was cut off: the settler undoes it
+    test_kill_at: str | None = None  # a test hook: buyer_server.checkout.KILL_POINTS
     login_free_failures: int = 5
     login_max_delay_s: float = 900.0
     login_address_free_failures: int = 50
@@ -138,6 +142,8 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "session_idle_s": ("MARKET_SESSION_IDLE_S", 1, 10**9),
     "session_max_s": ("MARKET_SESSION_MAX_S", 1, 10**9),
     "payment_decline_rate": ("MARKET_PAYMENT_DECLINE_RATE", 0, 1),
+    "settle_period_s": ("MARKET_SETTLE_PERIOD_S", 0.01, 25),
+    "settle_after_s": ("MARKET_SETTLE_AFTER_S", 0.01, 30),
     "login_free_failures": ("MARKET_LOGIN_FREE_FAILURES", 0, 10**9),
     "login_max_delay_s": ("MARKET_LOGIN_MAX_DELAY_S", 0, 10**9),
     "access_log": ("MARKET_ACCESS_LOG", 0, 1),
@@ -245,6 +251,10 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         session_idle_s=number("MARKET_SESSION_IDLE_S", int, default.session_idle_s),
         session_max_s=number("MARKET_SESSION_MAX_S", int, default.session_max_s),
         payment_decline_rate=number("MARKET_PAYMENT_DECLINE_RATE", float, default.payment_decline_rate),
+        payments_url=env("MARKET_PAYMENTS_URL") or None,
+        settle_period_s=number("MARKET_SETTLE_PERIOD_S", float, default.settle_period_s),
+        settle_after_s=number("MARKET_SETTLE_AFTER_S", float, default.settle_after_s),
+        test_kill_at=env("MARKET_TEST_KILL_AT") or None,
         login_free_failures=number("MARKET_LOGIN_FREE_FAILURES", int, default.login_free_failures),
         login_max_delay_s=number("MARKET_LOGIN_MAX_DELAY_S", float, default.login_max_delay_s),
         login_address_free_failures=number("MARKET_LOGIN_ADDRESS_FREE_FAILURES", int,

@@ -157,7 +157,13 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
         # long as the process: keep it out of the collector's full passes, which scanned it all.
         gc.freeze()
-        stops.serve(server, ready)
+        for task in app.background:  # the buyer server's settler
+            task.start()
+        try:
+            stops.serve(server, ready)
+        finally:
+            for task in app.background:
+                task.stop()
     finally:
         housekeeper.close()
         database.close()

@@ -1,0 +1,286 @@
+"""A purchase's transactions, each conditional on the order's status, so that the purchase's
+own thread and any settler racing it can never both act on one order.
+
+    open_order:    the stock taken, the order and its lines written, status pending
+    mark_paid:     pending -> capturing, the bought lines out of the carts
+    start_undo:    pending -> voiding, the stock and the sellers' counts given back
+    finish:        capturing -> paid (captured), voiding -> void (voided)
+
+No transaction waits on the payment processor: the processor is called between them
+(buyer_server.checkout). Stock is taken with conditional updates in item_id order, so
+concurrent purchases lock in the same order.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Integer, bindparam, delete, exists, insert, null, select, update
+from sqlalchemy.exc import IntegrityError
+
+from wire.errors import BusyError, ConflictError
+from wire.values import format_money
+
+from .accounts import Session
+from .catalog import unlist
+from .database import RetryTransaction, now_ms
+from .schema import (
+    cart_lines,
+    item_keyword_pairs,
+    item_keywords,
+    items,
+    keyword_pair_rows,
+    keyword_rows,
+    order_lines,
+    orders,
+    saved_cart_lines,
+    users,
+)
+from .unit_of_work import UnitOfWork
+
+PENDING, CAPTURING, PAID, VOIDING, VOID = "pending", "capturing", "paid", "voiding", "void"
+COMPLETED = (CAPTURING, PAID)  # in the history, replayed for their key
+
+
+def is_completed(status: Any) -> Any:
+    """A condition on an orders.status column: the purchase completed (no IN list: the unit
+    of work compiles a statement once only without one)."""
+    return (status == CAPTURING) | (status == PAID)
+
+
+@dataclass(frozen=True)
+class OpenOrder:
+    """A pending order: what the later steps need to know of it."""
+
+    order_id: int
+    payment_key: str
+    buyer_id: int
+    session_id: int
+    total_cents: int
+    receipt: dict[str, Any] = field(compare=False)
+
+
+@dataclass(frozen=True)
+class DueOrder:
+    """An order a settler has to finish: its status says how."""
+
+    order_id: int
+    payment_key: str
+    status: str
+
+
+class OrderInProgressError(BusyError):
+    """The order with this idempotency key is not settled yet: its purchase is running, or
+    was cut off (`order` says where it is, `age_ms` since when)."""
+
+    def __init__(self, order: DueOrder, age_ms: int) -> None:
+        super().__init__("a purchase with this idempotency key is in progress; ask again shortly")
+        self.order, self.age_ms = order, age_ms
+
+
+# What the steps run, compiled once (the unit of work's idiom: plain Core at module level).
+_NEW_ORDER = insert(orders).values(
+    buyer_id=bindparam("buyer_id"), total_cents=0, idempotency_key=bindparam("key"),
+    created_ms=bindparam("now"), status=PENDING, payment_key=bindparam("payment_key"))
+# The cart with its items' sellers, names, prices and stock, locked in item order (as the
+# stock updates take them) so that what the order records is exact.
+CART_LINES = (select(cart_lines.c.item_id, cart_lines.c.quantity, items.c.seller_id, items.c.name,
+                     items.c.price_cents, items.c.quantity.label("available"))
+              .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
+              .where(cart_lines.c.session_id == bindparam("session_id"))
+              .order_by(cart_lines.c.item_id).with_for_update())
+_TAKE_STOCK = (update(items)
+               .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
+               .values(quantity=items.c.quantity - bindparam("n"), sold=items.c.sold + bindparam("n")))
+_GIVE_STOCK = (update(items).where(items.c.item_id == bindparam("item_id"))
+               .values(quantity=items.c.quantity + bindparam("n"), sold=items.c.sold - bindparam("n")))
+_ITEMS_SOLD = (update(users).where(users.c.user_id == bindparam("seller_id"))
+               .values(items_sold=users.c.items_sold + bindparam("n")))
+_ITEMS_UNSOLD = (update(users).where(users.c.user_id == bindparam("seller_id"))
+                 .values(items_sold=users.c.items_sold - bindparam("n")))
+_NEW_LINES = insert(order_lines)
+_DROP_LINES = delete(order_lines).where(order_lines.c.order_id == bindparam("order_id"))
+_SET_TOTAL = (update(orders).where(orders.c.order_id == bindparam("order_id"))
+              .values(total_cents=bindparam("total")))
+_ORDER_BY_KEY = select(orders.c.order_id, orders.c.total_cents, orders.c.status, orders.c.payment_key,
+                       orders.c.created_ms).where(orders.c.buyer_id == bindparam("buyer_id"),
+                                                  orders.c.idempotency_key == bindparam("key"))
+_LINES_OF_ORDER = (select(order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
+                          order_lines.c.price_cents.label("cents"), order_lines.c.seller_id)
+                   .where(order_lines.c.order_id == bindparam("order_id")).order_by(order_lines.c.item_id))
+_IN_STATUS = (orders.c.order_id == bindparam("order_id")) & (orders.c.status == bindparam("before"))
+_MOVE = update(orders).where(_IN_STATUS).values(status=bindparam("after"))
+_MOVE_FREEING_KEY = update(orders).where(_IN_STATUS).values(status=bindparam("after"), idempotency_key=null())
+# The carts are emptied only if this order is the one just moved to capturing, in the same
+# transaction: then the whole step is held and sent with its COMMIT, one round trip.
+_MOVED_HERE = exists().where(orders.c.order_id == bindparam("order_id"), orders.c.status == CAPTURING)
+_EMPTY_BOUGHT_LINE = delete(cart_lines).where(cart_lines.c.session_id == bindparam("session_id"),
+                                              cart_lines.c.item_id == bindparam("item_id"), _MOVED_HERE)
+_EMPTY_SAVED = delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id"),
+                                              _MOVED_HERE)
+_STATUS = select(orders.c.status).where(orders.c.order_id == bindparam("order_id"))
+# What the settlers look for, every few seconds: by the index on (status, created_ms).
+DUE_ORDERS = (select(orders.c.order_id, orders.c.payment_key, orders.c.status)
+              .where((orders.c.status == CAPTURING) | (orders.c.status == VOIDING)
+                     | ((orders.c.status == PENDING) & (orders.c.created_ms < bindparam("pending_before"))))
+              .order_by(orders.c.order_id).limit(bindparam("limit", type_=Integer)))
+_LOCK_ITEM = (select(items.c.item_id, items.c.quantity, items.c.category, items.c.keywords)
+              .where(items.c.item_id == bindparam("item_id")).with_for_update())
+
+
+def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None) -> OpenOrder | dict[str, Any]:
+    """Step one: the order, pending, with the cart's stock taken; or the receipt of the
+    completed order that has this idempotency key."""
+    # The session's row first: a cart change of the session on another connection waits.
+    live = session.lock()
+    if idempotency_key is not None:
+        done = replay(tx, live.user_id, idempotency_key)
+        if done is not None:
+            return done
+    payment_key = secrets.token_urlsafe(32)  # made here, per order: never another order's
+    # The order row first: a second request with the same key waits on it, then replays. The
+    # INSERT is held and travels with the cart's read (one round trip).
+    try:
+        created = tx.execute(_NEW_ORDER, {"buyer_id": live.user_id, "key": idempotency_key, "now": now_ms(),
+                                          "payment_key": payment_key})
+        cart = tx.execute(CART_LINES, {"session_id": live.session_id}).all()
+        order_id = int(created.lastrowid)
+    except IntegrityError:
+        raise RetryTransaction from None  # the same key has just committed: replay it
+    if not cart:
+        raise ConflictError("your cart is empty")
+    _take_stock(tx, cart)
+    lines = _write_lines(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
+    total = sum(line["cents"] * line["quantity"] for line in lines)
+    tx.execute(_SET_TOTAL, {"order_id": order_id, "total": total})
+    return OpenOrder(order_id, payment_key, live.user_id, live.session_id, total,
+                     _receipt(order_id, total, lines))
+
+
+def replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
+    """The receipt of the buyer's paid order with this key; None if there is none;
+    OrderInProgressError while it is not settled."""
+    order = tx.execute(_ORDER_BY_KEY, {"buyer_id": buyer_id, "key": key}).first()
+    if order is None:
+        return None
+    if order.status != PAID:  # pending, or its capture not confirmed yet
+        raise OrderInProgressError(DueOrder(order.order_id, order.payment_key, order.status),
+                                   now_ms() - order.created_ms)
+    rows = tx.execute(_LINES_OF_ORDER, {"order_id": order.order_id}).all()
+    return _receipt(order.order_id, order.total_cents, [r._asdict() for r in rows])
+
+
+def mark_paid(tx: UnitOfWork, order: OpenOrder) -> Moved:
+    """Step three, once authorised: pending -> capturing, and the bought lines leave the
+    session's cart and the saved cart; false if a settler undid the order first. Nothing is
+    read: the whole step goes with the COMMIT, and its outcome is read after."""
+    moved = Moved(tx.execute(_MOVE, {"order_id": order.order_id, "before": PENDING, "after": CAPTURING}))
+    for line in order.receipt["lines"]:
+        tx.execute(_EMPTY_BOUGHT_LINE, {"session_id": order.session_id, "item_id": line["item_id"],
+                                        "order_id": order.order_id})
+    tx.execute(_EMPTY_SAVED, {"buyer_id": order.buyer_id, "order_id": order.order_id})
+    return moved
+
+
+def start_undo(tx: UnitOfWork, order_id: int) -> bool:
+    """pending -> voiding: the stock, the sellers' counts and the search index as they were,
+    the lines gone, the idempotency key free again. False if the order was no longer pending."""
+    moved = tx.execute(_MOVE_FREEING_KEY, {"order_id": order_id, "before": PENDING, "after": VOIDING})
+    if moved.rowcount != 1:
+        return False
+    lines = tx.execute(_LINES_OF_ORDER, {"order_id": order_id}).all()
+    _give_stock_back(tx, lines)
+    for seller_id, units in sorted(_units_by_seller(lines).items()):
+        tx.execute(_ITEMS_UNSOLD, {"seller_id": seller_id, "n": units})
+    tx.execute(_DROP_LINES, {"order_id": order_id})
+    return True
+
+
+def finish(tx: UnitOfWork, order_id: int, status: str) -> Moved:
+    """capturing -> paid, or voiding -> void: the processor has done its part (held, sent
+    with the COMMIT; whether it moved is read after)."""
+    before = {PAID: CAPTURING, VOID: VOIDING}[status]
+    return Moved(tx.execute(_MOVE, {"order_id": order_id, "before": before, "after": status}))
+
+
+class Moved:
+    """Whether a conditional status change matched its order: read once the transaction has
+    sent it (after the COMMIT, so that the change costs no round trip of its own)."""
+
+    def __init__(self, result: Any) -> None:
+        self._result = result
+
+    def __bool__(self) -> bool:
+        return bool(self._result.rowcount == 1)
+
+
+def status_of(tx: UnitOfWork, order_id: int) -> str:
+    """The order's status now."""
+    return str(tx.execute(_STATUS, {"order_id": order_id}).scalar_one())
+
+
+def due_orders(tx: UnitOfWork, pending_before_ms: int, limit: int = 100) -> list[DueOrder]:
+    """Orders a settler should finish: capturing or voiding ones (any age), and pending ones
+    opened before `pending_before_ms`, whose purchase was cut off."""
+    rows = tx.execute(DUE_ORDERS, {"pending_before": pending_before_ms, "limit": limit}).all()
+    return [DueOrder(r.order_id, r.payment_key, r.status) for r in rows]
+
+
+def _take_stock(tx: UnitOfWork, cart: Sequence[Any]) -> None:
+    """Take the cart's units, every line in one query; the item rows are locked, so
+    `available` is exact, and each conditional update's row count is checked all the same."""
+    for line in cart:
+        if line.quantity > line.available:
+            raise _short_of(line)
+    taken = [tx.execute(_TAKE_STOCK, {"item_id": ln.item_id, "n": ln.quantity}) for ln in cart]
+    for line, result in zip(cart, taken, strict=True):
+        if result.rowcount != 1:
+            raise _short_of(line)
+
+
+def _short_of(line: Any) -> ConflictError:
+    return ConflictError(f"item {line.item_id}: only {line.available} left")
+
+
+def _write_lines(tx: UnitOfWork, buyer_id: int, order_id: int, cart: Sequence[Any]) -> list[dict[str, Any]]:
+    """The order's lines, each seller's units sold, and the search index of what sold out."""
+    tx.execute(_NEW_LINES, [
+        {"order_id": order_id, "item_id": ln.item_id, "buyer_id": buyer_id, "seller_id": ln.seller_id,
+         "name": ln.name, "quantity": ln.quantity, "price_cents": ln.price_cents} for ln in cart])
+    for seller_id, units in sorted(_units_by_seller(cart).items()):
+        tx.execute(_ITEMS_SOLD, {"seller_id": seller_id, "n": units})
+    unlist(tx, [ln.item_id for ln in cart if ln.available == ln.quantity])  # the last units went
+    return [{"item_id": ln.item_id, "name": ln.name, "quantity": ln.quantity, "cents": ln.price_cents}
+            for ln in cart]
+
+
+def _units_by_seller(lines: Sequence[Any]) -> Counter[int]:
+    sold: Counter[int] = Counter()
+    for line in lines:
+        sold[line.seller_id] += line.quantity
+    return sold
+
+
+def _give_stock_back(tx: UnitOfWork, lines: Sequence[Any]) -> None:
+    """The lines' units on sale again (in item order, as purchases lock them); an item that
+    had sold out goes back into the search indexes."""
+    for line in lines:
+        item = tx.execute(_LOCK_ITEM, {"item_id": line.item_id}).one()
+        tx.execute(_GIVE_STOCK, {"item_id": line.item_id, "n": line.quantity})
+        if item.quantity == 0:
+            keywords = json.loads(item.keywords)
+            if keywords:
+                tx.execute(insert(item_keywords), keyword_rows(item.item_id, item.category, keywords))
+            pairs = keyword_pair_rows(item.item_id, keywords)
+            if pairs:
+                tx.execute(insert(item_keyword_pairs), pairs)
+
+
+def _receipt(order_id: int, total: int, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"order_id": order_id, "total": format_money(total),
+            "lines": [{"item_id": ln["item_id"], "name": ln["name"], "quantity": ln["quantity"],
+                       "price": format_money(ln["cents"])} for ln in lines]}
