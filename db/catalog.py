@@ -5,6 +5,8 @@ as rows of item_keywords, the search index, and as rows of item_keyword_pairs, e
 of an item's keywords. Both indexes hold items on sale only: an item's rows go when it
 sells out (its quantity never rises again), so ranking runs on them alone. Search ranks
 by matching keywords, then item_id, and pages with a cursor over exactly that order.
+A search by text (`query`) runs the same statements on item_words, the folded words of
+each item's name and keywords, held like item_keywords.
 """
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ from typing import Any
 import orjson
 from sqlalchemy import (
     BindParameter,
+    Column,
     ColumnElement,
     CompoundSelect,
     Integer,
     Select,
+    Table,
     and_,
     bindparam,
     case,
@@ -42,12 +46,14 @@ from .database import now_ms
 from .schema import (
     item_keyword_pairs,
     item_keywords,
+    item_words,
     items,
     keyword_pair_rows,
     keyword_pairs,
     keyword_rows,
     sessions,
     users,
+    word_rows,
 )
 from .unit_of_work import UnitOfWork
 
@@ -79,6 +85,7 @@ _NEW_ITEM = (insert(items).values(
     quantity=bindparam("quantity"), listed=bindparam("quantity"), created_ms=bindparam("now")))
 _INDEX_KEYWORDS = insert(item_keywords)
 _INDEX_PAIRS = insert(item_keyword_pairs)
+_INDEX_WORDS = insert(item_words)
 
 
 def put_item(tx: UnitOfWork, session: Session, name: str, category: int, keywords: list[str],
@@ -91,6 +98,9 @@ def put_item(tx: UnitOfWork, session: Session, name: str, category: int, keyword
         tx.execute(_INDEX_KEYWORDS, keyword_rows(item_id, category, keywords))
     if len(keywords) > 1:
         tx.execute(_INDEX_PAIRS, keyword_pair_rows(item_id, keywords))
+    words = word_rows(item_id, category, name, keywords)
+    if words:  # a name of spaces and punctuation only has none
+        tx.execute(_INDEX_WORDS, words)
     return {"item_id": item_id}
 
 
@@ -134,7 +144,8 @@ def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
 
 
 _UNLIST = ((delete(item_keywords).where(item_keywords.c.item_id == bindparam("item_id"))),
-           (delete(item_keyword_pairs).where(item_keyword_pairs.c.item_id == bindparam("item_id"))))
+           (delete(item_keyword_pairs).where(item_keyword_pairs.c.item_id == bindparam("item_id"))),
+           (delete(item_words).where(item_words.c.item_id == bindparam("item_id"))))
 
 
 def unlist(tx: UnitOfWork, sold_out: Sequence[int]) -> None:
@@ -180,30 +191,44 @@ def item_for_session(tx: UnitOfWork, session: Session, item_id: int, lock: bool 
 
 
 def search_items(tx: UnitOfWork, session: Session, category: int | None, keywords: list[str],
-                 limit: int, cursor: str | None) -> dict[str, Any]:
-    """Items on sale, by category and/or keywords, best match first."""
+                 limit: int, cursor: str | None, query: Sequence[str] = ()) -> dict[str, Any]:
+    """Items on sale, by category and/or keywords or the words of a query, best match first."""
+    terms = query or keywords
     params: dict[str, Any] = {**session.check_params, "category": category, "limit": limit + 1}
-    last = decode_cursor(cursor, 2) if cursor and keywords else None  # (matches, item_id)
-    params.update({f"keyword{n}": word for n, word in enumerate(keywords)})
-    if len(keywords) == 1:
+    last = decode_cursor(cursor, 2) if cursor and terms else None  # (matches, item_id)
+    params.update({f"keyword{n}": word for n, word in enumerate(terms)})
+    if query:
+        statement = _text_search(params, category is not None, len(query), last)
+    elif len(keywords) == 1:
         params["after"] = _after_at_rank(last, 1)
-        statement, cursor_of = _one_keyword_search(category is not None), _rank_cursor
+        statement = _one_keyword_search(category is not None)
     elif len(keywords) == 2 and category is None:
         params.update(pair_params(keywords), after_both=_after_at_rank(last, 2),
                       after=_after_at_rank(last, 1))
-        statement, cursor_of = _two_keyword_search(), _rank_cursor
+        statement = _two_keyword_search()
     elif keywords and category is None and last is None:  # three to five: the first page
         params.update(pair_params(keywords))
-        statement, cursor_of = _many_keywords_first_page(len(keywords)), _rank_cursor
+        statement = _many_keywords_first_page(len(keywords))
     elif keywords:
         params.update(last_matches=last and last[0], after=last and last[1])
         statement = _ranked_search(category is not None, last is not None, len(keywords))
-        cursor_of = _rank_cursor
     else:
         params["after"] = decode_cursor(cursor, 1)[0] if cursor else 0
-        statement, cursor_of = _plain_search(category is not None), _id_cursor
+        statement = _plain_search(category is not None)
+    cursor_of = _rank_cursor if terms else _id_cursor
     rows, next_cursor = split_page(session.accept_rows(tx.execute(statement, params).all()), limit, cursor_of)
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
+
+
+def _text_search(params: dict[str, Any], by_category: bool, word_count: int,
+                 last: tuple[int, ...] | None) -> Select[Any]:
+    """The statement of a search by text on item_words, its paging parameters put in `params`:
+    one word is a range of the index in item order, more are counted per item."""
+    if word_count == 1:
+        params["after"] = _after_at_rank(last, 1)
+        return _one_keyword_search(by_category, by_words=True)
+    params.update(last_matches=last and last[0], after=last and last[1])
+    return _ranked_search(by_category, last is not None, word_count, by_words=True)
 
 
 def _id_cursor(row: ItemRow) -> str:
@@ -240,16 +265,22 @@ def _after_at_rank(last: tuple[int, ...] | None, rank: int) -> int:
 
 
 @functools.cache
-def _one_keyword_search(by_category: bool) -> Select[Any]:
-    """Items on sale with one keyword, by item_id: a range of the keyword index read in order,
-    stopped by the LIMIT, where counting matches would group and sort every match."""
-    on = (item_keywords.c.keyword == _keyword(0)) & (item_keywords.c.item_id > bindparam("after"))
-    ranked = select(item_keywords.c.item_id, literal_column("1", Integer).label("matches"))
+def _one_keyword_search(by_category: bool, by_words: bool = False) -> Select[Any]:
+    """Items on sale with one keyword (by_words: one word), by item_id: a range of the index
+    read in order, stopped by the LIMIT, where counting matches would group and sort every match."""
+    index, key = _search_index(by_words)
+    on = (key == _keyword(0, key)) & (index.c.item_id > bindparam("after"))
+    ranked = select(index.c.item_id, literal_column("1", Integer).label("matches"))
     if by_category:  # (keyword, category, item_id): in item_id order
-        on &= item_keywords.c.category == bindparam("category")
+        on &= index.c.category == bindparam("category")
     else:  # MariaDB reads (keyword, category, item_id) by keyword and sorts every match unless told
-        ranked = ranked.with_hint(item_keywords, "FORCE INDEX (PRIMARY)", "mysql")  # mariadb:// too
-    return _page_with_items(ranked.where(on).order_by(item_keywords.c.item_id))
+        ranked = ranked.with_hint(index, "FORCE INDEX (PRIMARY)", "mysql")  # mariadb:// too
+    return _page_with_items(ranked.where(on).order_by(index.c.item_id))
+
+
+def _search_index(by_words: bool) -> tuple[Table, Column[str]]:
+    """The index a search reads, and its column of words: item_words, or item_keywords."""
+    return (item_words, item_words.c.word) if by_words else (item_keywords, item_keywords.c.keyword)
 
 
 @functools.cache
@@ -337,28 +368,31 @@ def _many_keywords_first_page(keyword_count: int) -> Select[Any]:
 
 
 @functools.cache
-def _ranked_search(by_category: bool, after_cursor: bool, keyword_count: int) -> Select[Any]:
-    """Items on sale with any of the keywords, most matches first, then item_id.
+def _ranked_search(by_category: bool, after_cursor: bool, keyword_count: int,
+                   by_words: bool = False) -> Select[Any]:
+    """Items on sale with any of the keywords (by_words: words), most matches first, then item_id.
 
-    The page is ranked and cut on the keyword index alone (integers only, so MariaDB's
-    temporary table stays in memory); only then are its items read and joined.
+    The page is ranked and cut on the index alone (integers only, so MariaDB's temporary
+    table stays in memory); only then are its items read and joined. Each item has a word
+    or keyword once in its index, so its count is the number of distinct terms it matches.
     """
+    index, key = _search_index(by_words)
     matches = func.count().label("matches")
-    ranked = (select(item_keywords.c.item_id, matches)
-              .where(item_keywords.c.keyword.in_([_keyword(n) for n in range(keyword_count)]))
-              .group_by(item_keywords.c.item_id))
+    ranked = (select(index.c.item_id, matches)
+              .where(key.in_([_keyword(n, key) for n in range(keyword_count)]))
+              .group_by(index.c.item_id))
     if by_category:
-        ranked = ranked.where(item_keywords.c.category == bindparam("category"))
+        ranked = ranked.where(index.c.category == bindparam("category"))
     if after_cursor:
         last_matches: BindParameter[int] = bindparam("last_matches")
         ranked = ranked.having((func.count() < last_matches)
                                | ((func.count() == last_matches)
-                                  & (item_keywords.c.item_id > bindparam("after"))))
-    return _page_with_items(ranked.order_by(desc(matches), item_keywords.c.item_id))
+                                  & (index.c.item_id > bindparam("after"))))
+    return _page_with_items(ranked.order_by(desc(matches), index.c.item_id))
 
 
-def _keyword(n: int) -> BindParameter[str]:
-    return bindparam(f"keyword{n}", type_=item_keywords.c.keyword.type)
+def _keyword(n: int, key: Column[str] = item_keywords.c.keyword) -> BindParameter[str]:
+    return bindparam(f"keyword{n}", type_=key.type)
 
 
 def _page_with_items(ranked: Select[Any] | CompoundSelect) -> Select[Any]:

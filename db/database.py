@@ -28,6 +28,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from wire.errors import BusyError, UnavailableError
 
+from . import item_words_upgrade
 from .engine import LOCK_WAIT_S, PROGRESS_KEY, RECYCLE_S, UNIT_KEY, WalKeeper, is_sqlite, make_engine
 from .schema import (
     SCHEMA_VERSION,
@@ -324,6 +325,8 @@ def _upgrade(conn: Connection, version: int) -> None:
             item_keywords.c.item_id.in_(select(items.c.item_id).where(items.c.quantity == 0))))
     if version < 3:  # version 3: item_keyword_pairs, for the items already on sale
         _fill_keyword_pairs(conn)
+    if version < 4:  # version 4: item_words, for the items already on sale
+        item_words_upgrade.upgrade(conn)
     conn.execute(update(schema_info).values(version=SCHEMA_VERSION))
     log.info("schema upgraded from version %d to %d", version, SCHEMA_VERSION)
 

@@ -30,9 +30,11 @@ from sqlalchemy.dialects.mysql import VARBINARY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
+from wire.values import MAX_WORD_LENGTH, item_search_words
+
 # 2: item_keywords holds items on sale only; 3: item_keyword_pairs, item_keywords by item_id,
-# keywords and idempotency keys compared exactly on MySQL (ExactText)
-SCHEMA_VERSION = 3  # (Database._upgrade)
+# keywords and idempotency keys compared exactly on MySQL (ExactText); 4: item_words
+SCHEMA_VERSION = 4  # (Database._upgrade)
 metadata = MetaData()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.
@@ -161,6 +163,28 @@ def keyword_pair_rows(item_id: int, keywords: Iterable[str]) -> list[dict[str, A
     """The item_keyword_pairs rows of one item on sale."""
     return [{"first_keyword": first, "second_keyword": second, "item_id": item_id}
             for first, second in keyword_pairs(keywords)]
+
+
+# The search by text's index: the folded words of an item on sale's name and keywords
+# (wire.values.item_search_words), each once, so that an item's rank for a query is the
+# number of its rows among the query's words. Kept like item_keywords: written by put_item
+# (no op renames an item or changes its keywords), deleted when the item sells out.
+item_words = Table(
+    "item_words", metadata,
+    Column("word", ExactText(MAX_WORD_LENGTH), nullable=False),
+    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
+    Column("category", SmallInteger, nullable=False),
+    PrimaryKeyConstraint("word", "item_id"),
+    Index("ix_item_words_category", "word", "category", "item_id"),
+    Index("ix_item_words_item", "item_id"),
+    **_MYSQL,
+)
+
+
+def word_rows(item_id: int, category: int, name: str, keywords: list[str]) -> list[dict[str, Any]]:
+    """The item_words rows of one item on sale."""
+    return [{"word": word, "item_id": item_id, "category": category}
+            for word in item_search_words(name, keywords)]
 
 
 cart_lines = Table(

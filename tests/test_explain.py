@@ -55,6 +55,12 @@ STATEMENTS = {
     "search keywords": _ranked_search(False, False, 3),
     "search keywords+category": _ranked_search(True, False, 2),
     "search keywords, next page": _ranked_search(True, True, 2), "display_cart": _CART,
+    "search by text, one word": _one_keyword_search(False, by_words=True),
+    "search by text, one word+category": _one_keyword_search(True, by_words=True),
+    "search by text, three words": _ranked_search(False, False, 3, by_words=True),
+    "search by text, eight words": (_ranked_search(False, False, 8, by_words=True),
+                                    {f"keyword{n}": f"w{n:04d}" for n in range(5, 8)}),
+    "search by text+category, next page": _ranked_search(True, True, 3, by_words=True),
     "token check": _SESSION_BY_TOKEN, "own item (change_price, remove_item)": (_OWN_ITEM, SELLER),
     "add_to_cart": _STOCK_AND_HELD, "remove_from_cart": _IN_CART, "make_purchase's cart": _CART_LINES,
     "purchase history": _HISTORY,
@@ -120,7 +126,8 @@ def test_listings_in_item_order_read_the_index_in_order(seeded: Database, name: 
     assert not [row for row in plan if "filesort" in str(row["Extra"])], f"{name} sorts\n{sql}"
 
 
-KEYWORD_INDEXES = ("item_keywords", "keyword0", "keyword1", "item_keyword_pairs")  # tables and aliases
+KEYWORD_INDEXES = ("item_keywords", "keyword0", "keyword1", "item_keyword_pairs",
+                   "item_words")  # tables and aliases
 
 
 def keyword_index_work(db: Database, statement: Any) -> list[str]:
@@ -130,10 +137,16 @@ def keyword_index_work(db: Database, statement: Any) -> list[str]:
             for note in ("filesort", "temporary") if note in str(row["Extra"])]
 
 
+@pytest.mark.parametrize("by_words", [False, True])
 @pytest.mark.parametrize("by_category", [False, True])
-def test_one_keyword_search_reads_the_keyword_index_in_order(seeded: Database, by_category: bool) -> None:
-    """No grouping or sort of every match: the LIMIT stops the read of the index range."""
-    assert keyword_index_work(seeded, _one_keyword_search(by_category)) == []
+def test_one_keyword_search_reads_the_keyword_index_in_order(seeded: Database, by_category: bool,
+                                                            by_words: bool) -> None:
+    """No grouping or sort of every match: the LIMIT stops the read of the index range (of
+    keywords, or of words for a search by text)."""
+    plan, sql = plan_of(seeded, _one_keyword_search(by_category, by_words))
+    assert keyword_index_work(seeded, _one_keyword_search(by_category, by_words)) == [], sql
+    assert [row["table"] for row in plan if row["table"] in KEYWORD_INDEXES] == \
+        ["item_words" if by_words else "item_keywords"]
 
 
 def test_two_keyword_search_reads_the_keyword_indexes_in_order(seeded: Database) -> None:
