@@ -12,7 +12,8 @@ from conftest import CARD, Market
 from sqlalchemy import insert, select, update
 
 from db import Database
-from db.schema import SCHEMA_VERSION, item_words, items, schema_info, users
+from db.schema import SCHEMA_VERSION, item_words, items, schema_info, users, word_rows
+from db.seed import seed
 from wire import Connection
 from wire.errors import BadRequestError
 from wire.values import item_search_words, search_words
@@ -145,3 +146,12 @@ def test_items_listed_before_the_upgrade_are_found_by_name(database: Database) -
     assert [tuple(row) for row in rows] == [(1, "antique"), (1, "brass"), (1, "lamp"), (1, "old"),
                                             (3, "antique"), (3, "lamp"), (3, "shade")]
     assert database.run(lambda tx: tx.execute(select(schema_info.c.version)).scalar()) == SCHEMA_VERSION == 4
+
+
+def test_seeded_items_are_indexed_by_the_words_of_their_names_and_keywords(database: Database) -> None:
+    seed(database, sellers=2, items_count=40)
+    on_sale = database.run(lambda tx: tx.execute(select(items).where(items.c.quantity > 0)).all())
+    expected = sorted((row["word"], row["item_id"]) for item in on_sale
+                      for row in word_rows(item.item_id, item.category, item.name, json.loads(item.keywords)))
+    indexed = database.run(lambda tx: tx.execute(select(item_words.c.word, item_words.c.item_id)).all())
+    assert sorted(map(tuple, indexed)) == expected and len(expected) > 40
