@@ -19,11 +19,13 @@ from .schema import (
     feedback,
     item_keyword_pairs,
     item_keywords,
+    item_words,
     items,
     keyword_pairs,
     order_lines,
     orders,
     users,
+    word_rows,
 )
 
 _CHUNK = 500  # ids per IN (...) list
@@ -47,8 +49,8 @@ def audit(database: Database, acknowledged: Iterable[AckedOrder] = ()) -> list[s
 def violations(tx: Connection, acknowledged: Iterable[AckedOrder] = ()) -> list[str]:
     """Every violation the rules find through `tx` (with no load running: see the module)."""
     acked = list(acknowledged)
-    return [*_item_rules(tx), *_search_index_rules(tx), *_seller_rules(tx), *_order_rules(tx),
-            *_feedback_rules(tx), *_acknowledged_rules(tx, acked)]
+    return [*_item_rules(tx), *_search_index_rules(tx), *_word_index_rules(tx), *_seller_rules(tx),
+            *_order_rules(tx), *_feedback_rules(tx), *_acknowledged_rules(tx, acked)]
 
 
 def _item_rules(tx: Connection) -> Iterator[str]:
@@ -90,6 +92,22 @@ def _search_index_rules(tx: Connection) -> Iterator[str]:
                    f" (on sale: {item.quantity})")
     for item_id in indexed:
         yield f"search index rows for item {item_id}, which does not exist"
+
+
+def _word_index_rules(tx: Connection) -> Iterator[str]:
+    """item_words holds exactly the words (and category) of every item on sale's name and keywords."""
+    indexed: dict[int, set[tuple[str, int]]] = {}
+    for row in tx.execute(select(item_words.c.item_id, item_words.c.word, item_words.c.category)):
+        indexed.setdefault(row.item_id, set()).add((row.word, row.category))
+    for item in tx.execute(select(items.c.item_id, items.c.quantity, items.c.name, items.c.keywords,
+                                  items.c.category)):
+        rows = word_rows(item.item_id, item.category, item.name, json.loads(item.keywords))
+        expected = {(row["word"], row["category"]) for row in rows} if item.quantity > 0 else set()
+        if indexed.pop(item.item_id, set()) != expected:
+            yield (f"item {item.item_id}: word index rows differ from its name and keywords"
+                   f" (on sale: {item.quantity})")
+    for item_id in indexed:
+        yield f"word index rows for item {item_id}, which does not exist"
 
 
 def _seller_rules(tx: Connection) -> Iterator[str]:

@@ -12,6 +12,7 @@ from conftest import CARD, Market
 from sqlalchemy import insert, select, update
 
 from db import Database
+from db.audit import audit
 from db.schema import SCHEMA_VERSION, item_words, items, schema_info, users, word_rows
 from db.seed import seed
 from wire import Connection
@@ -119,6 +120,15 @@ def test_an_item_leaves_the_search_by_text_when_it_sells_out(market: Market) -> 
     indexed = market.db.run(lambda tx: tx.execute(select(item_words.c.item_id)).scalars().all())
     assert bought not in indexed and removed not in indexed
     assert buyer.call("get_item", {"item_id": bought})["name"] == "Gone soon"
+    assert audit(market.db) == []
+
+
+def test_the_audit_names_word_index_rows_that_differ_from_the_items(market: Market) -> None:
+    seller = market.user("seller")
+    lamp = market.item(seller, name="Lamp", keywords=[])
+    assert audit(market.db) == []
+    market.db.run(lambda tx: tx.execute(insert(item_words).values(word="stray", item_id=lamp, category=2)))
+    assert audit(market.db) == [f"item {lamp}: word index rows differ from its name and keywords (on sale: 5)"]
 
 
 def test_the_index_holds_each_folded_word_of_a_name_and_its_one_word_keywords_once() -> None:
