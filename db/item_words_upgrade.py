@@ -1,8 +1,8 @@
-"""Schema version 4: the search by text's word index (item_words), made and filled with the
-words of every item on sale, so that items listed before the upgrade are found by name.
+"""Schema version 4: the search by text's word indexes (item_words, item_word_pairs), made and
+filled from every item on sale, so that items listed before the upgrade are found by name.
 
 One function over a connection inside the upgrade's transaction; safe to run on a database
-whose table exists already but is empty (create_all made it).
+whose tables exist already but are empty (create_all made them).
 """
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ import logging
 
 from sqlalchemy import Connection, insert, select
 
-from .schema import item_words, items, word_rows
+from .schema import item_word_pairs, item_words, items, word_pair_rows, word_rows
 
 log = logging.getLogger("market.db")
 
 
 def upgrade(conn: Connection, chunk: int = 10_000) -> None:
-    """Create item_words if missing and index the words of every item on sale, a chunk of
-    items at a time, with the same rule put_item uses (schema.word_rows)."""
+    """Create the word indexes if missing and index the words of every item on sale, a chunk
+    of items at a time, with the rules put_item uses (schema.word_rows, word_pair_rows)."""
     item_words.create(conn, checkfirst=True)
+    item_word_pairs.create(conn, checkfirst=True)
     after, filled = 0, 0
     while True:
         page = conn.execute(select(items.c.item_id, items.c.name, items.c.category, items.c.keywords)
@@ -27,9 +28,12 @@ def upgrade(conn: Connection, chunk: int = 10_000) -> None:
                             .order_by(items.c.item_id).limit(chunk)).all()
         if not page:
             break
-        rows = [row for item in page
-                for row in word_rows(item.item_id, item.category, item.name, json.loads(item.keywords))]
-        if rows:
-            conn.execute(insert(item_words), rows)
-        after, filled = page[-1].item_id, filled + len(rows)
+        rows = [word_rows(item.item_id, item.category, item.name, json.loads(item.keywords)) for item in page]
+        pairs = [pair for item, words in zip(page, rows, strict=True)
+                 for pair in word_pair_rows(item.item_id, [row["word"] for row in words])]
+        singles = [row for words in rows for row in words]
+        for table, new_rows in ((item_words, singles), (item_word_pairs, pairs)):
+            if new_rows:
+                conn.execute(insert(table), new_rows)
+        after, filled = page[-1].item_id, filled + sum(map(len, rows))
     log.info("indexed %d words of the names and keywords of the items on sale", filled)

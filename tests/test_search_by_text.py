@@ -13,7 +13,17 @@ from sqlalchemy import insert, select, update
 
 from db import Database
 from db.audit import audit
-from db.schema import SCHEMA_VERSION, item_words, items, schema_info, users, word_rows
+from db.schema import (
+    SCHEMA_VERSION,
+    item_word_pairs,
+    item_words,
+    items,
+    keyword_pairs,
+    schema_info,
+    users,
+    word_pair_hash,
+    word_rows,
+)
 from db.seed import seed
 from wire import Connection
 from wire.errors import BadRequestError
@@ -128,7 +138,8 @@ def test_the_audit_names_word_index_rows_that_differ_from_the_items(market: Mark
     lamp = market.item(seller, name="Lamp", keywords=[])
     assert audit(market.db) == []
     market.db.run(lambda tx: tx.execute(insert(item_words).values(word="stray", item_id=lamp, category=2)))
-    assert audit(market.db) == [f"item {lamp}: word index rows differ from its name and keywords (on sale: 5)"]
+    assert audit(market.db) == [
+        f"item {lamp}: word index rows differ from its name and keywords (on sale: 5)"]
 
 
 def test_the_index_holds_each_folded_word_of_a_name_and_its_one_word_keywords_once() -> None:
@@ -149,12 +160,19 @@ def test_items_listed_before_the_upgrade_are_found_by_name(database: Database) -
                                                  (3, "Lamp shade", 2))]
     database.run(lambda tx: tx.execute(insert(items), old_items))
     database.run(lambda tx: tx.execute(update(schema_info).values(version=3)))
-    item_words.drop(database.engine)  # version 3 had none
+    item_word_pairs.drop(database.engine)  # version 3 had neither
+    item_words.drop(database.engine)
     database.create_schema()
     rows = database.run(lambda tx: tx.execute(select(item_words.c.item_id, item_words.c.word)
                                               .order_by(item_words.c.item_id, item_words.c.word)).all())
     assert [tuple(row) for row in rows] == [(1, "antique"), (1, "brass"), (1, "lamp"), (1, "old"),
                                             (3, "antique"), (3, "lamp"), (3, "shade")]
+    pairs = database.run(lambda tx: tx.execute(
+        select(item_word_pairs.c.item_id, item_word_pairs.c.pair_hash)).all())
+    expected = [(item_id, word_pair_hash(*pair)) for item_id, words in
+                ((1, ["antique", "brass", "lamp", "old"]), (3, ["antique", "lamp", "shade"]))
+                for pair in keyword_pairs(words)]
+    assert sorted(map(tuple, pairs)) == sorted(expected) and len(expected) == 9
     assert database.run(lambda tx: tx.execute(select(schema_info.c.version)).scalar()) == SCHEMA_VERSION == 4
 
 
