@@ -325,7 +325,7 @@ def _upgrade(conn: Connection, version: int) -> None:
             item_keywords.c.item_id.in_(select(items.c.item_id).where(items.c.quantity == 0))))
     if version < 3:  # version 3: item_keyword_pairs, for the items already on sale
         _fill_keyword_pairs(conn)
-    if version < 4:  # version 4: item_words, for the items already on sale
+    if version < 4:  # version 4: item_words and item_word_pairs, for the items already on sale
         item_words_upgrade.upgrade(conn)
     conn.execute(update(schema_info).values(version=SCHEMA_VERSION))
     log.info("schema upgraded from version %d to %d", version, SCHEMA_VERSION)

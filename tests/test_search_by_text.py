@@ -59,6 +59,15 @@ def test_a_query_word_matches_a_word_of_the_name_or_a_keyword_whatever_its_case_
     assert found(buyer, "bras") == found(buyer, "brasses") == []  # whole words only
 
 
+def test_a_name_folding_to_a_word_of_192_characters_is_indexed_and_found(market: Market) -> None:
+    """U+3316 decomposes into six letters (キロメートル), the most of any character whose letters
+    form one word: 32 of them are one word of 192 characters."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    longest = market.item(seller, name="\u3316" * 32, keywords=[])
+    assert found(buyer, "\u3316" * 32) == found(buyer, "\u3316" * 24 + "キロメートル" * 8) == [longest]
+    assert found(buyer, "\u3316" * 31) == []
+
+
 def test_items_rank_by_distinct_query_words_matched_then_by_item_id(market: Market) -> None:
     seller, buyer = market.user("seller"), market.user("buyer")
     one = market.item(seller, name="Red chair", keywords=[])

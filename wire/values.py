@@ -109,8 +109,8 @@ def keywords(name: str, value: Any) -> list[str]:
 
 _WORD = re.compile(r"[^\W_]+")  # a run of letters and digits (\w without the underscore)
 MAX_QUERY_WORDS = 8
-# The longest word search_words can make of a 32-character item name: NFKD turns one
-# character into at most 18 (U+FDFA), and every character of a name may be a letter.
+# A bound on the longest word search_words can make of a 32-character item name: folding
+# turns one character into at most 18 (U+FDFA).
 MAX_WORD_LENGTH = 32 * 18
 
 
@@ -134,9 +134,12 @@ def item_search_words(name: str, keywords_: list[str]) -> list[str]:
     return list(dict.fromkeys([*search_words(name), *whole]))
 
 
+_QUERY_TEXT = text(1, 100)
+
+
 def query(name: str, value: Any) -> list[str]:
     """What a shopper types (1-100 characters, 1-8 words), as its distinct folded words."""
-    text(1, 100)(name, value)
+    _QUERY_TEXT(name, value)
     words = _WORD.findall(fold(value))
     if not words:
         raise BadRequestError(f"{name}: must hold a word (letters or digits)")
