@@ -29,9 +29,9 @@ ITEM_ID, LIMIT = fields.ITEM_ID, fields.LIMIT
 QUANTITY = Arg("quantity", convert=fields.quantity, required=False, default=1,
                hint=fields.QUANTITY_RANGE)
 
-# Whether `search WORDS` asks the server's search by text (`query`, protocol 1.1); until the
-# servers answer it, the words are sent as keywords, as protocol 1.0 has them.
-SEARCH_SENDS_QUERY = False
+# Whether `search WORDS` asks the server's search by text (`query`, protocol 1.1), or sends the
+# words as keywords, as protocol 1.0 has them (for servers older than 1.1).
+SEARCH_SENDS_QUERY = True
 
 
 @BUYER.command("search", "Find items on sale by words, category and/or exact keywords "

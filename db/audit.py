@@ -22,11 +22,15 @@ from .schema import (
     feedback,
     item_keyword_pairs,
     item_keywords,
+    item_word_pairs,
+    item_words,
     items,
     keyword_pairs,
     order_lines,
     orders,
     users,
+    word_pair_hash,
+    word_rows,
 )
 
 _CHUNK = 500  # ids per IN (...) list
@@ -60,8 +64,9 @@ def violations(tx: Connection, acknowledged: Iterable[AckedOrder] = (),
     """Every violation the rules find through `tx` (with no load running: see the module)."""
     acked = list(acknowledged)
     entries = list(ledger) if ledger is not None else _ledger_here(tx)
-    return [*_item_rules(tx), *_search_index_rules(tx), *_seller_rules(tx), *_order_rules(tx),
-            *_feedback_rules(tx), *_acknowledged_rules(tx, acked), *_payment_rules(tx, entries)]
+    return [*_item_rules(tx), *_search_index_rules(tx), *_word_index_rules(tx), *_seller_rules(tx),
+            *_order_rules(tx), *_feedback_rules(tx), *_acknowledged_rules(tx, acked),
+            *_payment_rules(tx, entries)]
 
 
 def _ledger_here(tx: Connection) -> list[Payment]:
@@ -152,6 +157,27 @@ def _search_index_rules(tx: Connection) -> Iterator[str]:
                    f" (on sale: {item.quantity})")
     for item_id in indexed:
         yield f"search index rows for item {item_id}, which does not exist"
+
+
+def _word_index_rules(tx: Connection) -> Iterator[str]:
+    """item_words holds exactly the words (and category) of every item on sale's name and keywords,
+    and item_word_pairs exactly every pair of those words."""
+    indexed: dict[int, set[tuple[str, int] | int]] = {}
+    for row in tx.execute(select(item_words.c.item_id, item_words.c.word, item_words.c.category)):
+        indexed.setdefault(row.item_id, set()).add((row.word, row.category))
+    for pair in tx.execute(select(item_word_pairs.c.item_id, item_word_pairs.c.pair_hash)):
+        indexed.setdefault(pair.item_id, set()).add(pair.pair_hash)
+    for item in tx.execute(select(items.c.item_id, items.c.quantity, items.c.name, items.c.keywords,
+                                  items.c.category)):
+        rows = word_rows(item.item_id, item.category, item.name, json.loads(item.keywords))
+        words = [row["word"] for row in rows] if item.quantity > 0 else []
+        pairs = {word_pair_hash(first, second) for first, second in keyword_pairs(words)}
+        expected = {(word, item.category) for word in words} | pairs
+        if indexed.pop(item.item_id, set()) != expected:
+            yield (f"item {item.item_id}: word index rows differ from its name and keywords"
+                   f" (on sale: {item.quantity})")
+    for item_id in indexed:
+        yield f"word index rows for item {item_id}, which does not exist"
 
 
 def _seller_rules(tx: Connection) -> Iterator[str]:

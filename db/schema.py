@@ -7,6 +7,7 @@ are constraints here, never read-then-write checks in Python.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Iterable
 from typing import Any
@@ -30,9 +31,12 @@ from sqlalchemy.dialects.mysql import VARBINARY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
+from wire.values import MAX_WORD_LENGTH, item_search_words
+
 # 2: item_keywords holds items on sale only; 3: item_keyword_pairs, item_keywords by item_id,
 # keywords and idempotency keys compared exactly on MySQL (ExactText); 4: orders.status and
-# orders.payment_key, for purchases in steps (db.purchases)
+# orders.payment_key, for purchases in steps (db.purchases); 5: item_words and item_word_pairs, the search by
+# text's indexes (revisions in db/migrations/versions)
 metadata = MetaData()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.
@@ -161,6 +165,54 @@ def keyword_pair_rows(item_id: int, keywords: Iterable[str]) -> list[dict[str, A
     """The item_keyword_pairs rows of one item on sale."""
     return [{"first_keyword": first, "second_keyword": second, "item_id": item_id}
             for first, second in keyword_pairs(keywords)]
+
+
+# The search by text's index: the folded words of an item on sale's name and keywords
+# (wire.values.item_search_words), each once, so that an item's rank for a query is the
+# number of its rows among the query's words. Kept like item_keywords: written by put_item
+# (no op renames an item or changes its keywords), deleted when the item sells out.
+item_words = Table(
+    "item_words", metadata,
+    Column("word", ExactText(MAX_WORD_LENGTH), nullable=False),
+    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
+    Column("category", SmallInteger, nullable=False),
+    PrimaryKeyConstraint("word", "item_id"),
+    Index("ix_item_words_category", "word", "category", "item_id"),
+    Index("ix_item_words_item", "item_id"),
+    **_MYSQL,
+)
+
+
+# Every pair of an item on sale's words, as item_keyword_pairs is for keywords: the items with
+# both words of a two-word query, and the rank of every item with two or more words of a
+# longer query's first page, without reading every match. A pair is held as a 64-bit hash
+# (word_pair_hash): words may be hundreds of bytes long, too long for a key of two on MySQL.
+item_word_pairs = Table(
+    "item_word_pairs", metadata,
+    Column("pair_hash", BigInteger, nullable=False),
+    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
+    PrimaryKeyConstraint("pair_hash", "item_id"),
+    Index("ix_item_word_pairs_item", "item_id"),
+    **_MYSQL,
+)
+
+
+def word_rows(item_id: int, category: int, name: str, keywords: list[str]) -> list[dict[str, Any]]:
+    """The item_words rows of one item on sale."""
+    return [{"word": word, "item_id": item_id, "category": category}
+            for word in item_search_words(name, keywords)]
+
+
+def word_pair_hash(first: str, second: str) -> int:
+    """The pair of two words (first < second) as item_word_pairs holds it: a signed 64-bit hash."""
+    digest = hashlib.blake2b(f"{first}\0{second}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def word_pair_rows(item_id: int, words: Iterable[str]) -> list[dict[str, Any]]:
+    """The item_word_pairs rows of one item on sale, from its words (word_rows)."""
+    return [{"pair_hash": word_pair_hash(first, second), "item_id": item_id}
+            for first, second in keyword_pairs(words)]
 
 
 cart_lines = Table(

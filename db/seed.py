@@ -18,7 +18,18 @@ from sqlalchemy import Connection, Table, func, insert, select
 
 from .database import Database, now_ms
 from .passwords import hash_password
-from .schema import item_keyword_pairs, item_keywords, items, keyword_pair_rows, keyword_rows, users
+from .schema import (
+    item_keyword_pairs,
+    item_keywords,
+    item_word_pairs,
+    item_words,
+    items,
+    keyword_pair_rows,
+    keyword_rows,
+    users,
+    word_pair_rows,
+    word_rows,
+)
 
 SEED_PASSWORD = "seeded-password"
 WORDS = ["lamp", "desk", "chair", "light", "table", "sofa", "bed", "rug", "shelf", "clock",
@@ -48,13 +59,20 @@ def seed(db: Database, sellers: int, items_count: int, *, rng: random.Random | N
 
 
 def _insert_items(tx: Connection, item_rows: list[dict[str, Any]]) -> None:
-    """A batch of items with their rows in both search indexes."""
+    """A batch of items with their rows in the search indexes."""
     keywords = {row["item_id"]: json.loads(row["keywords"]) for row in item_rows}
     single_rows = [single for row in item_rows
                    for single in keyword_rows(row["item_id"], row["category"], keywords[row["item_id"]])]
     pair_rows = [pair for item_id, words in keywords.items() for pair in keyword_pair_rows(item_id, words)]
+    words = {row["item_id"]: word_rows(row["item_id"], row["category"], row["name"], keywords[row["item_id"]])
+             for row in item_rows}
+    text_rows = [word for rows in words.values() for word in rows]
+    text_pair_rows = [pair for item_id, rows in words.items()
+                      for pair in word_pair_rows(item_id, [row["word"] for row in rows])]
     tx.execute(insert(items), item_rows)
-    for table, rows in ((item_keywords, single_rows), (item_keyword_pairs, pair_rows)):
+    indexes = ((item_keywords, single_rows), (item_keyword_pairs, pair_rows), (item_words, text_rows),
+               (item_word_pairs, text_pair_rows))
+    for table, rows in indexes:
         if rows:
             tx.execute(insert(table), rows)
 

@@ -388,6 +388,19 @@ def test_script_mode_reads_standard_input_and_never_prompts(market: Market, home
     assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr and "cart" not in wrong.stdout
 
 
+def test_search_words_find_names_by_text_and_keywords_stay_exact(market: Market, home: Path) -> None:
+    seller = market.user("seller")
+    lamp = market.item(seller, name="Brass Café Lamp", category=6, keywords=["vintage"])
+    both = market.item(seller, name="Lamp café", category=6, keywords=["brass"])
+    done = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name M",
+                  "search cafe BRASS --category toys", "search --keywords cafe --category 6",
+                  MARKET_PASSWORD=PASSWORD)
+    assert done.returncode == 0, done.stderr
+    found = re.findall(r"^(\d+)\t", done.stdout, re.MULTILINE)
+    assert found == [str(lamp), str(both)], done.stdout  # both words each; then by item_id
+    assert "No items found." in done.stdout  # no item has the keyword "cafe"
+
+
 def test_more_pages_through_a_long_list(market: Market, home: Path) -> None:
     seller = market.user("seller")
     for n in range(5):

@@ -22,7 +22,8 @@ def test_catalogue_seeds_and_reports_every_read_op(tmp_path: Path, capsys: Any) 
     assert "'items': 60" in out and "(60 items in sqlite:" in out
     for op in ("search_items (1 keyword)", "search_items (2 keywords)", "search_items (3 keywords)",
                "search_items (5 keywords)", "search_items (category only)",
-               "get_item", "display_items (first page)"):
+               "get_item", "display_items (first page)", "search_items (1-word query)",
+               "search_items (3-word query)"):
         assert f"| {op} | 3 |" in out
     for op in ("search_items (3 keywords, second page)", "search_items (5 keywords, second page)"):
         assert f"| {op} | 0 | - | - |" in out  # 60 items of a 4,000-word vocabulary: one page each
@@ -65,7 +66,8 @@ def test_catalogue_against_a_baseline_gives_each_reads_ratio_per_pass(tmp_path: 
     assert set(rows) == {"search_items (1 keyword)", "search_items (2 keywords)",
                          "search_items (keyword + category)", "search_items (category only)", "get_item",
                          "display_items (first page)", "search_items (3 keywords)",
-                         "search_items (5 keywords)"}  # no second pages at these sizes: left out
+                         "search_items (5 keywords)", "search_items (1-word query)",
+                         "search_items (3-word query)"}  # no second pages at these sizes: left out
     for op, cells in rows.items():
         small_p95, big_p95, ratios = ([float(v.rstrip("x")) for v in cell.split(" / ")]
                                       for cell in cells[1:4])

@@ -21,12 +21,16 @@ class OpSpec:
     public: bool = False
     writes: bool = False
     defaults: dict[str, Any] = field(default_factory=dict)
+    exclusive: tuple[str, ...] = ()  # optional fields of which at most one may be given
 
     def validate(self, args: dict[str, Any]) -> dict[str, Any]:
         """Normalised args; BadRequestError names the first faulty field."""
         for key in args:
             if key not in self.required and key not in self.optional:
                 raise BadRequestError(f"{key}: unknown field for {self.name}")
+        given = [key for key in self.exclusive if args.get(key) is not None]
+        if len(given) > 1:
+            raise BadRequestError(f"{given[1]}: not with {given[0]}; give one of them")
         out = dict(self.defaults)
         for key, check in self.required.items():
             if key not in args:
@@ -64,8 +68,10 @@ SELLER_OPS = COMMON_OPS | _specs(
 )
 
 BUYER_OPS = COMMON_OPS | _specs(
-    OpSpec("search_items", optional={"category": v.category, "keywords": v.keywords, **_PAGE},
-           defaults={"category": None, "keywords": [], **_PAGE_DEFAULTS}),
+    OpSpec("search_items", optional={"category": v.category, "keywords": v.keywords, "query": v.query,
+                                     **_PAGE},
+           defaults={"category": None, "keywords": [], "query": [], **_PAGE_DEFAULTS},
+           exclusive=("keywords", "query")),
     OpSpec("get_item", {"item_id": v.object_id}),
     OpSpec("add_to_cart", {"item_id": v.object_id, "quantity": v.quantity}, writes=True),
     OpSpec("remove_from_cart", {"item_id": v.object_id, "quantity": v.quantity}, writes=True),

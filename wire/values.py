@@ -107,6 +107,47 @@ def keywords(name: str, value: Any) -> list[str]:
     return out
 
 
+_WORD = re.compile(r"[^\W_]+")  # a run of letters and digits (\w without the underscore)
+MAX_QUERY_WORDS = 8
+# A bound on the longest word search_words can make of a 32-character item name: folding
+# turns one character into at most 18 (U+FDFA).
+MAX_WORD_LENGTH = 32 * 18
+
+
+def fold(text_: str) -> str:
+    """Text as search compares it: case-folded, compatibility-decomposed (NFKD), without
+    combining marks, so that "Café", "CAFE" and "café" are one word."""
+    decomposed = unicodedata.normalize("NFKD", unicodedata.normalize("NFKD", text_).casefold())
+    return "".join(char for char in decomposed if not unicodedata.category(char).startswith("M"))
+
+
+def search_words(text_: str) -> list[str]:
+    """The distinct words of a text, folded, in the order they first appear."""
+    return list(dict.fromkeys(_WORD.findall(fold(text_))))
+
+
+def item_search_words(name: str, keywords_: list[str]) -> list[str]:
+    """What a query word may equal for one item: each word of its name, and each keyword that
+    is one word once folded (a keyword such as "t-shirt" equals no query word)."""
+    folded = (fold(keyword) for keyword in keywords_)
+    whole = [keyword for keyword in folded if _WORD.fullmatch(keyword)]
+    return list(dict.fromkeys([*search_words(name), *whole]))
+
+
+_QUERY_TEXT = text(1, 100)
+
+
+def query(name: str, value: Any) -> list[str]:
+    """What a shopper types (1-100 characters, 1-8 words), as its distinct folded words."""
+    _QUERY_TEXT(name, value)
+    words = _WORD.findall(fold(value))
+    if not words:
+        raise BadRequestError(f"{name}: must hold a word (letters or digits)")
+    if len(words) > MAX_QUERY_WORDS:
+        raise BadRequestError(f"{name}: at most {MAX_QUERY_WORDS} words")
+    return list(dict.fromkeys(words))
+
+
 def card_number(name: str, value: Any) -> str:
     """12-19 digits passing the Luhn check."""
     if not isinstance(value, str) or not value.isascii() or not value.isdigit() \
