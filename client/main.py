@@ -6,6 +6,8 @@
   market health HOST:PORT ping a server; exit 0 when it answers (--ready: and its database)
   market seed             bulk-load sellers and items into a database (for scale measurements)
   market audit            check the books of a whole database; exit 0 when they balance, 1 when not
+  market admin ACTION     the operator's commands: suspend, reinstate, end-sessions, clear-throttle,
+                          take-off-sale, show-user, show-item, log (see `market admin -h`)
   market --version        the marketplace's version and its protocol's
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from wire.errors import UnauthenticatedError
 from wire.runner import die_with_parent
 from wire.tls import optional_client_context
 
+from .admin import add_admin_parser, missing_sqlite_file
 from .launch import PORT_SETTINGS, add_shell_arguments
 
 
@@ -127,7 +130,7 @@ def audit(args: argparse.Namespace) -> int:
     from db import Database
     from db.audit import audit_with_totals
 
-    if _missing_sqlite_file(args.db_url):
+    if missing_sqlite_file(args.db_url):
         print(f"error: no such database file: {args.db_url}", file=sys.stderr)
         return 2
     database = Database(args.db_url, pool_size=1)
@@ -143,15 +146,6 @@ def audit(args: argparse.Namespace) -> int:
         print(violation)
     print(_totals_line(found, totals))
     return 1 if found else 0
-
-
-def _missing_sqlite_file(db_url: str) -> bool:
-    """True for a SQLite URL whose file does not exist (opening it would create it, empty)."""
-    from sqlalchemy import make_url
-
-    url = make_url(db_url)
-    return url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
-        and not os.path.exists(url.database)
 
 
 def _totals_line(found: list[str], totals: dict[str, int]) -> str:
@@ -185,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("audit", help="check the books of a whole database (run it with no load)")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
     p.set_defaults(func=audit)
+    add_admin_parser(sub)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--timeout", type=float, default=3.0)

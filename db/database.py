@@ -28,6 +28,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from wire.errors import BusyError, UnavailableError
 
+from . import upgrade_v4
 from .engine import LOCK_WAIT_S, PROGRESS_KEY, RECYCLE_S, UNIT_KEY, WalKeeper, is_sqlite, make_engine
 from .schema import (
     SCHEMA_VERSION,
@@ -316,6 +317,7 @@ def _upgrade(conn: Connection, version: int) -> None:
                            f"{SCHEMA_VERSION}: run a newer version of the marketplace")
     _index_keywords_by_item(conn)  # version 3
     _compare_exactly(conn)  # version 3
+    upgrade_v4.upgrade(conn)  # version 4
     locked = _locked_version(conn)
     if locked == SCHEMA_VERSION:
         return  # another server finished the upgrade meanwhile

@@ -31,8 +31,9 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
 # 2: item_keywords holds items on sale only; 3: item_keyword_pairs, item_keywords by item_id,
-# keywords and idempotency keys compared exactly on MySQL (ExactText)
-SCHEMA_VERSION = 3  # (Database._upgrade)
+# keywords and idempotency keys compared exactly on MySQL (ExactText); 4: suspensions and
+# admin_actions, the operator's commands (db.upgrade_v4)
+SCHEMA_VERSION = 4  # (Database._upgrade)
 metadata = MetaData()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.
@@ -227,5 +228,28 @@ login_failures = Table(
     Column("failures", Integer, nullable=False),
     Column("last_failure_ms", BigInteger, nullable=False),
     PrimaryKeyConstraint("role", "username"),
+    **_MYSQL,
+)
+
+# Accounts an operator suspended (`market admin suspend`): no login, no session.
+suspensions = Table(
+    "suspensions", metadata,
+    Column("user_id", BigInteger, ForeignKey("users.user_id"), primary_key=True, autoincrement=False),
+    Column("suspended_ms", BigInteger, nullable=False),
+    Column("reason", String(500), nullable=True),
+    **_MYSQL,
+)
+
+# Every operator's action (`market admin`): who ran it from where, when, on what, and why.
+admin_actions = Table(
+    "admin_actions", metadata,
+    Column("action_id", Id, primary_key=True, autoincrement=True),
+    Column("at_ms", BigInteger, nullable=False),
+    Column("os_user", String(64), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("target", String(100), nullable=False),
+    Column("outcome", String(500), nullable=False),
+    Column("reason", String(500), nullable=True),
     **_MYSQL,
 )
