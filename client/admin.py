@@ -32,6 +32,7 @@ class Action:
     target: str  # "user", "item" or "" (none)
     run: Callable[[Any, argparse.Namespace, Output], None]
     changes: bool = True  # written to the log, with --reason
+    flags: tuple[tuple[str, str], ...] = ()  # (--flag, help) options, passed as booleans
 
 
 def _operator(args: argparse.Namespace) -> Any:
@@ -93,7 +94,9 @@ def _log(database: Any, args: argparse.Namespace, out: Output) -> None:
 
 ACTIONS = {
     "suspend": Action("suspend an account: its sessions end, its logins are refused", "user",
-                      _change("suspend", "role", "username")),
+                      _change("suspend", "role", "username", "off_sale"),
+                      flags=(("--off-sale", "a seller's items leave sale too (for good: reinstating "
+                                            "does not relist them)"),)),
     "reinstate": Action("lift an account's suspension", "user", _change("reinstate", "role", "username")),
     "end-sessions": Action("end every session of an account (its carts go; the saved cart stays)", "user",
                            _change("end_user_sessions", "role", "username")),
@@ -125,6 +128,8 @@ def add_admin_parser(sub: Any) -> None:
             p.add_argument("item_id", type=positive_int)
         if action.changes:
             p.add_argument("--reason", help="why, for the log")
+        for flag, help in action.flags:
+            p.add_argument(flag, action="store_true", help=help)
         if name == "log":
             p.add_argument("--limit", type=positive_int, default=50)
         p.set_defaults(func=run_admin, admin_action=action)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,22 +95,26 @@ def _sessions_word(count: int) -> str:
     return f"{count} session{'s' * (count != 1)}"
 
 
-def suspend(tx: Connection, operator: Operator, role: str, username: str) -> str:
-    """Suspend an account: its sessions end now, and its logins are refused until reinstated.
+def suspend(tx: Connection, operator: Operator, role: str, username: str, off_sale: bool = False) -> str:
+    """Suspend an account: its sessions end now, and its logins are refused until reinstated;
+    with `off_sale`, a seller's items are taken off sale too (reinstating does not relist them).
 
-    The sessions' rows are locked before the user's (the order every write keeps), and looked
-    for again once the user's row is held: a login holds that row shared while it opens its
-    session, so a session opened meanwhile is found and ended too."""
+    Locks go in the order every write keeps: the sessions' rows, the items', then the user's.
+    The sessions are looked for again once the user's row is held: a login holds that row
+    shared while it opens its session, so a session opened meanwhile is found and ended too."""
     user = find_user(tx, role, username)
     ended = _end_all_sessions(tx, user.user_id)
+    withdrawn = _withdraw(tx, items.c.seller_id == user.user_id) if off_sale else []
     user = find_user(tx, role, username, lock=True)
     if tx.execute(select(suspensions.c.user_id).where(suspensions.c.user_id == user.user_id)).first():
         raise ConflictError(f"{_name(user)} is suspended already")
     tx.execute(_SUSPEND, {"user_id": user.user_id, "suspended_ms": now_ms(),
                           "reason": operator.reason[:500] if operator.reason else None})
     ended += _end_all_sessions(tx, user.user_id)
-    return _record(tx, operator, "suspend", _name(user),
-                   f"suspended {_name(user)}; ended {_sessions_word(ended)}")
+    outcome = f"suspended {_name(user)}; ended {_sessions_word(ended)}"
+    if off_sale:
+        outcome += f"; took {len(withdrawn)} item{'s' * (len(withdrawn) != 1)} off sale"
+    return _record(tx, operator, "suspend", _name(user), outcome)
 
 
 def reinstate(tx: Connection, operator: Operator, role: str, username: str) -> str:
@@ -141,17 +146,26 @@ def clear_throttle(tx: Connection, operator: Operator, role: str, username: str)
                    f"forgot {row.failures} failed login{'s' * (row.failures != 1)} of {target}")
 
 
+def _withdraw(tx: Connection, which: Any) -> Sequence[Any]:
+    """Take every unit of the items `which` selects off sale, locked in item order as purchases
+    lock them (counted as removed, as a seller's remove_item); the rows as they were."""
+    found = tx.execute(select(items.c.item_id, items.c.name, items.c.quantity)
+                       .where(which, items.c.quantity > 0).order_by(items.c.item_id).with_for_update()).all()
+    for item in found:
+        tx.execute(update(items).where(items.c.item_id == item.item_id)
+                   .values(quantity=0, removed=items.c.removed + item.quantity))
+    unlist(tx, [item.item_id for item in found])  # type: ignore[arg-type]
+    return found
+
+
 def take_off_sale(tx: Connection, operator: Operator, item_id: int) -> str:
-    """Take every unit of an item off sale (counted as removed, as a seller's remove_item)."""
-    item = tx.execute(select(items.c.quantity, items.c.name).where(items.c.item_id == item_id)
-                      .with_for_update()).first()
-    if item is None:
-        raise NotFoundError(f"no item {item_id}")
-    if item.quantity == 0:
+    """Take every unit of an item off sale."""
+    withdrawn = _withdraw(tx, items.c.item_id == item_id)
+    if not withdrawn:
+        if tx.execute(select(items.c.item_id).where(items.c.item_id == item_id)).first() is None:
+            raise NotFoundError(f"no item {item_id}")
         raise ConflictError(f"item {item_id} is not on sale (quantity 0)")
-    tx.execute(update(items).where(items.c.item_id == item_id)
-               .values(quantity=0, removed=items.c.removed + item.quantity))
-    unlist(tx, [item_id])  # type: ignore[arg-type]
+    item = withdrawn[0]
     return _record(tx, operator, "take-off-sale", f"item {item_id}",
                    f"took item {item_id} ({item.name}) off sale: {item.quantity} units removed")
 

@@ -80,6 +80,23 @@ def test_suspending_twice_or_reinstating_an_active_account_is_refused_in_one_lin
     assert status == 1 and err.endswith("is not suspended\n")
 
 
+def test_a_suspended_sellers_items_stay_on_sale_unless_taken_off_with_it(market: Market, capsys: Capsys
+                                                                          ) -> None:
+    first, second, buyer = market.user("seller"), market.user("seller"), market.user("buyer")
+    kept = market.item(first, keywords=["lamp"])
+    gone = [market.item(second, keywords=["lamp"]), market.item(second, keywords=["lamp"], quantity=1)]
+    buyer.call("add_to_cart", {"item_id": gone[1], "quantity": 1})
+    buyer.call("make_purchase", CARD)  # sold out already: not counted again
+    assert admin(capsys, market.db.url, "suspend", "seller", first.username)[0] == 0
+    status, _, err = admin(capsys, market.db.url, "suspend", "seller", second.username, "--off-sale")
+    assert status == 0 and err.endswith("ended 1 session; took 1 item off sale\n")
+    found = buyer.call("search_items", {"keywords": ["lamp"]})["items"]
+    assert [item["item_id"] for item in found] == [kept]
+    assert admin(capsys, market.db.url, "reinstate", "seller", second.username)[0] == 0
+    assert [item["item_id"] for item in buyer.call("search_items", {"keywords": ["lamp"]})["items"]] == [kept]
+    assert audit(market.db) == []
+
+
 def test_a_bad_name_or_id_exits_1_with_one_line(market: Market, capsys: Capsys) -> None:
     buyer = market.user("buyer")
     for argv, message in ((("suspend", "seller", buyer.username), f"no seller named {buyer.username!r}"),
