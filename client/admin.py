@@ -81,6 +81,16 @@ def _cell(label: str, value: Any) -> str:
     return str(value)
 
 
+def _purge(database: Any, args: argparse.Namespace, out: Output) -> None:
+    from db.purge import LOAD_TEST_PREFIX, preview, purge
+
+    if not args.yes:
+        out.say(f"would remove {preview(database).sentence()} (accounts named {LOAD_TEST_PREFIX}...); "
+                "run again with --yes to remove them")
+        return
+    out.say(f"removed {purge(database, _operator(args)).sentence()}")
+
+
 def _log(database: Any, args: argparse.Namespace, out: Output) -> None:
     from db.admin import action_log
 
@@ -108,6 +118,8 @@ ACTIONS = {
                         _show("user", "show_user", "role", "username"), changes=False),
     "show-item": Action("show an item with its counters", "item",
                         _show("item", "show_item", "item_id"), changes=False),
+    "purge-test-data": Action("remove the load tools' accounts (loadtest-...) and what they wrote", "",
+                              _purge, flags=(("--yes", "remove them (without it: only say what would go)"),)),
     "log": Action("show the operator's actions, newest first", "", _log, changes=False),
 }
 

@@ -61,7 +61,7 @@ _RECORD = insert(admin_actions).values({c.name: bindparam(c.name) for c in admin
 _SUSPEND = insert(suspensions).values({c.name: bindparam(c.name) for c in suspensions.c})
 
 
-def _record(tx: Connection, operator: Operator, action: str, target: str, outcome: str) -> str:
+def record(tx: Connection, operator: Operator, action: str, target: str, outcome: str) -> str:
     """Write the action's row of the log; its outcome, to show."""
     tx.execute(_RECORD, {"at_ms": now_ms(), "os_user": operator.os_user[:64], "host": operator.host[:255],
                          "action": action, "target": target[:100], "outcome": outcome[:500],
@@ -104,7 +104,7 @@ def suspend(tx: Connection, operator: Operator, role: str, username: str, off_sa
     shared while it opens its session, so a session opened meanwhile is found and ended too."""
     user = find_user(tx, role, username)
     ended = _end_all_sessions(tx, user.user_id)
-    withdrawn = _withdraw(tx, items.c.seller_id == user.user_id) if off_sale else []
+    withdrawn = withdraw(tx, items.c.seller_id == user.user_id) if off_sale else []
     user = find_user(tx, role, username, lock=True)
     if tx.execute(select(suspensions.c.user_id).where(suspensions.c.user_id == user.user_id)).first():
         raise ConflictError(f"{_name(user)} is suspended already")
@@ -114,7 +114,7 @@ def suspend(tx: Connection, operator: Operator, role: str, username: str, off_sa
     outcome = f"suspended {_name(user)}; ended {_sessions_word(ended)}"
     if off_sale:
         outcome += f"; took {len(withdrawn)} item{'s' * (len(withdrawn) != 1)} off sale"
-    return _record(tx, operator, "suspend", _name(user), outcome)
+    return record(tx, operator, "suspend", _name(user), outcome)
 
 
 def reinstate(tx: Connection, operator: Operator, role: str, username: str) -> str:
@@ -122,14 +122,14 @@ def reinstate(tx: Connection, operator: Operator, role: str, username: str) -> s
     user = find_user(tx, role, username, lock=True)
     if tx.execute(delete(suspensions).where(suspensions.c.user_id == user.user_id)).rowcount != 1:
         raise ConflictError(f"{_name(user)} is not suspended")
-    return _record(tx, operator, "reinstate", _name(user), f"reinstated {_name(user)}; it may log in again")
+    return record(tx, operator, "reinstate", _name(user), f"reinstated {_name(user)}; it may log in again")
 
 
 def end_user_sessions(tx: Connection, operator: Operator, role: str, username: str) -> str:
     """End every session of an account (its carts go with them; the saved cart stays)."""
     user = find_user(tx, role, username)
     ended = _end_all_sessions(tx, user.user_id)
-    return _record(tx, operator, "end-sessions", _name(user),
+    return record(tx, operator, "end-sessions", _name(user),
                    f"ended {_sessions_word(ended)} of {_name(user)}")
 
 
@@ -139,14 +139,14 @@ def clear_throttle(tx: Connection, operator: Operator, role: str, username: str)
         login_failures.c.role == role, login_failures.c.username == username).with_for_update()).first()
     target = f"{role} {username}"
     if row is None:
-        return _record(tx, operator, "clear-throttle", target, f"no failed logins were counted for {target}")
+        return record(tx, operator, "clear-throttle", target, f"no failed logins were counted for {target}")
     tx.execute(delete(login_failures).where(login_failures.c.role == role,
                                             login_failures.c.username == username))
-    return _record(tx, operator, "clear-throttle", target,
+    return record(tx, operator, "clear-throttle", target,
                    f"forgot {row.failures} failed login{'s' * (row.failures != 1)} of {target}")
 
 
-def _withdraw(tx: Connection, which: Any) -> Sequence[Any]:
+def withdraw(tx: Connection, which: Any) -> Sequence[Any]:
     """Take every unit of the items `which` selects off sale, locked in item order as purchases
     lock them (counted as removed, as a seller's remove_item); the rows as they were."""
     found = tx.execute(select(items.c.item_id, items.c.name, items.c.quantity)
@@ -160,13 +160,13 @@ def _withdraw(tx: Connection, which: Any) -> Sequence[Any]:
 
 def take_off_sale(tx: Connection, operator: Operator, item_id: int) -> str:
     """Take every unit of an item off sale."""
-    withdrawn = _withdraw(tx, items.c.item_id == item_id)
+    withdrawn = withdraw(tx, items.c.item_id == item_id)
     if not withdrawn:
         if tx.execute(select(items.c.item_id).where(items.c.item_id == item_id)).first() is None:
             raise NotFoundError(f"no item {item_id}")
         raise ConflictError(f"item {item_id} is not on sale (quantity 0)")
     item = withdrawn[0]
-    return _record(tx, operator, "take-off-sale", f"item {item_id}",
+    return record(tx, operator, "take-off-sale", f"item {item_id}",
                    f"took item {item_id} ({item.name}) off sale: {item.quantity} units removed")
 
 

@@ -272,3 +272,53 @@ def test_market_admin_runs_as_the_installed_program(market: Market) -> None:
                             capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == f"market admin: no buyer named 'x{name}'\n"
+
+
+def test_purging_test_data_gives_back_what_the_load_tools_took_and_the_books_balance(
+        market: Market, capsys: Capsys) -> None:
+    real_seller, real_buyer = market.user("seller"), market.user("buyer")
+    lamp = market.item(real_seller, keywords=["lamp"], quantity=5)
+    desk = market.item(real_seller, keywords=["desk", "oak"], quantity=2)
+    kept_seller = market.user("seller", unique_name("loadtest-"))
+    gone_seller = market.user("seller", unique_name("loadtest-"))
+    bought_by_both, never_bought = market.item(kept_seller, keywords=["x"]), market.item(kept_seller)
+    market.item(gone_seller)
+    load_buyer = market.user("buyer", unique_name("loadtest-"))
+    for item_id, quantity in ((lamp, 2), (desk, 2), (bought_by_both, 1)):
+        load_buyer.call("add_to_cart", {"item_id": item_id, "quantity": quantity})
+    load_buyer.call("make_purchase", CARD)
+    load_buyer.call("provide_feedback", {"item_id": lamp, "vote": "up"})
+    load_buyer.call("add_to_cart", {"item_id": never_bought, "quantity": 1})
+    real_buyer.call("add_to_cart", {"item_id": bought_by_both, "quantity": 1})
+    real_buyer.call("make_purchase", CARD)
+    real_buyer.call("provide_feedback", {"item_id": bought_by_both, "vote": "down"})
+    real_buyer.call("add_to_cart", {"item_id": never_bought, "quantity": 1})
+    real_buyer.call("save_cart")
+
+    status, _, err = admin(capsys, market.db.url, "purge-test-data")
+    assert status == 0 and err == ("would remove 1 test buyer, 1 order, 2 test sellers, 3 items (accounts "
+                                   "named loadtest-...); run again with --yes to remove them\n")
+    assert audit(market.db) == [] and load_buyer.call("display_cart")  # nothing changed yet
+    status, _, err = admin(capsys, market.db.url, "purge-test-data", "--yes", "--reason", "after a test")
+    assert status == 0, err
+    assert err == ("removed 1 test buyer, 1 order, 1 test seller, 2 items; kept 1 test seller whose items "
+                   f"real buyers bought ({kept_seller.username})\n")
+    assert audit(market.db) == []
+    assert real_buyer.call("get_item", {"item_id": lamp})["quantity"] == 5
+    assert [i["item_id"] for i in real_buyer.call("search_items", {"keywords": ["oak"]})["items"]] == [desk]
+    rating = real_buyer.call("get_seller_rating", {"seller_id": real_seller.user_id})
+    assert (rating["items_sold"], rating["thumbs_up"]) == (0, 0)
+    history = real_buyer.call("get_purchase_history")["purchases"]
+    assert [(p["item_id"], p["feedback"]) for p in history] == [(bought_by_both, "down")]
+    assert real_buyer.call("get_item", {"item_id": bought_by_both})["quantity"] == 0
+    assert real_buyer.call("display_cart")["cart"]["items"] == []  # the purged item left the cart
+    with pytest.raises(UnauthenticatedError):
+        login(market, "buyer", load_buyer.username)
+    with pytest.raises(UnauthenticatedError):
+        login(market, "seller", gone_seller.username)
+    rows = json.loads(admin(capsys, market.db.url, "log")[1])["rows"]
+    assert [(r["action"], r["reason"]) for r in rows] == [("purge-test-data", "after a test")]
+    status, _, err = admin(capsys, market.db.url, "purge-test-data", "--yes")  # again: nothing more
+    assert (status, err) == (0, f"removed nothing; kept 1 test seller whose items real buyers bought "
+                                f"({kept_seller.username})\n")
+    assert audit(market.db) == []
