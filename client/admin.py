@@ -72,7 +72,7 @@ def _cell(label: str, value: Any) -> str:
         return "-"
     if label in _TIMES:
         return format_time(value / 1000)
-    if label == "price cents":
+    if label == "price":
         return format_money(value)
     if label == "category":
         return f"{value} {category_name(value)}"

@@ -215,7 +215,7 @@ def show_item(tx: Connection, item_id: int) -> dict[str, Any]:
     seller = f"{row.username} (user {row.seller_id}{', suspended' if row.suspended else ''})"
     return {
         "item id": row.item_id, "name": row.name, "seller": seller, "category": row.category,
-        "keywords": row.keywords, "condition": row.item_condition, "price cents": row.price_cents,
+        "keywords": row.keywords, "condition": row.item_condition, "price": row.price_cents,
         "on sale": row.quantity, "listed": row.listed, "sold": row.sold, "removed": row.removed,
         "thumbs up": row.thumbs_up, "thumbs down": row.thumbs_down, "created": row.created_ms,
         "in carts": _count(tx, cart_lines, cart_lines.c.item_id == item_id),

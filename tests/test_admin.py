@@ -201,7 +201,7 @@ def test_an_item_taken_off_sale_leaves_search_and_the_books_balance(
     assert (fields["on sale"], fields["listed"], fields["sold"], fields["removed"], fields["in carts"]) == (
         "0", "5", "2", "3", "1")
     assert fields["seller"] == f"{seller.username} (user {seller.user_id})"
-    assert (fields["price cents"], fields["category"], fields["keywords"]) == ("12.50", "2 Home", "lamp")
+    assert (fields["price"], fields["category"], fields["keywords"]) == ("12.50", "2 Home", "lamp")
 
 
 def test_show_user_gives_the_state_and_counters(market: Market, capsys: Capsys) -> None:
