@@ -3,12 +3,14 @@ sale, show a user or an item, and the log of every action, on SQLite and MariaDB
 servers running on the same database."""
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +261,43 @@ def test_a_database_of_version_3_upgrades_cleanly(database: Database, capsys: Ca
     assert admin(capsys, database.url, "suspend", "buyer", "old-buyer")[0] == 0
     assert shown(admin(capsys, database.url, "show-user", "buyer", "old-buyer")[1])["state"] == "suspended"
     assert audit(database) == []
+
+
+@contextlib.contextmanager
+def buyer_server_processes(db_url: str, count: int) -> Iterator[list[tuple[str, int]]]:
+    """`count` real buyer server processes on the database; their addresses."""
+    command = [sys.executable, "-m", "buyer_server", "--port", "0", "--db-url", db_url, "--threads", "2"]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for _ in range(count)]
+    try:
+        lines = [proc.stdout.readline().split() for proc in procs if proc.stdout]
+        host_ports = [line[-1].rpartition(":") for line in lines]
+        yield [(host, int(port)) for host, _, port in host_ports]
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_suspension_ends_a_session_on_every_server_process(market: Market) -> None:
+    name = unique_name("buyer")
+    market.user("buyer", name)
+    with buyer_server_processes(market.db.url, 2) as addresses:
+        first, second = (Connection(*address, timeout=10) for address in addresses)
+        token = first.call("login", {"username": name, "password": PASSWORD})["token"]
+        for conn in (first, second):
+            conn.call("display_cart", token=token)
+        result = subprocess.run([MARKET, "admin", "--db-url", market.db.url, "suspend", "buyer", name],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        for conn in (second, first):
+            with pytest.raises(UnauthenticatedError):
+                conn.call("display_cart", token=token)
+        with pytest.raises(ForbiddenError, match="this account is suspended"):
+            second.call("login", {"username": name, "password": PASSWORD})
+        first.close()
+        second.close()
 
 
 def test_market_admin_runs_as_the_installed_program(market: Market) -> None:
