@@ -86,7 +86,7 @@ def _purge(database: Any, args: argparse.Namespace, out: Output) -> None:
 
     if not args.yes:
         out.say(f"would remove {preview(database).sentence()} (accounts named {LOAD_TEST_PREFIX}...); "
-                "run again with --yes to remove them")
+                "run again with --yes to do it")
         return
     out.say(f"removed {purge(database, _operator(args)).sentence()}")
 

@@ -72,14 +72,19 @@ def _test_users(tx: Connection, role: str) -> list[int]:
 
 
 def preview(database: Database) -> PurgeCounts:
-    """What a purge would remove now (nothing is changed)."""
+    """What a purge would remove now, and which test sellers it would keep (nothing is changed)."""
     def count(tx: Connection) -> PurgeCounts:
         buyers, sellers = _test_users(tx, "buyer"), _test_users(tx, "seller")
-        found = PurgeCounts()
+        bought_by_others = select(order_lines.c.item_id).where(
+            order_lines.c.item_id == items.c.item_id, order_lines.c.buyer_id.not_in(buyers)).exists()
+        found = PurgeCounts(kept_sellers=list(tx.execute(
+            select(users.c.username).where(users.c.user_id.in_(
+                select(items.c.seller_id).where(items.c.seller_id.in_(sellers), bought_by_others)))
+            .order_by(users.c.user_id)).scalars()))
         found.removed.update({
-            "test buyer": len(buyers), "test seller": len(sellers),
+            "test buyer": len(buyers), "test seller": len(sellers) - len(found.kept_sellers),
             "order": _count(tx, orders, orders.c.buyer_id.in_(buyers)),
-            "item": _count(tx, items, items.c.seller_id.in_(sellers))})
+            "item": _count(tx, items, items.c.seller_id.in_(sellers) & ~bought_by_others)})
         return found
     return database.run(count, write=False)
 
