@@ -155,7 +155,9 @@ _SUSPENSION = (select(users.c.user_id, suspensions.c.suspended_ms)
 def refuse_if_suspended(tx: Connection, user_id: int) -> None:
     """FORBIDDEN for an account an operator suspended (asked only once its password was right)."""
     row = tx.execute(_SUSPENSION, {"user_id": user_id}).first()
-    if row is not None and row.suspended_ms is not None:
+    if row is None:  # removed since its password was checked (market admin purge-test-data)
+        raise UnauthenticatedError(WRONG_CREDENTIALS)
+    if row.suspended_ms is not None:
         raise ForbiddenError(SUSPENDED)
 
 

@@ -116,9 +116,18 @@ def _end_all(tx: Connection, user_id: int) -> None:
         end_sessions(tx, ids)
 
 
+def _lock_out(tx: Connection, user_id: int) -> None:
+    """End the account's sessions and hold its row to the commit: a login opening a session
+    holds that row shared (db.accounts), so it either made its session before (ended here
+    too) or waits and finds the account gone."""
+    _end_all(tx, user_id)
+    tx.execute(select(users.c.user_id).where(users.c.user_id == user_id).with_for_update())
+    _end_all(tx, user_id)
+
+
 def _purge_buyer(tx: Connection, buyer_id: int) -> Counter[str]:
     """One test buyer and all it did; the units it bought go back, its votes are taken back."""
-    _end_all(tx, buyer_id)
+    _lock_out(tx, buyer_id)
     lines = tx.execute(select(order_lines.c.item_id, order_lines.c.seller_id, order_lines.c.quantity)
                        .where(order_lines.c.buyer_id == buyer_id)).all()
     votes = tx.execute(select(feedback.c.item_id, feedback.c.vote, items.c.seller_id)
@@ -179,7 +188,7 @@ def _delete_account(tx: Connection, user_id: int) -> None:
 def _purge_seller(tx: Connection, seller_id: int) -> tuple[Counter[str], list[str]]:
     """One test seller and its items; an item a real buyer bought stays, off sale, and so
     does the seller (its name in the list returned)."""
-    _end_all(tx, seller_id)
+    _lock_out(tx, seller_id)
     bought = select(order_lines.c.item_id).where(order_lines.c.item_id == items.c.item_id).exists()
     withdraw(tx, (items.c.seller_id == seller_id) & bought)
     gone = list(tx.execute(select(items.c.item_id).where(items.c.seller_id == seller_id, ~bought)

@@ -364,3 +364,39 @@ def test_purging_test_data_gives_back_what_the_load_tools_took_and_the_books_bal
     assert (status, err) == (0, f"removed nothing; kept 1 test seller whose items real buyers bought "
                                 f"({kept_seller.username})\n")
     assert audit(market.db) == []
+
+
+def test_logins_racing_a_purge_are_refused_as_wrong_and_leave_nothing_behind(market: Market, capsys: Capsys
+                                                                             ) -> None:
+    buyer = market.user("buyer", unique_name("loadtest-"))
+    answers: list[str] = []
+
+    def keep_logging_in() -> None:
+        with Connection(*market.buyer_server.address, timeout=30) as conn:
+            give_up = time.monotonic() + 20
+            while time.monotonic() < give_up:
+                try:
+                    conn.call("login", {"username": buyer.username, "password": PASSWORD})
+                    answers.append("ok")
+                except ProtocolError as exc:
+                    answers.append(f"{exc.code}: {exc.message}")
+                    if exc.message == "wrong username or password":
+                        return
+                    time.sleep(0.005)  # BUSY: the hashing queue is full
+
+    threads = [threading.Thread(target=keep_logging_in) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while answers.count("ok") < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        status, _, err = admin(capsys, market.db.url, "purge-test-data", "--yes")
+        assert (status, err) == (0, "removed 1 test buyer\n")
+    finally:
+        for thread in threads:
+            thread.join(timeout=30)
+    assert [a for a in answers if a.startswith("INTERNAL")] == []
+    assert answers.count("UNAUTHENTICATED: wrong username or password") == 6
+    assert market.db.run(lambda tx: tx.execute(select(sessions.c.session_id)).all()) == []
+    assert audit(market.db) == []
