@@ -9,6 +9,8 @@
   market db current       print a database's schema revision, and whether it is the newest
   market audit            check the books of a whole database and the payment ledger; exit 0 when
                           they balance, 1 when not
+  market admin ACTION     the operator's commands: suspend, reinstate, end-sessions, clear-throttle,
+                          take-off-sale, show-user, show-item, log (see `market admin -h`)
   market --version        the marketplace's version and its protocol's
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ from wire.errors import UnauthenticatedError
 from wire.runner import die_with_parent
 from wire.tls import optional_client_context
 
+from .admin import add_admin_parser, missing_sqlite_file
 from .launch import PORT_SETTINGS, add_shell_arguments
 
 log = logging.getLogger("market.serve")
@@ -135,7 +138,7 @@ def audit(args: argparse.Namespace) -> int:
     from db.audit import audit_with_totals, ledger_of, ledger_totals
 
     for url in (args.db_url, args.payments_url):
-        if url and _missing_sqlite_file(url):
+        if url and missing_sqlite_file(url):
             print(f"error: no such database file: {url}", file=sys.stderr)
             return 2
     database = Database(args.db_url, pool_size=1)
@@ -172,7 +175,7 @@ def db_current(args: argparse.Namespace) -> int:
     """Print the database's revision and whether it is head; exit 1 when it is not."""
     from db.migrations import revision_of
 
-    if _missing_sqlite_file(args.db_url):
+    if missing_sqlite_file(args.db_url):
         print(f"error: no such database file: {args.db_url}", file=sys.stderr)
         return 2
     found: list[bool] = []
@@ -201,15 +204,6 @@ def _on_database(db_url: str, report: Any) -> int:
         return 2
     finally:
         database.close()
-
-
-def _missing_sqlite_file(db_url: str) -> bool:
-    """True for a SQLite URL whose file does not exist (opening it would create it, empty)."""
-    from sqlalchemy import make_url
-
-    url = make_url(db_url)
-    return url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
-        and not os.path.exists(url.database)
 
 
 def _totals_line(found: list[str], totals: dict[str, int]) -> str:
@@ -258,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the payment ledger's database, when the buyer servers keep it apart "
                         "(default: MARKET_PAYMENTS_URL, else the payments table of --db-url)")
     p.set_defaults(func=audit)
+    add_admin_parser(sub)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--timeout", type=float, default=3.0)

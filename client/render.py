@@ -128,7 +128,7 @@ _HEADERS = {"condition": "cond"}  # the terminal's headers only: scripts keep th
 _SHORTENED = {"keywords"}
 _WORDS = {"category", "condition", "feedback", "bought at"}
 _NUMERIC = {"id", "item", "order", "price", "qty", "up", "down", "subtotal",
-            "available", "seller"}
+            "available", "seller", "when"}
 
 
 def money(value: str | Decimal) -> str:

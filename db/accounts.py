@@ -28,19 +28,20 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from observe import events
-from wire.errors import BusyError, ConflictError, ProtocolError, UnauthenticatedError
+from wire.errors import BusyError, ConflictError, ForbiddenError, ProtocolError, UnauthenticatedError
 
 from . import login_throttle
 from .address_limits import AccountGuards, Backoff
 from .database import Database, inserted_id, now_ms
 from .engine import LOCK_WAIT_S
-from .schema import cart_lines, saved_cart_lines, sessions, users
+from .schema import cart_lines, saved_cart_lines, sessions, suspensions, users
 from .unit_of_work import UnitOfWork
 
 log = logging.getLogger("market.sessions")
 
 T = TypeVar("T")
 WRONG_CREDENTIALS = "wrong username or password"
+SUSPENDED = "this account is suspended; contact the marketplace's support"
 # How long after its end a session's row is kept: a read accepted at the session's last
 # moment may run that long (a lock waited for, twice over) before it writes last-seen.
 CLEANUP_GRACE_MS = 2 * LOCK_WAIT_S * 1000
@@ -147,6 +148,7 @@ def _find_user(tx: Connection, role: str, username: str) -> tuple[int, str] | No
 def _open_session(tx: Connection, role: str, user_id: int, username: str, hashed: str,
                   policy: SessionPolicy) -> None:
     now = now_ms()
+    refuse_if_suspended(tx, user_id)
     login_throttle.clear_failures(tx, role, username)
     _end_expired_sessions(tx, user_id, policy, now)
     session_id = inserted_id(tx.execute(insert(sessions).values(
@@ -157,6 +159,22 @@ def _open_session(tx: Connection, role: str, user_id: int, username: str, hashed
             ["session_id", "item_id", "quantity"],
             select(literal(session_id), saved_cart_lines.c.item_id, saved_cart_lines.c.quantity)
             .where(saved_cart_lines.c.buyer_id == user_id)))
+
+
+# The user's row held shared to the commit: a suspension (db.admin) locks it before it ends the
+# user's sessions, so a login either sees the suspension or made its session before the end.
+_SUSPENSION = (select(users.c.user_id, suspensions.c.suspended_ms)
+               .outerjoin(suspensions, suspensions.c.user_id == users.c.user_id)
+               .where(users.c.user_id == bindparam("user_id")).with_for_update(read=True))
+
+
+def refuse_if_suspended(tx: Connection, user_id: int) -> None:
+    """FORBIDDEN for an account an operator suspended (asked only once its password was right)."""
+    row = tx.execute(_SUSPENSION, {"user_id": user_id}).first()
+    if row is None:  # removed since its password was checked (market admin purge-test-data)
+        raise UnauthenticatedError(WRONG_CREDENTIALS)
+    if row.suspended_ms is not None:
+        raise ForbiddenError(SUSPENDED)
 
 
 def _end_expired_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: int) -> None:

@@ -3,7 +3,8 @@
 Keywords live three times: as the item's JSON list (returned in order, no extra query),
 as rows of item_keywords, the search index, and as rows of item_keyword_pairs, every pair
 of an item's keywords. Both indexes hold items on sale only: an item's rows go when it
-sells out (its quantity never rises again), so ranking runs on them alone. Search ranks
+sells out, and come back only if an operator gives it stock again (relist), so ranking
+runs on them alone. Search ranks
 by matching keywords, then item_id, and pages with a cursor over exactly that order.
 A search by text (`query`) runs the same statements on item_words, the folded words of
 each item's name and keywords, and item_word_pairs, held like the keyword indexes.
@@ -99,7 +100,13 @@ def put_item(tx: UnitOfWork, session: Session, name: str, category: int, keyword
     item_id = int(tx.execute(_NEW_ITEM, {
         "seller_id": session.user_id, "name": name, "category": category, "keywords": json.dumps(keywords),
         "condition": condition, "price": price, "quantity": quantity, "now": now_ms()}).lastrowid)
-    if keywords:  # with the COMMIT: nothing to read from them
+    _index(tx, item_id, category, name, keywords)
+    return {"item_id": item_id}
+
+
+def _index(tx: UnitOfWork, item_id: int, category: int, name: str, keywords: list[str]) -> None:
+    """An item's rows of the search indexes (held for the COMMIT: nothing reads them back)."""
+    if keywords:
         tx.execute(_INDEX_KEYWORDS, keyword_rows(item_id, category, keywords))
     if len(keywords) > 1:
         tx.execute(_INDEX_PAIRS, keyword_pair_rows(item_id, keywords))
@@ -108,7 +115,6 @@ def put_item(tx: UnitOfWork, session: Session, name: str, category: int, keyword
         tx.execute(_INDEX_WORDS, words)
     if len(words) > 1:
         tx.execute(_INDEX_WORD_PAIRS, word_pair_rows(item_id, [row["word"] for row in words]))
-    return {"item_id": item_id}
 
 
 _OWN_ITEM = (with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
@@ -161,6 +167,13 @@ def unlist(tx: UnitOfWork, sold_out: Sequence[int]) -> None:
     for item_id in sold_out:
         for statement in _UNLIST:
             tx.execute(statement, {"item_id": item_id})
+
+
+def relist(tx: UnitOfWork, restocked: Sequence[ItemRow]) -> None:
+    """Put items whose quantity rose from 0 back in the search indexes (rows with item_id,
+    category, name and keywords)."""
+    for item in restocked:
+        _index(tx, item.item_id, item.category, item.name, json.loads(item.keywords))
 
 
 _SELLER_ITEMS = (

@@ -36,7 +36,8 @@ from wire.values import MAX_WORD_LENGTH, item_search_words
 # 2: item_keywords holds items on sale only; 3: item_keyword_pairs, item_keywords by item_id,
 # keywords and idempotency keys compared exactly on MySQL (ExactText); 4: orders.status and
 # orders.payment_key, for purchases in steps (db.purchases); 5: item_words and item_word_pairs, the search by
-# text's indexes (revisions in db/migrations/versions)
+# text's indexes ; 6: suspensions and
+# admin_actions, the operator's commands (revisions in db/migrations/versions)
 metadata = MetaData()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.
@@ -285,5 +286,28 @@ login_failures = Table(
     Column("failures", Integer, nullable=False),
     Column("last_failure_ms", BigInteger, nullable=False),
     PrimaryKeyConstraint("role", "username"),
+    **_MYSQL,
+)
+
+# Accounts an operator suspended (`market admin suspend`): no login, no session.
+suspensions = Table(
+    "suspensions", metadata,
+    Column("user_id", BigInteger, ForeignKey("users.user_id"), primary_key=True, autoincrement=False),
+    Column("suspended_ms", BigInteger, nullable=False),
+    Column("reason", String(500), nullable=True),
+    **_MYSQL,
+)
+
+# Every operator's action (`market admin`): who ran it from where, when, on what, and why.
+admin_actions = Table(
+    "admin_actions", metadata,
+    Column("action_id", Id, primary_key=True, autoincrement=True),
+    Column("at_ms", BigInteger, nullable=False),
+    Column("os_user", String(64), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("target", String(100), nullable=False),
+    Column("outcome", String(500), nullable=False),
+    Column("reason", String(500), nullable=True),
     **_MYSQL,
 )

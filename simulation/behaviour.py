@@ -19,15 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from db.audit import AckedOrder
+from db.purge import LOAD_TEST_PREFIX  # `market admin purge-test-data` removes what is named so
 from wire import Connection, ConnectionLostError
 from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
 
 KEYWORDS = ("lamp", "desk", "chair", "book", "phone", "shirt", "shoe", "bike",
             "guitar", "watch", "camera", "table", "bag", "coat", "mug", "toy")
 PASSWORD = "simulated-password"
-# What the accounts and items of the load tools are named from, so that they can be told
-# apart from a marketplace's own (and removed) after a run against live servers.
-LOAD_TEST_PREFIX = "loadtest-"
 LIVE_DATA_WARNING = (f"this writes into a marketplace it did not start: it creates accounts and items "
                      f"named {LOAD_TEST_PREFIX}... and buys its stock")
 CARD = {"card_name": "Sim Buyer", "card_number": "4111111111111111", "card_expiry": "12/39"}

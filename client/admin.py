@@ -1,0 +1,197 @@
+"""`market admin`: the operator's commands, run against the database itself (no server needed).
+
+Each action is one small function over db.admin, registered in ACTIONS with its arguments;
+what it did is printed in one line and written to the audit table `market admin log` shows.
+A bad name or id prints one line and exits 1; a database that cannot be used exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from wire import ProtocolError
+from wire.config import DEFAULT_DB_URL, env, positive_int
+from wire.values import format_money, format_time
+
+from .fields import category_name
+from .render import FORMATS, Output, Table
+
+_TIMES = {"created", "suspended"}
+
+
+@dataclass(frozen=True)
+class Action:
+    """A subcommand: its help, its arguments (user or item) and what it runs."""
+
+    help: str
+    target: str  # "user", "item" or "" (none)
+    run: Callable[[Any, argparse.Namespace, Output], None]
+    changes: bool = True  # written to the log, with --reason
+    flags: tuple[tuple[str, str], ...] = ()  # (--flag, help) options, passed as booleans
+
+
+def _operator(args: argparse.Namespace) -> Any:
+    from db.admin import Operator
+
+    return Operator.here(args.reason)
+
+
+def _data_function(name: str) -> Callable[..., Any]:
+    """db.admin's function `name`, imported only when an action runs (the shells never load it)."""
+    from db import admin
+
+    return getattr(admin, name)  # type: ignore[no-any-return]
+
+
+def _change(work: str, *target: str) -> Callable[[Any, argparse.Namespace, Output], None]:
+    """An action that changes something: run db.admin's `work` in one transaction, say its outcome."""
+    def run(database: Any, args: argparse.Namespace, out: Output) -> None:
+        values, function = [getattr(args, name) for name in target], _data_function(work)
+        out.say(database.run(lambda tx: function(tx, _operator(args), *values)))
+    return run
+
+
+def _show(what: str, work: str, *target: str) -> Callable[[Any, argparse.Namespace, Output], None]:
+    """An action that shows one user or item as a table of fields."""
+    def run(database: Any, args: argparse.Namespace, out: Output) -> None:
+        values, function = [getattr(args, name) for name in target], _data_function(work)
+        shown = database.run(lambda tx: function(tx, *values), write=False)
+        rows = [(label, _cell(label, value)) for label, value in shown.items()]
+        out.table(Table(what, ("field", "value"), rows, f"no {what}"))
+    return run
+
+
+def _cell(label: str, value: Any) -> str:
+    """A field's value as people read it."""
+    if value is None:
+        return "-"
+    if label in _TIMES:
+        return format_time(value / 1000)
+    if label == "price":
+        return format_money(value)
+    if label == "category":
+        return f"{value} {category_name(value)}"
+    if label == "keywords":
+        return ", ".join(json.loads(value)) or "-"
+    return str(value)
+
+
+def _purge(database: Any, args: argparse.Namespace, out: Output) -> None:
+    from db.purge import LOAD_TEST_PREFIX, preview, purge
+
+    if not args.yes:
+        out.say(f"would remove {preview(database).sentence()} (accounts named {LOAD_TEST_PREFIX}...); "
+                "run again with --yes to do it")
+        return
+    out.say(f"removed {purge(database, _operator(args)).sentence()}")
+
+
+def _log(database: Any, args: argparse.Namespace, out: Output) -> None:
+    from db.admin import action_log
+
+    rows = database.run(lambda tx: action_log(tx, args.limit), write=False)
+    columns = ("when", "who", "action", "target", "outcome", "reason")
+    out.table(Table("operator's actions, newest first", columns,
+                    [(format_time(r.at_ms / 1000), f"{r.os_user}@{r.host}", r.action, r.target, r.outcome,
+                      r.reason or "-") for r in rows],
+                    "no operator's action has been recorded"))
+
+
+ACTIONS = {
+    "suspend": Action("suspend an account: its sessions end, its logins are refused", "user",
+                      _change("suspend", "role", "username", "off_sale"),
+                      flags=(("--off-sale", "a seller's items leave sale too (for good: reinstating "
+                                            "does not relist them)"),)),
+    "reinstate": Action("lift an account's suspension", "user", _change("reinstate", "role", "username")),
+    "end-sessions": Action("end every session of an account (its carts go; the saved cart stays)", "user",
+                           _change("end_user_sessions", "role", "username")),
+    "clear-throttle": Action("forget the failed logins counted for a username", "user",
+                             _change("clear_throttle", "role", "username")),
+    "take-off-sale": Action("take every unit of an item off sale", "item",
+                            _change("take_off_sale", "item_id")),
+    "show-user": Action("show an account with its state and counters", "user",
+                        _show("user", "show_user", "role", "username"), changes=False),
+    "show-item": Action("show an item with its counters", "item",
+                        _show("item", "show_item", "item_id"), changes=False),
+    "purge-test-data": Action("remove the load tools' accounts (loadtest-...) and what they wrote", "",
+                              _purge, flags=(("--yes", "remove them (without it: only say what would go)"),)),
+    "log": Action("show the operator's actions, newest first", "", _log, changes=False),
+}
+
+
+def add_admin_parser(sub: Any) -> None:
+    """`market admin ...` on the `market` parser's subcommands."""
+    parser = sub.add_parser("admin", help="the operator's commands (suspend, take off sale, show, log)",
+                            description="The operator's commands, run against the marketplace's database.")
+    parser.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+    parser.add_argument("--format", choices=FORMATS, default="table" if sys.stdout.isatty() else "tsv")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, action in ACTIONS.items():
+        p = actions.add_parser(name, help=action.help, description=action.help.capitalize() + ".")
+        if action.target == "user":
+            p.add_argument("role", choices=("buyer", "seller"))
+            p.add_argument("username")
+        elif action.target == "item":
+            p.add_argument("item_id", type=positive_int)
+        if action.changes:
+            p.add_argument("--reason", help="why, for the log")
+        for flag, help in action.flags:
+            p.add_argument(flag, action="store_true", help=help)
+        if name == "log":
+            p.add_argument("--limit", type=positive_int, default=50)
+        p.set_defaults(func=run_admin, admin_action=action)
+
+
+def run_admin(args: argparse.Namespace) -> int:
+    """Run one `market admin` action; 0 done, 1 refused (a bad name or id), 2 database unusable."""
+    from sqlalchemy.exc import DBAPIError
+
+    from db import Database
+
+    if missing_sqlite_file(args.db_url):
+        print(f"market admin: no such database file: {args.db_url}", file=sys.stderr)
+        return 2
+    out = Output(args.format)
+    database = Database(args.db_url, pool_size=1)
+    try:
+        problem = _schema_problem(database)
+        if problem:
+            print(f"market admin: {problem}", file=sys.stderr)
+            return 2
+        args.admin_action.run(database, args, out)
+    except ProtocolError as exc:
+        print(f"market admin: {exc}", file=sys.stderr)
+        return 1
+    except DBAPIError as exc:
+        print(f"market admin: cannot use the database: {' '.join(str(exc.orig).split())}", file=sys.stderr)
+        return 2
+    finally:
+        database.close()
+    return 0
+
+
+def _schema_problem(database: Any) -> str | None:
+    """Why this database cannot take the operator's commands, or None."""
+    from db.migrations import revision_of
+
+    revision = revision_of(database)
+    if revision.current is None:
+        return "not a marketplace database (no schema revision); run `market db upgrade` on it first"
+    if not revision.is_head:
+        return (f"the database is at revision {revision.current}, this code's is {revision.head}: "
+                f"run `market db upgrade --db-url URL` first")
+    return None
+
+
+def missing_sqlite_file(db_url: str) -> bool:
+    """True for a SQLite URL whose file does not exist (opening it would create it, empty)."""
+    from sqlalchemy import make_url
+
+    url = make_url(db_url)
+    return url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+        and not os.path.exists(url.database)

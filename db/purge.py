@@ -1,0 +1,235 @@
+"""Removing what the load tools wrote into a live marketplace: the accounts named
+LOAD_TEST_PREFIX..., their orders, votes, carts and items (`market admin purge-test-data`).
+
+One transaction per account, each leaving the books balanced for `market audit`: a test
+buyer's orders go with their lines, and each line's units go back where they came from (the
+item's `sold` and its seller's `items_sold` drop; a real seller's item gets its stock back on
+sale, relisted in search if it had sold out); a test buyer's votes go with their thumbs.
+Test sellers' items go too, unless a real buyer bought one: that item stays in the buyer's
+history, off sale, and so does its seller's account, with no session.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, inspect, select, update
+
+from .accounts import end_sessions
+from .admin import Operator, record, withdraw
+from .catalog import relist
+from .database import Database
+from .ledger import payments
+from .purchases import COMPLETED
+from .schema import (
+    cart_lines,
+    feedback,
+    item_keyword_pairs,
+    item_keywords,
+    items,
+    login_failures,
+    order_lines,
+    orders,
+    saved_cart_lines,
+    sessions,
+    suspensions,
+    users,
+)
+
+# What the load tools (market-sim, locust) name their accounts and items from.
+LOAD_TEST_PREFIX = "loadtest-"
+
+
+_COUNTED = ("test buyer", "order", "test seller", "item")
+
+
+def _plural(count: int, what: str) -> str:
+    return f"{count} {what}{'s' * (count != 1)}"
+
+
+@dataclass
+class PurgeCounts:
+    """What a purge removed (or would remove), and the test sellers it had to keep."""
+
+    removed: Counter[str] = field(default_factory=Counter)
+    kept_sellers: list[str] = field(default_factory=list)
+
+    def sentence(self) -> str:
+        """The counts in one line."""
+        counted = [_plural(self.removed[what], what) for what in _COUNTED if self.removed[what]]
+        said = ", ".join(counted) or "nothing"
+        if self.kept_sellers:
+            said += (f"; kept {_plural(len(self.kept_sellers), 'test seller')}"
+                     f" whose items real buyers bought ({', '.join(self.kept_sellers[:5])}"
+                     f"{', ...' if len(self.kept_sellers) > 5 else ''})")
+        return said
+
+
+def _test_users(tx: Connection, role: str) -> list[int]:
+    return list(tx.execute(select(users.c.user_id).where(
+        users.c.role == role, users.c.username.startswith(LOAD_TEST_PREFIX, autoescape=True))
+        .order_by(users.c.user_id)).scalars())
+
+
+def preview(database: Database) -> PurgeCounts:
+    """What a purge would remove now, and which test sellers it would keep (nothing is changed)."""
+    def count(tx: Connection) -> PurgeCounts:
+        buyers, sellers = _test_users(tx, "buyer"), _test_users(tx, "seller")
+        bought_by_others = select(order_lines.c.item_id).where(
+            order_lines.c.item_id == items.c.item_id, order_lines.c.buyer_id.not_in(buyers)).exists()
+        found = PurgeCounts(kept_sellers=list(tx.execute(
+            select(users.c.username).where(users.c.user_id.in_(
+                select(items.c.seller_id).where(items.c.seller_id.in_(sellers), bought_by_others)))
+            .order_by(users.c.user_id)).scalars()))
+        found.removed.update({
+            "test buyer": len(buyers), "test seller": len(sellers) - len(found.kept_sellers),
+            "order": _count(tx, orders, orders.c.buyer_id.in_(buyers)),
+            "item": _count(tx, items, items.c.seller_id.in_(sellers) & ~bought_by_others)})
+        return found
+    return database.run(count, write=False)
+
+
+def _count(tx: Connection, table: Any, where: Any) -> int:
+    return int(tx.execute(select(func.count()).select_from(table).where(where)).scalar_one())
+
+
+def purge(database: Database, operator: Operator) -> PurgeCounts:
+    """Remove every test account and what it wrote, one account per transaction; the last
+    transaction writes the log's row."""
+    done = PurgeCounts()
+    buyers = database.run(lambda tx: _test_users(tx, "buyer"), write=False)
+    for buyer_id in buyers:
+        done.removed.update(database.run(lambda tx: _purge_buyer(tx, buyer_id)))  # noqa: B023 - run at once
+    sellers = database.run(lambda tx: _test_users(tx, "seller"), write=False)
+    for seller_id in sellers:
+        counted, kept = database.run(lambda tx: _purge_seller(tx, seller_id))  # noqa: B023 - run at once
+        done.removed.update(counted)
+        done.kept_sellers.extend(kept)
+    database.run(lambda tx: _forget_test_failures(tx, operator, done))
+    return done
+
+
+def _end_all(tx: Connection, user_id: int) -> None:
+    ids = tx.execute(select(sessions.c.session_id).where(sessions.c.user_id == user_id)
+                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
+    if ids:
+        end_sessions(tx, ids)
+
+
+def _lock_out(tx: Connection, user_id: int) -> None:
+    """End the account's sessions and hold its row to the commit: a login opening a session
+    holds that row shared (db.accounts), so it either made its session before (ended here
+    too) or waits and finds the account gone."""
+    _end_all(tx, user_id)
+    tx.execute(select(users.c.user_id).where(users.c.user_id == user_id).with_for_update())
+    _end_all(tx, user_id)
+
+
+def _purge_buyer(tx: Connection, buyer_id: int) -> Counter[str]:
+    """One test buyer and all it did; the units it bought go back, its votes are taken back."""
+    _lock_out(tx, buyer_id)
+    # the lines of completed orders only: an undone purchase gave its units back already
+    lines = tx.execute(select(order_lines.c.item_id, order_lines.c.seller_id, order_lines.c.quantity)
+                       .join(orders, orders.c.order_id == order_lines.c.order_id)
+                       .where(order_lines.c.buyer_id == buyer_id, orders.c.status.in_(COMPLETED))).all()
+    votes = tx.execute(select(feedback.c.item_id, feedback.c.vote, items.c.seller_id)
+                       .join(items, items.c.item_id == feedback.c.item_id)
+                       .where(feedback.c.buyer_id == buyer_id)).all()
+    _give_back(tx, lines)
+    _take_back_votes(tx, votes)
+    tx.execute(delete(feedback).where(feedback.c.buyer_id == buyer_id))
+    tx.execute(delete(order_lines).where(order_lines.c.buyer_id == buyer_id))
+    _forget_payments(tx, buyer_id)
+    order_count = tx.execute(delete(orders).where(orders.c.buyer_id == buyer_id)).rowcount
+    tx.execute(delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == buyer_id))
+    _delete_account(tx, buyer_id)
+    return Counter({"test buyer": 1, "order": order_count})
+
+
+def _forget_payments(tx: Connection, buyer_id: int) -> None:
+    """The simulated processor's entries of the buyer's orders, when its ledger is kept in
+    this database (a ledger elsewhere, MARKET_PAYMENTS_URL, keeps them: its audit then names
+    them as payments of no order)."""
+    if not inspect(getattr(tx, "core", tx)).has_table(payments.name):
+        return
+    keys = tx.execute(select(orders.c.payment_key).where(orders.c.buyer_id == buyer_id,
+                                                         orders.c.payment_key.is_not(None))).scalars().all()
+    if keys:
+        tx.execute(delete(payments).where(payments.c.payment_key.in_(keys)))
+
+
+def _give_back(tx: Connection, lines: Sequence[Any]) -> None:
+    """The units of deleted order lines back to their items (items in item order, as
+    purchases lock them, then sellers): on sale again, unless the seller is suspended."""
+    units: Counter[int] = Counter()
+    for line in lines:
+        units[line.item_id] += line.quantity
+    for item_id in sorted(units):
+        item = tx.execute(select(items.c.item_id, items.c.category, items.c.name, items.c.keywords,
+                                 items.c.quantity,
+                                 suspensions.c.user_id.label("suspended"))
+                          .outerjoin(suspensions, suspensions.c.user_id == items.c.seller_id)
+                          .where(items.c.item_id == item_id).with_for_update()).one()
+        back = {"removed": items.c.removed + units[item_id]} if item.suspended else \
+            {"quantity": items.c.quantity + units[item_id]}
+        tx.execute(update(items).where(items.c.item_id == item_id)
+                   .values(sold=items.c.sold - units[item_id], **back))
+        if item.quantity == 0 and not item.suspended:
+            relist(tx, [item])  # type: ignore[arg-type]
+    sold: Counter[int] = Counter()
+    for line in lines:
+        sold[line.seller_id] += line.quantity
+    for seller_id in sorted(sold):
+        tx.execute(update(users).where(users.c.user_id == seller_id)
+                   .values(items_sold=users.c.items_sold - sold[seller_id]))
+
+
+def _take_back_votes(tx: Connection, votes: Sequence[Any]) -> None:
+    """A deleted vote's thumb off its item and its seller."""
+    for vote in sorted(votes, key=lambda v: v.item_id):
+        thumb = "thumbs_up" if vote.vote == "up" else "thumbs_down"
+        tx.execute(update(items).where(items.c.item_id == vote.item_id)
+                   .values({thumb: items.c[thumb] - 1}))
+    for vote in sorted(votes, key=lambda v: v.seller_id):
+        thumb = "thumbs_up" if vote.vote == "up" else "thumbs_down"
+        tx.execute(update(users).where(users.c.user_id == vote.seller_id)
+                   .values({thumb: users.c[thumb] - 1}))
+
+
+def _delete_account(tx: Connection, user_id: int) -> None:
+    tx.execute(delete(suspensions).where(suspensions.c.user_id == user_id))
+    tx.execute(delete(users).where(users.c.user_id == user_id))
+
+
+def _purge_seller(tx: Connection, seller_id: int) -> tuple[Counter[str], list[str]]:
+    """One test seller and its items; an item a real buyer bought stays, off sale, and so
+    does the seller (its name in the list returned)."""
+    _lock_out(tx, seller_id)
+    bought = select(order_lines.c.item_id).where(order_lines.c.item_id == items.c.item_id).exists()
+    withdraw(tx, (items.c.seller_id == seller_id) & bought)
+    gone = list(tx.execute(select(items.c.item_id).where(items.c.seller_id == seller_id, ~bought)
+                           .order_by(items.c.item_id).with_for_update()).scalars())
+    for chunk in _chunks(gone):
+        for table in (cart_lines, saved_cart_lines, item_keywords, item_keyword_pairs, feedback):
+            tx.execute(delete(table).where(table.c.item_id.in_(chunk)))
+        tx.execute(delete(items).where(items.c.item_id.in_(chunk)))
+    if tx.execute(select(items.c.item_id).where(items.c.seller_id == seller_id).limit(1)).first():
+        name = tx.execute(select(users.c.username).where(users.c.user_id == seller_id)).scalar_one()
+        return Counter({"item": len(gone)}), [name]
+    _delete_account(tx, seller_id)
+    return Counter({"test seller": 1, "item": len(gone)}), []
+
+
+def _chunks(ids: list[int], size: int = 500) -> Iterator[list[int]]:
+    for start in range(0, len(ids), size):
+        yield ids[start:start + size]
+
+
+def _forget_test_failures(tx: Connection, operator: Operator, done: PurgeCounts) -> None:
+    """The failed-login counts of test names, and the log's row of the whole purge."""
+    tx.execute(delete(login_failures).where(
+        login_failures.c.username.startswith(LOAD_TEST_PREFIX, autoescape=True)))
+    record(tx, operator, "purge-test-data", f"accounts named {LOAD_TEST_PREFIX}...",
+           f"removed {done.sentence()}")
