@@ -17,14 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import CARD, PASSWORD, free_port, unique_name
+from conftest import CARD, PASSWORD, Market, free_port, running_market, unique_name
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from test_processes import ServerProcess, _children
 
 import simulation.__main__ as sim
 from buyer_server.ops import build_app as build_buyer_app
-from buyer_server.payments import CountedProcessor, SimulatedProcessor
 from db import Database, RetryTransaction, accounts
 from db.accounts import SessionPolicy
 from db.address_limits import AccountGuards
@@ -32,7 +31,13 @@ from observe.server import LogObserver, MarketObserver
 from simulation import server_latency
 from wire import Connection
 from wire.config import Settings
-from wire.errors import BusyError, PaymentDeclinedError, UnauthenticatedError, UnknownOpError
+from wire.errors import (
+    BusyError,
+    PaymentDeclinedError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnknownOpError,
+)
 from wire.framing import encode_frame
 from wire.server import Server, ServerLimits
 
@@ -289,25 +294,33 @@ def test_refused_logins_and_sign_ups_are_counted_by_reason(database: Database) -
     assert {reason: now[1][reason] - signups[reason] for reason in signups} == {"address_limit": 1, "busy": 1}
 
 
+def _buy_one(market: Market) -> None:
+    seller, buyer = market.user("seller"), market.user("buyer")
+    buyer.call("add_to_cart", {"item_id": market.item(seller, quantity=1), "quantity": 1})
+    buyer.call("make_purchase", CARD)
+
+
 @pytest.mark.parametrize(("decline_rate", "outcome"), [(0.0, "approved"), (1.0, "declined")])
-def test_charges_are_counted_by_outcome(decline_rate: float, outcome: str) -> None:
-    processor = CountedProcessor(SimulatedProcessor(decline_rate))
+def test_authorisations_are_counted_by_outcome(database: Database, decline_rate: float, outcome: str) -> None:
     before = sample("market_payments_total", outcome=outcome)
-    try:
-        processor.charge(100, CARD["card_name"], CARD["card_number"], CARD["card_expiry"], None)
-    except PaymentDeclinedError:
-        assert outcome == "declined"
+    with running_market(database, Settings(role="buyer", payment_decline_rate=decline_rate)) as market:
+        try:
+            _buy_one(market)
+        except PaymentDeclinedError:
+            assert outcome == "declined"
     assert sample("market_payments_total", outcome=outcome) == before + 1
 
 
-def test_a_processor_that_fails_counts_an_error() -> None:
+def test_a_processor_that_fails_counts_an_error(database: Database) -> None:
     class Down:
-        def charge(self, *args: object) -> None:
+        def authorise(self, *args: object) -> None:
             raise ConnectionError("the processor cannot be reached")
 
+        capture = void = lookup = authorise
+
     before = sample("market_payments_total", outcome="error")
-    with pytest.raises(ConnectionError):
-        CountedProcessor(Down()).charge(100, "A", "4111111111111111", "12/39", None)
+    with running_market(database, processor=Down()) as market, pytest.raises(UnavailableError):
+        _buy_one(market)
     assert sample("market_payments_total", outcome="error") == before + 1
 
 
