@@ -36,4 +36,5 @@ def upgrade(conn: Connection, chunk: int = 10_000) -> None:
             if new_rows:
                 conn.execute(insert(table), new_rows)
         after, filled = page[-1].item_id, filled + sum(map(len, rows))
-    log.info("indexed %d words of the names and keywords of the items on sale", filled)
+    if filled:  # a new database's empty catalogue is no news
+        log.info("indexed %d words of the names and keywords of the items on sale", filled)
