@@ -246,7 +246,7 @@ orders = Table(
     Column("status", String(9), nullable=False, default="pending", server_default="paid"),
     Column("payment_key", String(64), nullable=True),  # the processor's key, made per order
     UniqueConstraint("buyer_id", "idempotency_key", name="uq_orders_idempotency"),
-    UniqueConstraint("payment_key", name="uq_orders_payment_key"),
+    Index("uq_orders_payment_key", "payment_key", unique=True),  # as revision 0004 makes it
     Index("ix_orders_buyer", "buyer_id", "order_id"),
     Index("ix_orders_status", "status", "created_ms"),
     **_MYSQL,
