@@ -12,7 +12,6 @@ concurrent purchases lock in the same order.
 """
 from __future__ import annotations
 
-import json
 import secrets
 from collections import Counter
 from collections.abc import Sequence
@@ -26,15 +25,11 @@ from wire.errors import BusyError, ConflictError
 from wire.values import format_money
 
 from .accounts import Session
-from .catalog import unlist
+from .catalog import relist, unlist
 from .database import RetryTransaction, now_ms
 from .schema import (
     cart_lines,
-    item_keyword_pairs,
-    item_keywords,
     items,
-    keyword_pair_rows,
-    keyword_rows,
     order_lines,
     orders,
     saved_cart_lines,
@@ -128,7 +123,7 @@ DUE_ORDERS = (select(orders.c.order_id, orders.c.payment_key, orders.c.status)
               .where((orders.c.status == CAPTURING) | (orders.c.status == VOIDING)
                      | ((orders.c.status == PENDING) & (orders.c.created_ms < bindparam("pending_before"))))
               .order_by(orders.c.order_id).limit(bindparam("limit", type_=Integer)))
-_LOCK_ITEM = (select(items.c.item_id, items.c.quantity, items.c.category, items.c.keywords)
+_LOCK_ITEM = (select(items.c.item_id, items.c.quantity, items.c.category, items.c.name, items.c.keywords)
               .where(items.c.item_id == bindparam("item_id")).with_for_update())
 
 
@@ -272,12 +267,7 @@ def _give_stock_back(tx: UnitOfWork, lines: Sequence[Any]) -> None:
         item = tx.execute(_LOCK_ITEM, {"item_id": line.item_id}).one()
         tx.execute(_GIVE_STOCK, {"item_id": line.item_id, "n": line.quantity})
         if item.quantity == 0:
-            keywords = json.loads(item.keywords)
-            if keywords:
-                tx.execute(insert(item_keywords), keyword_rows(item.item_id, item.category, keywords))
-            pairs = keyword_pair_rows(item.item_id, keywords)
-            if pairs:
-                tx.execute(insert(item_keyword_pairs), pairs)
+            relist(tx, [item])
 
 
 def _receipt(order_id: int, total: int, lines: list[dict[str, Any]]) -> dict[str, Any]:
