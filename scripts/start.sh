@@ -5,7 +5,7 @@
 source "$(dirname "$0")/_venv.sh" runtime
 # On the SQLite default (market.db here) the servers upgrade its schema themselves; another
 # database is upgraded by its own step first: market db upgrade --db-url URL.
-db_url=${MARKET_DB_URL:-$(sed -n 's/^MARKET_DB_URL=//p' .env 2>/dev/null | tail -n 1)}
+db_url=${MARKET_DB_URL:-$( { [ ! -f .env ] || sed -n 's/^MARKET_DB_URL=//p' .env; } | tail -n 1)}
 for ((i = 1; i < $#; i++)); do
   if [ "${!i}" = --db-url ]; then next=$((i + 1)); db_url=${!next}; fi
 done
