@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from wire import Connection, OpSpec, framing
+from wire import Connection, OpSpec, framing, values
 from wire.app import App
 from wire.framing import FrameDecoder, decode_body, encode_frame
 from wire.server import Server, ServerLimits, StopSignals
@@ -367,6 +367,39 @@ def test_while_a_thread_answers_a_slow_request_another_keeps_reading(serve: Any)
         slow.recv(1)  # the slow answer is still on its way
     slow.setblocking(True)
     assert read_messages(slow, 1) == [{"id": 1, "ok": True, "result": {"slept": True}}]
+
+
+def test_connections_are_answered_in_the_order_their_requests_arrived() -> None:
+    # a busy pool answers the requests found earlier first: a leader that answered the newest
+    # it found, while older ones waited in the queue, let some wait behind dozens of later ones
+    handled: list[int] = []
+
+    def work(n: int) -> dict[str, Any]:
+        handled.append(n)
+        time.sleep(0.01)
+        return {}
+
+    app = App({"work": OpSpec("work", required={"n": values.integer(0, 99)}, public=True)},
+              {"work": work}, _NoSessions())
+    server = Server(app, limits=ServerLimits(threads=2))
+    server.start()
+    try:
+        socks = [raw(server) for _ in range(40)]
+        sending, sent = [], []  # around each send: a sender put off the CPU skews neither way
+        for n, sock in enumerate(socks):
+            sending.append(time.monotonic())
+            sock.sendall(encode_frame({"id": n, "op": "work", "args": {"n": n}}))
+            sent.append(time.monotonic())
+            time.sleep(0.003)
+        for sock in socks:
+            assert read_messages(sock, 1)[0]["ok"] is True
+    finally:
+        server.shutdown()
+    # overtaken: answered before a request sent at least 20 ms before it (several select rounds)
+    overtaken = [(n, later) for i, n in enumerate(handled) for later in handled[:i]
+                 if sending[later] - sent[n] >= 0.02]
+    assert sorted(handled) == list(range(40))
+    assert overtaken == []
 
 
 def test_one_thread_serves_every_connection_in_turn(serve: Any) -> None:

@@ -4,9 +4,12 @@ One thread of the pool at a time leads: it accepts, reads and decodes frames
 (framing.FrameDecoder) for every connection through a selector. Complete requests
 queue on their connection, and one thread at a time answers them in order, so
 pipelining keeps its order and the thread count stays fixed however many clients
-connect. When a connection has requests to answer, the leader hands the lead to the
-next free thread and answers them itself: the request goes on with no hand-off to
-another thread on its way. Exceptions become error responses in `answer`, the one
+connect. A leader that finds connections with requests queues all but the first behind
+the work already waiting, queues the lead behind them, and answers the first itself: each
+round of the selector is answered in full before the next round's, so no request waits
+behind later ones, and the first goes on with no hand-off to another thread. Waking the
+leader never blocks, so nothing keeps the lead from its turn. Exceptions become error
+responses in `answer`, the one
 place where that translation happens. An observer (wire.observer) hears of connections
 and answers: metrics, logs and tracing hang there.
 
@@ -50,7 +53,6 @@ _PAUSE_AFTER = 64  # queued requests on one connection before we stop reading it
 _HOLDS_A_LOT = 65536  # bytes a connection holds that, past the process's limit, stop its reading
 _ACCEPT_PAUSE_S = 0.5  # out of file descriptors: how long the listener is left alone
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-_LOOK_FIRST = (lambda _: None, None)  # wakes a pool thread to look at the calls that go first
 # why a connection is turned away (the observer's reason): what the client is told, with BUSY
 _REFUSALS = {
     "max_connections": "too many connections; try again later",
@@ -111,7 +113,6 @@ class _WorkerPool:
 
     def __init__(self, threads: int) -> None:
         self._calls: queue.SimpleQueue[tuple[Callable[[Any], None], Any] | None] = queue.SimpleQueue()
-        self._first: collections.deque[tuple[Callable[[Any], None], Any]] = collections.deque()
         self._threads = [threading.Thread(target=self._work, name=f"market-worker-{n}", daemon=True)
                          for n in range(threads)]
         for thread in self._threads:
@@ -121,11 +122,6 @@ class _WorkerPool:
         """Run call(arg) on a worker thread."""
         self._calls.put((call, arg))
 
-    def submit_first(self, call: Callable[[Any], None], arg: Any) -> None:
-        """Run call(arg) on the next thread that is free, before every call waiting."""
-        self._first.append((call, arg))
-        self._calls.put(_LOOK_FIRST)
-
     def shutdown(self) -> None:
         """Finish the calls already submitted, then stop every thread."""
         for _ in self._threads:
@@ -133,19 +129,8 @@ class _WorkerPool:
         for thread in self._threads:
             thread.join()
 
-    def _next(self) -> tuple[Callable[[Any], None], Any] | None:
-        """The next call to run: one that goes first if any, else the longest waiting."""
-        while True:
-            try:
-                return self._first.popleft()
-            except IndexError:
-                pass
-            item = self._calls.get()
-            if item is not _LOOK_FIRST:
-                return item
-
     def _work(self) -> None:
-        while (item := self._next()) is not None:
+        while (item := self._calls.get()) is not None:
             call, arg = item
             try:
                 call(arg)
@@ -297,12 +282,9 @@ class Server:
         if not ready:  # stopping
             self._lead_ended.set()
             return
-        if self.limits.threads > 1:  # the next free thread leads; the others answer the rest
-            self._pool.submit_first(self._lead, None)
         for conn in ready[1:]:
             self._pool.submit(self._drain, conn)
-        if self.limits.threads == 1:  # a lone thread answers everything found before it looks again
-            self._pool.submit(self._lead, None)
+        self._pool.submit(self._lead, None)  # after what was found: each round answered in full
         self._drain(ready[0])
 
     def _watch(self) -> list[_Connection]:
