@@ -300,7 +300,7 @@ class UnitOfWork:
                         for sql, values in statements]
         else:
             outcomes = self._guarded(";".join(s for s, _ in statements),
-                                     partial(_run_mysql, self._cursor(), statements))
+                                     partial(_run_mysql, self._driver_connection, statements))
         for (compiled, result), (rows, rowcount, lastrowid) in zip(results, outcomes, strict=False):
             result.fill(compiled.rows(rows) if compiled.row is not None else [], rowcount, lastrowid)
         for _ in statements:
@@ -369,27 +369,35 @@ def _run_sqlite(cursor: Any, sql: str, values: Any) -> tuple[list[Any], int, int
     return rows, cursor.rowcount, cursor.lastrowid
 
 
-def _run_mysql(cursor: Any, statements: list[tuple[str, Any]]) -> list[tuple[list[Any], int, int | None]]:
+def _run_mysql(driver: Any, statements: list[tuple[str, Any]]) -> list[tuple[list[Any], int, int | None]]:
     """The statements in one query, each one's outcome; every result is read, so that an
-    error of a later statement (after which MariaDB runs nothing more) is raised here."""
-    if len(statements) == 1:
-        sql, values = statements[0]
-    else:
-        sql, values = _joined(statements)
-    cursor.execute(sql, values or None)
-    outcomes = []
+    error of a later statement (after which MariaDB runs nothing more) is raised here.
+
+    The query goes to the connection's `cmd_query` with its values already quoted by the
+    connection's `prepare_for_mysql` into a template made once per statement: a cursor's
+    `execute` would format them with a regular expression and scan the whole query for
+    DELIMITER lines on every call (benchmarks.md#round-trips)."""
+    query = b";".join(_rendered(sql, values, driver) for sql, values in statements)
+    result = driver.cmd_query(query)
+    outcomes: list[tuple[list[Any], int, int | None]] = []
     while True:
-        rows = cursor.fetchall() if cursor.with_rows else []
-        outcomes.append((rows, cursor.rowcount, cursor.lastrowid))
-        if len(outcomes) == len(statements) or not _next_result(cursor):
+        if "columns" in result:
+            rows = driver.get_rows()[0]
+            outcomes.append((rows, len(rows), None))
+        else:
+            outcomes.append(([], result["affected_rows"], result["insert_id"]))
+        if len(outcomes) == len(statements) or not _next_result(driver):
+            if not driver.more_results:
+                driver.free_result()
             return outcomes
+        result = driver.fetch_eof_columns() if driver.result_set_available else driver.fetch_eof_status()
 
 
-def _next_result(cursor: Any) -> bool:
-    """The cursor on the query's next result; the C extension raises its own error class
-    there, made here into the driver's DB-API one (IntegrityError ...) as execute() does."""
+def _next_result(driver: Any) -> bool:
+    """The connection on the query's next result; the C extension raises its own error class
+    there, made here into the driver's DB-API one (IntegrityError ...) as cmd_query does."""
     try:
-        return bool(cursor.nextset())
+        return bool(driver.next_result())
     except Exception as exc:
         if isinstance(exc, DriverError) or getattr(exc, "errno", None) is None:
             raise
@@ -397,12 +405,23 @@ def _next_result(cursor: Any) -> bool:
                                   sqlstate=getattr(exc, "sqlstate", None)) from exc
 
 
-def _joined(statements: list[tuple[str, Any]]) -> tuple[str, dict[str, Any]]:
-    """One query of several statements, their %(name)s parameters renamed apart."""
-    texts: list[str] = []
-    merged: dict[str, Any] = {}
-    for n, (sql, values) in enumerate(statements):
-        texts.append(_PLACEHOLDER.sub(rf"%(\1__{n})s", sql))
-        merged.update({f"{name}__{n}": value for name, value in values.items()})
-    text = ";".join(texts)
-    return (text, merged) if merged else (text.replace("%%", "%"), merged)
+_TEMPLATES: dict[str, tuple[list[bytes], list[str]]] = {}
+_MAX_TEMPLATES = 4096  # statements made per call (rare) must not grow it without end
+
+
+def _rendered(sql: str, values: dict[str, Any], driver: Any) -> bytes:
+    """The statement with its %(name)s parameters replaced by their quoted values."""
+    template = _TEMPLATES.get(sql)
+    if template is None:
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            _TEMPLATES.clear()
+        pieces = _PLACEHOLDER.split(sql)  # text, name, text, name, ..., text
+        template = _TEMPLATES[sql] = ([p.replace("%%", "%").encode() for p in pieces[::2]], pieces[1::2])
+    texts, names = template
+    if not names:
+        return texts[0]
+    quoted = driver.prepare_for_mysql([values[name] for name in names])
+    out = [texts[0]]
+    for value, text in zip(quoted, texts[1:], strict=True):
+        out += (value, text)
+    return b"".join(out)

@@ -214,9 +214,9 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sent: list[int] = []
     send = db.unit_of_work._run_mysql
 
-    def watched(cursor: Any, statements: list[tuple[str, Any]]) -> Any:
+    def watched(driver: Any, statements: list[tuple[str, Any]]) -> Any:
         sent.append(len(statements))
-        return send(cursor, statements)
+        return send(driver, statements)
 
     monkeypatch.setattr(db.unit_of_work, "_run_mysql", watched)
     return sent

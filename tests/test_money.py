@@ -236,18 +236,18 @@ def test_an_order_left_pending_is_undone_by_the_settler(market: Market) -> None:
 @contextlib.contextmanager
 def fault_at_commit(fault: Callable[[Any, Callable[[], Any]], Any]) -> Iterator[list[int]]:
     """Once, at the query that carries the COMMIT of the step marking an order paid (its real
-    UPDATE in it), run `fault(cursor, send)` instead of `send()`, which sends the query to the
+    UPDATE in it), run `fault(driver, send)` instead of `send()`, which sends the query to the
     database; yields the list of faults made."""
     made: list[int] = []
     send_query = unit_of_work._run_mysql
 
-    def faulty(cursor: Any, statements: list[tuple[str, Any]]) -> Any:
+    def faulty(driver: Any, statements: list[tuple[str, Any]]) -> Any:
         marks_paid = any(sql.startswith("UPDATE orders SET status") and "capturing" in str(values)
                          for sql, values in statements)
         if marks_paid and statements[-1][0] == "COMMIT" and not made:
             made.append(1)
-            return fault(cursor, lambda: send_query(cursor, statements))
-        return send_query(cursor, statements)
+            return fault(driver, lambda: send_query(driver, statements))
+        return send_query(driver, statements)
 
     unit_of_work._run_mysql = faulty  # type: ignore[assignment]
     try:
@@ -256,10 +256,10 @@ def fault_at_commit(fault: Callable[[Any, Callable[[], Any]], Any]) -> Iterator[
         unit_of_work._run_mysql = send_query  # type: ignore[assignment]
 
 
-def _deadlock(cursor: Any, _send: Callable[[], Any]) -> None:
+def _deadlock(driver: Any, _send: Callable[[], Any]) -> None:
     """What MariaDB (or Galera's certification) does to a COMMIT it will not make: the
     transaction rolled back, and error 1213."""
-    cursor._connection.rollback()
+    driver.rollback()
     raise mysql_errors.InternalError(
         msg="Deadlock found when trying to get lock; try restarting transaction", errno=1213)
 
@@ -284,11 +284,11 @@ def test_a_deadlock_at_a_commit_sent_alone_is_retried(database: Database) -> Non
     that COMMIT is a deadlock to retry, not an internal error."""
     send_query, failed = unit_of_work._run_mysql, []
 
-    def deadlock_once(cursor: Any, statements: list[tuple[str, Any]]) -> Any:
+    def deadlock_once(driver: Any, statements: list[tuple[str, Any]]) -> Any:
         if [sql for sql, _ in statements] == ["COMMIT"] and not failed:
             failed.append(1)
-            _deadlock(cursor, lambda: None)
-        return send_query(cursor, statements)
+            _deadlock(driver, lambda: None)
+        return send_query(driver, statements)
 
     def bump(tx: Any) -> int:  # its row count read: the COMMIT goes alone
         sold = update(users).where(users.c.user_id == 1).values(items_sold=users.c.items_sold + 1)
@@ -316,16 +316,16 @@ def test_a_connection_lost_at_the_commit_answers_what_happened(market: Market, l
     item_id = market.item(seller, quantity=4)
     buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
     with closing(Database(market.db.url, pool_size=1)) as admin:
-        def kill(cursor: Any) -> None:
-            victim = cursor._connection.connection_id
+        def kill(driver: Any) -> None:
+            victim = driver.connection_id
             admin.run(lambda tx: tx.exec_driver_sql(f"KILL CONNECTION {victim}"))
 
-        def kill_connection(cursor: Any, send: Callable[[], Any]) -> Any:
+        def kill_connection(driver: Any, send: Callable[[], Any]) -> Any:
             if lost == "before_the_query":
-                kill(cursor)
+                kill(driver)
                 return send()
             send()
-            kill(cursor)
+            kill(driver)
             raise mysql_errors.OperationalError(msg="Lost connection to MySQL server during query",
                                                 errno=2013)
 
