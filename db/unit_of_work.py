@@ -114,7 +114,8 @@ STATEMENTS = StatementCache()
 
 
 class Result:
-    """A statement's rows, or its row count and new id; reading it sends what is held."""
+    """A statement's rows, or its row count and new id; reading it sends what is held.
+    A write whose query lost its answer (a COMMIT asked about after) has rowcount -1: not known."""
 
     def __init__(self, uow: UnitOfWork | None = None) -> None:
         self._uow = uow

@@ -27,7 +27,7 @@ from db.database import now_ms
 from db.housekeeping import sweep
 from db.migrations import make_current
 from db.schema import commit_tokens, login_failures
-from tests.conftest import fresh_mysql_database, running_market
+from tests.conftest import CARD, fresh_mysql_database, running_market
 from wire.errors import UnavailableError
 
 _NEW = insert(login_failures).values(role="buyer", username=bindparam("username"), failures=0,
@@ -203,6 +203,23 @@ def test_the_cart_answers_once_and_holds_once_after_a_lost_commit(proxied: Datab
         assert [line["quantity"] for line in buyer.call("display_cart")["cart"]["items"]] == [3]
 
 
+def test_a_purchase_whose_commit_lost_its_answer_is_bought_once(proxied: Database,
+                                                               cutter: CommitCutter) -> None:
+    """The order's transaction (the stock taken) loses its COMMIT's answer: the purchase goes
+    on to its payment, the receipt is the answer, and the stock is taken once."""
+    with running_market(proxied) as market:
+        seller, buyer = market.user("seller"), market.user("buyer")
+        item_id = market.item(seller, quantity=10)
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+        cutter.arm("answered")
+        receipt = buyer.call("make_purchase", CARD)
+        assert cutter.cuts == 1
+        assert [line["quantity"] for line in receipt["lines"]] == [2]
+        assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 8
+        history = buyer.call("get_purchase_history")["purchases"]
+        assert [p["order_id"] for p in history] == [receipt["order_id"]]
+
+
 def test_a_commit_unanswered_while_the_database_stays_away_says_so(proxied: Database, cutter: CommitCutter,
                                                                    mariadb_url: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
@@ -226,23 +243,14 @@ def test_a_token_written_again_says_whether_its_transaction_committed(mariadb_ur
         assert committed(database.engine, never) is True  # fenced: now it is there
 
 
-def test_every_write_transaction_on_mariadb_writes_a_token_and_reads_write_none(mariadb_url: str) -> None:
-    with closing(Database(mariadb_url, pool_size=1)) as database:
-        tokens = lambda: database.run(lambda tx: tx.execute(select(func.count()).select_from(commit_tokens))
-                                      .scalar_one(), write=False)
-        before = tokens()
-        database.run(lambda tx: tx.execute(_NEW, {"username": "writer"}))
-        database.run(lambda tx: tx.execute(_FAILURES, _WHERE).all(), write=False)
-        assert tokens() == before + 1
-
-
-def test_sqlite_writes_no_token(database: Database) -> None:
-    """On SQLite (in the process) a COMMIT's answer cannot be lost; on MariaDB the table is
-    written, and swept by the housekeeping once its tokens are old."""
-    database.run(lambda tx: tx.execute(_NEW, _WHERE))
+def test_a_write_leaves_a_token_on_mariadb_only_and_a_read_none(database: Database) -> None:
+    """On SQLite (in the process) a COMMIT's answer cannot be lost: no token there."""
     count = select(func.count()).select_from(commit_tokens)
-    written = database.run(lambda tx: tx.execute(count).scalar_one(), write=False)
-    assert written == (0 if database.is_sqlite else 1)
+    before = database.run(lambda tx: tx.execute(count).scalar_one(), write=False)
+    database.run(lambda tx: tx.execute(_NEW, _WHERE))
+    database.run(lambda tx: tx.execute(_FAILURES, _WHERE).all(), write=False)
+    after = database.run(lambda tx: tx.execute(count).scalar_one(), write=False)
+    assert after - before == (0 if database.is_sqlite else 1)
 
 
 def test_the_housekeeping_forgets_old_tokens_only(database: Database) -> None:
