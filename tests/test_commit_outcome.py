@@ -77,12 +77,10 @@ class CommitCutter:
     def _to_server(self, client: socket.socket, server: socket.socket, link: dict[str, bool]) -> None:
         while data := _received(client):
             mode = self._take_mode() if b"COMMIT" in data else ""
+            link["cutting"] = link["cutting"] or mode == "answered"  # set before the answer can come
             if mode != "unsent":
                 server.sendall(data)
-            if mode == "answered":
-                link["cutting"] = True  # the server's answer is dropped, then both ends cut
-                continue
-            if mode:
+            if mode in ("unsent", "running"):
                 return _cut(client, server)
         _cut(client, server)
 
