@@ -103,8 +103,8 @@ class Checkout:
         try:
             if self.db.run(lambda tx: purchases.mark_paid(tx, order)):
                 return True
-            # Not pending: undone by a settler, or moved by this very step, whose COMMIT ran
-            # but whose answer was lost, the step then run again on a fresh connection.
+            # Not pending (undone by a settler), or not known: this very step committed, but
+            # its COMMIT's answer was lost (Database.run found its commit token).
             return self._status_when_known(order.order_id) in purchases.COMPLETED
         except UnavailableError:
             status = self._status_when_known(order.order_id)

@@ -5,6 +5,9 @@ A transaction is a plain function of a unit of work (db.unit_of_work: it execute
 statements like a SQLAlchemy Connection); `Database.run` calls it inside BEGIN ... COMMIT
 (a read runs statement by statement, without one) and calls it again (a bounded number of
 times) when the database asks for a retry, so the function must do all its work through `tx`.
+A MySQL transaction whose connection is lost at its COMMIT is never simply run again: its
+commit token (db.commit_tokens) says whether it committed (then its answer stands) or not
+(then it runs again).
 
 The Connections themselves stay open between calls (`_Connections`): opening one per
 call (a pool checkout, its events and a return) cost about 100 Python function calls,
@@ -20,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, CursorResult
+from sqlalchemy import Connection, CursorResult, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -28,8 +31,10 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from observe import events
 from wire.errors import BusyError, UnavailableError
 
+from . import commit_tokens
+from .commit_tokens import CommitToken
 from .engine import LOCK_WAIT_S, PROGRESS_KEY, RECYCLE_S, UNIT_KEY, WalKeeper, is_sqlite, make_engine
-from .unit_of_work import ReplayUnheld, UnitOfWork
+from .unit_of_work import CommitUnanswered, ReplayUnheld, UnitOfWork
 
 T = TypeVar("T")
 log = logging.getLogger("market.db")
@@ -50,6 +55,11 @@ _SQLITE_UNAVAILABLE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE
 _ALL_IN_USE = "every database connection is in use; try again"
 _LOCK_WAITED = f"waited {LOCK_WAIT_S} s for a lock another request held; nothing was changed; try again"
 _OPENED_KEY = "market_opened"  # connection info: when its Connection was opened (monotonic)
+# How long a COMMIT whose answer was lost is asked about while the database is away: a
+# restart takes a few seconds, and the answer must reach the client within its 30 s.
+_ASK_FOR_S = 6.5
+_OUTCOME_UNKNOWN = ("the database went away while the change was being committed, and has not come back "
+                    "to say whether it was made: look before making it again")
 
 
 class RetryTransaction(Exception):
@@ -80,6 +90,7 @@ class Database:
         self.engine = make_engine(url, pool_size, sqlite_synchronous)
         self._wal = WalKeeper.for_engine(self.engine)
         self._connections = _Connections(self.engine, pool_size)
+        self._has_tokens: bool | None = None  # the commit_tokens table exists (None: not looked yet)
 
     def close(self) -> None:
         """Close every pooled connection."""
@@ -100,6 +111,11 @@ class Database:
             except ReplayUnheld:
                 hold = False
                 continue
+            except _Unanswered as unanswered:
+                if self._committed(unanswered.token):
+                    return unanswered.result  # type: ignore[no-any-return]
+                events.transaction_retried("commit_lost")
+                continue  # it did not commit, and now never will: run it again
             except RetryTransaction:
                 events.transaction_retried("conflict")
             except IntegrityError:
@@ -126,17 +142,21 @@ class Database:
         raise BusyError("the database is too busy to finish this; nothing was changed")
 
     def _run_once(self, work: Callable[[Any], T], write: bool, progress: list[int], hold: bool = True) -> T:
+        token = CommitToken.new() if write and self._writes_tokens() else None
         conn = self._connections.take()
         events.db_connections_in_use(1)
         try:
             conn.info[PROGRESS_KEY] = progress
             conn.info[UNIT_KEY] = True
-            tx = UnitOfWork(conn, write, hold)
+            tx = UnitOfWork(conn, write, hold, token)
             try:
                 tx.begin()
                 result = work(tx)
                 tx.commit()
                 return result
+            except CommitUnanswered as lost:
+                _quietly_roll_back(tx)
+                raise _Unanswered(lost.token, result) from lost
             except BaseException:
                 _quietly_roll_back(tx)
                 raise
@@ -149,6 +169,36 @@ class Database:
                 conn.info.pop(UNIT_KEY, None)
             self._connections.give(conn)
             events.db_connections_in_use(-1)
+
+    def _writes_tokens(self) -> bool:
+        """Whether write transactions write a commit token: on MySQL/MariaDB, once the
+        database has the table (a database of an older schema, or the ledger's own, has not)."""
+        if self._has_tokens is None and self.is_sqlite:
+            self._has_tokens = False  # in-process: a COMMIT's answer cannot be lost
+        if self._has_tokens is None:
+            with self.engine.connect() as conn:
+                self._has_tokens = inspect(conn).has_table(commit_tokens.TABLE)
+        return self._has_tokens
+
+    def _committed(self, token: CommitToken) -> bool:
+        """Whether the transaction that wrote `token` committed, asked on a fresh connection
+        for a few seconds while the database is away; UNAVAILABLE, saying so, if it stays away."""
+        self._connections.retire_all()  # the lost connection's siblings are suspect too
+        deadline = time.monotonic() + _ASK_FOR_S
+        pause = 0.1
+        while True:
+            try:
+                return commit_tokens.committed(self.engine, token)
+            except (DBAPIError, PoolTimeoutError) as exc:
+                log.warning("could not ask whether a commit went through: %s", getattr(exc, "orig", exc))
+            if time.monotonic() + pause > deadline:
+                raise UnavailableError(_OUTCOME_UNKNOWN)
+            time.sleep(pause)
+            pause *= 2
+
+    def schema_changed(self) -> None:
+        """The schema was upgraded: look again for the tables this class uses."""
+        self._has_tokens = None
 
     def create_schema(self) -> None:
         """Make the database current, whatever it held (db.migrations.make_current)."""
@@ -183,6 +233,14 @@ def _quietly_roll_back(tx: UnitOfWork) -> None:
         tx.rollback()
     except DBAPIError as exc:
         log.debug("rollback failed: %s", exc.orig)
+
+
+class _Unanswered(Exception):
+    """A transaction's COMMIT lost its answer: its token, and what the transaction returned."""
+
+    def __init__(self, token: CommitToken, result: Any) -> None:
+        super().__init__("the connection was lost before the COMMIT was answered")
+        self.token, self.result = token, result
 
 
 class _Connections:

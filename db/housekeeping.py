@@ -1,5 +1,6 @@
 """Housekeeping: a thread of each server process deletes the rows nobody will read again,
-expired sessions with their cart lines and failed-login counts long past.
+expired sessions with their cart lines, failed-login counts long past, and the commit
+tokens nobody will ask about (db.commit_tokens).
 
 Small batches, one short transaction each: a batch's rows are found without locks, then
 locked or deleted by primary key only if they still qualify, so any number of processes may sweep at once,
@@ -15,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, select, tuple_
 
+from . import commit_tokens
 from .accounts import SessionPolicy, end_sessions, ended_long_ago
 from .database import Database, now_ms
 from .schema import login_failures as lf
@@ -60,12 +62,14 @@ def sweep(db: Database, policy: SessionPolicy, batch: int = BATCH,
     """Every sweep, batch after batch until one deletes less than a full batch (another
     housekeeper took the rest, or none is left); the rows deleted."""
     deleted = 0
-    for step in (lambda tx: end_expired_sessions(tx, policy, batch),
-                 lambda tx: forget_old_failures(tx, batch)):
+    token_batch = max(batch, commit_tokens.BATCH)  # one range of the key: cheap to delete
+    for step, size in ((lambda tx: end_expired_sessions(tx, policy, batch), batch),
+                       (lambda tx: forget_old_failures(tx, batch), batch),
+                       (lambda tx: commit_tokens.forget_old_tokens(tx, now_ms(), token_batch), token_batch)):
         while not stop():
             count = db.run(step)
             deleted += count
-            if count < batch:
+            if count < size:
                 break
     return deleted
 
@@ -102,4 +106,5 @@ class Housekeeper:
                 log.exception("housekeeping failed; trying again in %.0f s", self._interval_s)
                 continue
             if deleted:
-                log.info("housekeeping deleted %d expired sessions and old failed-login counts", deleted)
+                log.info("housekeeping deleted %d expired sessions, old failed-login counts and "
+                         "commit tokens", deleted)

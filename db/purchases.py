@@ -204,7 +204,9 @@ def finish(tx: UnitOfWork, order_id: int, status: str) -> Moved:
 
 class Moved:
     """Whether a conditional status change matched its order: read once the transaction has
-    sent it (after the COMMIT, so that the change costs no round trip of its own)."""
+    sent it (after the COMMIT, so that the change costs no round trip of its own). False too
+    when that is not known (the COMMIT committed, its answer lost): the caller reads the
+    status back."""
 
     def __init__(self, result: Any) -> None:
         self._result = result

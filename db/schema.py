@@ -37,7 +37,8 @@ from wire.values import MAX_WORD_LENGTH, item_search_words
 # keywords and idempotency keys compared exactly on MySQL (ExactText); 4: orders.status and
 # orders.payment_key, for purchases in steps (db.purchases); 5: item_words and item_word_pairs, the search by
 # text's indexes ; 6: suspensions and
-# admin_actions, the operator's commands (revisions in db/migrations/versions)
+# admin_actions, the operator's commands; 7: commit_tokens, how a COMMIT whose answer was lost
+# is known to have committed or not (revisions in db/migrations/versions)
 metadata = MetaData()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.
@@ -309,5 +310,16 @@ admin_actions = Table(
     Column("target", String(100), nullable=False),
     Column("outcome", String(500), nullable=False),
     Column("reason", String(500), nullable=True),
+    **_MYSQL,
+)
+
+# One row per MySQL/MariaDB write transaction, written in it (db.commit_tokens): after a
+# connection lost at its COMMIT, the row says whether it committed. The key grows with time
+# (the housekeeping deletes by its first column); `nonce` is random.
+commit_tokens = Table(
+    "commit_tokens", metadata,
+    Column("created_ms", BigInteger, nullable=False, autoincrement=False),
+    Column("nonce", BigInteger, nullable=False, autoincrement=False),
+    PrimaryKeyConstraint("created_ms", "nonce"),
     **_MYSQL,
 )

@@ -6,9 +6,11 @@ and answered with a pending result; what is held is sent before the next read, b
 that leaves the database (`call_outside`), at COMMIT, or when a held write's result is read.
 On MySQL/MariaDB what is held travels in the same query as the statement that follows it
 (START TRANSACTION and COMMIT too), through the driver's documented multi-statement support:
-one round trip instead of several. Statements are compiled once per dialect (StatementCache)
-and run on one driver cursor per connection, skipping SQLAlchemy's per-execution machinery;
-anything else (DDL, text(), executemany) goes through SQLAlchemy, after a flush.
+one round trip instead of several. A write transaction given a commit token writes it in the
+query of its START TRANSACTION (db.commit_tokens), so that a COMMIT whose answer is lost can
+be asked about. Statements are compiled once per dialect (StatementCache) and run on one
+driver cursor per connection, skipping SQLAlchemy's per-execution machinery; anything else
+(DDL, text(), executemany) goes through SQLAlchemy, after a flush.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ try:
 except ImportError:  # pragma: no cover - SQLite only
     DriverError = Exception  # type: ignore[assignment,misc]
 
+from .commit_tokens import WRITE_TOKEN, CommitToken
 from .engine import BATCHES_KEY, begin_immediate, count_statement
 
 T = TypeVar("T")
@@ -111,7 +114,8 @@ STATEMENTS = StatementCache()
 
 
 class Result:
-    """A statement's rows, or its row count and new id; reading it sends what is held."""
+    """A statement's rows, or its row count and new id; reading it sends what is held.
+    A write whose query lost its answer (a COMMIT asked about after) has rowcount -1: not known."""
 
     def __init__(self, uow: UnitOfWork | None = None) -> None:
         self._uow = uow
@@ -194,6 +198,15 @@ class ReplayUnheld(Exception):
     its error arrives at the statement that made it, where the caller may handle it."""
 
 
+class CommitUnanswered(Exception):
+    """The connection was lost in the query that carried the COMMIT: the transaction may have
+    committed or not, and its token says which (db.commit_tokens.committed)."""
+
+    def __init__(self, token: CommitToken) -> None:
+        super().__init__("the connection was lost before the COMMIT was answered")
+        self.token = token
+
+
 class UnitOfWork:
     """One transaction's statements; behaves like a SQLAlchemy Connection for `execute`.
 
@@ -202,9 +215,12 @@ class UnitOfWork:
     fails with the statement it was sent with, and the whole transaction rolls back.
     """
 
-    def __init__(self, conn: Connection, write: bool, hold: bool = True) -> None:
+    def __init__(self, conn: Connection, write: bool, hold: bool = True,
+                 token: CommitToken | None = None) -> None:
         self.core = conn  # the SQLAlchemy Connection underneath: for DDL and inspection
         self.write = write
+        self.token = token  # written with START TRANSACTION (MySQL), if given
+        self._token_sent = False
         self._batches = hold and bool(conn.info.get(BATCHES_KEY, False))
         self._went_outside = False  # call_outside was called: no replay past that point
         self._held: list[tuple[_Compiled, dict[str, Any], Result]] = []
@@ -268,10 +284,16 @@ class UnitOfWork:
             self._begin_pending = True
 
     def commit(self) -> None:
-        """Send what is held with COMMIT; nothing to commit when nothing was ever sent."""
+        """Send what is held with COMMIT; nothing to commit when nothing was ever sent.
+        CommitUnanswered if the connection is lost meanwhile and the token was written."""
         if self._open and not self._begin_pending or self._held:
             self._held.append((_COMMIT, {}, Result()))
-            self.flush()
+            try:
+                self.flush()
+            except DBAPIError as exc:
+                if exc.connection_invalidated and self.token is not None and self._token_sent:
+                    raise CommitUnanswered(self.token) from exc
+                raise
         self._begin_pending = self._open = False
         if self.core.in_transaction():  # SQLAlchemy's own bookkeeping, for statements it ran
             self.core.commit()
@@ -291,8 +313,7 @@ class UnitOfWork:
 
     def _send(self, statements: list[tuple[str, Any]], results: list[tuple[_Compiled, Result]]) -> None:
         if self._begin_pending:
-            statements.insert(0, ("START TRANSACTION", {}))
-            results.insert(0, (_COMMIT, Result()))
+            statements[:0], results[:0] = self._opening()
             self._begin_pending = False
         if self.core.dialect.name == "sqlite":
             cursor = self._cursor()
@@ -305,6 +326,17 @@ class UnitOfWork:
             result.fill(compiled.rows(rows) if compiled.row is not None else [], rowcount, lastrowid)
         for _ in statements:
             count_statement(self.core.info)
+
+    def _opening(self) -> tuple[list[tuple[str, Any]], list[tuple[Any, Result]]]:
+        """START TRANSACTION, and the commit token if there is one."""
+        statements: list[tuple[str, Any]] = [("START TRANSACTION", {})]
+        results: list[tuple[Any, Result]] = [(_COMMIT, Result())]
+        if self.token is not None:
+            compiled = STATEMENTS.compiled(WRITE_TOKEN, self.core.dialect)
+            statements.append((compiled.sql, compiled.parameters(self.token.params)))
+            results.append((compiled, Result()))
+            self._token_sent = True
+        return statements, results
 
     def _cursor(self) -> Any:
         driver = self._driver_connection

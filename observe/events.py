@@ -35,8 +35,8 @@ def signup_refused(reason: str, username: str) -> None:
 
 
 def transaction_retried(cause: str) -> None:
-    """A transaction given another go ("deadlock", "reconnect", "conflict") or given up on a
-    lock wait ("lock_wait")."""
+    """A transaction given another go ("deadlock", "reconnect", "conflict", "commit_lost") or
+    given up on a lock wait ("lock_wait")."""
     metrics.DB_RETRIES.labels(cause).inc()
 
 

@@ -275,13 +275,13 @@ def test_held_writes_travel_with_the_next_statement_and_the_commit(mariadb_datab
         return list(round_trips)
 
     bump = {"username": "q"}
-    # START TRANSACTION, three held writes and the COMMIT: one query
-    assert queries(lambda tx: [tx.execute(_BUMP, bump) for _ in range(3)]) == [5]
+    # START TRANSACTION, the commit token, three held writes and the COMMIT: one query
+    assert queries(lambda tx: [tx.execute(_BUMP, bump) for _ in range(3)]) == [6]
     # held writes go with the read that follows them; the COMMIT alone after it
     assert queries(lambda tx: (tx.execute(_BUMP, bump),
-                               tx.execute(_FAILURE_OF, {"role": "buyer", "username": "q"}).all())) == [3, 1]
+                               tx.execute(_FAILURE_OF, {"role": "buyer", "username": "q"}).all())) == [4, 1]
     # a held write's result read: it is sent then, with what was held before it
-    assert queries(lambda tx: [tx.execute(_BUMP, bump), tx.execute(_BUMP, bump).rowcount]) == [3, 1]
+    assert queries(lambda tx: [tx.execute(_BUMP, bump), tx.execute(_BUMP, bump).rowcount]) == [4, 1]
     assert queries(lambda tx: None) == []  # nothing sent, nothing to end
     assert queries(lambda tx: tx.execute(_BUMP, bump), write=False) == [1]  # a read holds nothing
     assert _failures_of(database, "q") == 7

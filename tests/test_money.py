@@ -309,9 +309,10 @@ def test_a_deadlock_at_a_commit_sent_alone_is_retried(database: Database) -> Non
 @pytest.mark.parametrize("lost", ["before_the_query", "after_the_commit"])
 def test_a_connection_lost_at_the_commit_answers_what_happened(market: Market, lost: str) -> None:
     """The step that marks the order paid is one query, COMMIT included. Its connection lost
-    before the query, the step runs again on a fresh one; lost after its COMMIT ran (the
-    answer never came), the step's rerun finds the order moved already and reads it back:
-    either way the purchase goes on, and captures once."""
+    before the query, the step's commit token says it did not commit, and it runs again on a
+    fresh connection; lost after its COMMIT ran (the answer never came), the token says it
+    committed, and the order's status is read back: either way the purchase goes on, and
+    captures once."""
     seller, buyer = market.user("seller"), market.user("buyer")
     item_id = market.item(seller, quantity=4)
     buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})

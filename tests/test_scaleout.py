@@ -302,8 +302,9 @@ def test_a_galera_node_gets_one_statement_per_query(cluster: Cluster, round_trip
         bump = {"username": name}
         database.run(lambda tx: [tx.execute(_LOGIN_FAILURE, {"role": "buyer", "username": name, "n": 1}),
                                  tx.execute(_BUMP, bump), tx.execute(_BUMP, bump)])
-        # START TRANSACTION with the first statement (nothing to abort yet), then one each
-        assert round_trips == [2, 1, 1, 1]
+        # START TRANSACTION and the commit token with the first statement (nothing to abort
+        # yet: no other node writes that token), then one each
+        assert round_trips == [3, 1, 1, 1]
         assert database.run(lambda tx: tx.execute(_FAILURE_OF, {"role": "buyer", "username": name}).first(),
                             write=False).failures == 3
 

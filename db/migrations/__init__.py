@@ -74,6 +74,7 @@ def upgrade(database: Database, wait_s: float = LOCK_WAIT_S) -> tuple[Revision, 
             command.stamp(config, before.current)  # made before migrations: its schema_info says where
         conn.commit()
         command.upgrade(config, "head")
+        database.schema_changed()
         _write_nothing(conn)
         after = Revision(_current(conn), head())
     if before.current not in (None, after.current):  # a new database's tables are no news
