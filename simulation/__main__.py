@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from db import Database
 from db.audit import audit, ledger_of
 from observe.trace import trace_clients
-from wire.config import add_tls_arguments, env, positive_int
+from runtime.config import add_tls_arguments, env, positive_int
 from wire.tls import optional_client_context
 
 from .behaviour import LIVE_DATA_WARNING, LOAD_TEST_PREFIX

@@ -53,7 +53,7 @@ from sqlalchemy import URL, create_engine, text
 
 from db import Database
 from db.engine import driver_url
-from wire import config as wire_config
+from runtime import config as runtime_config
 
 from .__main__ import _mix_list, run_all
 from .__main__ import parse_args as market_sim_args
@@ -537,7 +537,7 @@ def write_results(measured: Sequence[Measured], servers: Sequence[DatabaseServer
 
 def server_threads() -> int:
     """The worker threads a server started without --threads runs (environment, .env, default)."""
-    return wire_config.server_settings("buyer", []).threads
+    return runtime_config.server_settings("buyer", []).threads
 
 
 def preamble(args: argparse.Namespace, argv: Sequence[str]) -> str:

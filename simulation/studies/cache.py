@@ -15,12 +15,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from runtime.config import positive_int
 from simulation.__main__ import _mix_list
 from simulation.mixes import MIXES
 from simulation.report import plt
 from simulation.scaleout import _stop_on_sigterm
 from simulation.stats import OpSummary
-from wire.config import positive_int
 
 from .runs import Configuration, add_common_arguments, measure, preamble
 
