@@ -88,6 +88,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_int_list(text: str) -> list[int]:
+    """An argparse type: whole numbers of at least 1 separated by commas (1,10,100)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers separated by commas")
+    return values
+
+
 def port_setting(variable: str, lowest: int = 1) -> Callable[[str], int]:
     """An argparse type for a port that `variable` may also set: lowest-65535 (0: a free one,
     for servers), or a usage error naming both (a flag's default from the environment is
