@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from db import Database, accounts, cache, carts, catalog, orders
+from db import Database, accounts, carts, catalog, orders
 from db.address_limits import AccountGuards
 from db.ledger import Ledger
+from runtime.cached_app import server_app
+from runtime.config import Settings
 from wire import BUYER_OPS, __version__
 from wire.app import App, Stepwise
-from wire.config import Settings
 from wire.errors import ProtocolError
 
 from .checkout import Checkout, Settler
@@ -48,8 +49,8 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
         "get_seller_rating": catalog.get_seller_rating,
         "get_purchase_history": orders.get_purchase_history,
     }
-    app = cache.server_app(settings, BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy),
-                           accounts.ADDRESSED_OPS, background)
+    app = server_app(settings, BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy),
+                     accounts.ADDRESSED_OPS, background)
     app.checkout = checkout  # type: ignore[attr-defined]  # for tests and tools that settle now
     return app
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.config import DEFAULT_DB_URL, env, positive_int
 from wire import ProtocolError
-from wire.config import DEFAULT_DB_URL, env, positive_int
 from wire.values import format_money, format_time
 
 from .fields import category_name

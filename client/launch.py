@@ -7,8 +7,8 @@ import argparse
 import os
 import sys
 
+from runtime.config import DEFAULT_PORTS, add_tls_arguments, env, port_setting
 from wire import Connection
-from wire.config import DEFAULT_PORTS, add_tls_arguments, env, port_setting
 from wire.tls import optional_client_context
 
 from .buyer_commands import BUYER

@@ -25,10 +25,10 @@ import time
 from typing import Any
 
 from observe import logs
+from runtime.config import DEFAULT_DB_URL, DEFAULT_PORTS, add_tls_arguments, env, port_setting, positive_int
+from runtime.runner import die_with_parent
 from wire import PROTOCOL_VERSION, Connection, ProtocolError, __version__
-from wire.config import DEFAULT_DB_URL, DEFAULT_PORTS, add_tls_arguments, env, port_setting, positive_int
 from wire.errors import UnauthenticatedError
-from wire.runner import die_with_parent
 from wire.tls import optional_client_context
 
 from .admin import add_admin_parser, missing_sqlite_file
@@ -40,7 +40,8 @@ log = logging.getLogger("market.serve")
 def serve(args: argparse.Namespace) -> int:
     """Run the buyer and seller servers until Ctrl-C or SIGTERM, or until one of them stops
     (then the other is stopped too: half a marketplace is no use)."""
-    logs.configure_from_env("serve")
+    logs.configure_leniently("serve", str(env("MARKET_LOG_LEVEL", "INFO")),
+                             str(env("MARKET_LOG_FORMAT", "text")))
     extra = ["--db-url", args.db_url, "--host", args.host]
     parent = os.getpid()  # the servers stop with it, even when it is killed outright
     procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from wire.config import env
+from runtime.config import env
 
 Handler = Callable[[Any, dict[str, Any]], None]
 Ask = Callable[["Arg"], str]

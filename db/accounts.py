@@ -65,7 +65,7 @@ class SessionPolicy:
 
     @classmethod
     def from_settings(cls, settings: Any) -> SessionPolicy:
-        """The policy a server's settings (wire.config.Settings) ask for."""
+        """The policy a server's settings (runtime.config.Settings) ask for."""
         return cls(settings.session_idle_s, settings.session_max_s,
                    login_throttle.ThrottlePolicy(settings.login_account_free_failures,
                                                  settings.login_max_delay_s))

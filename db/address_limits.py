@@ -98,7 +98,7 @@ class AccountGuards:
 
     @classmethod
     def for_settings(cls, settings: Any) -> AccountGuards:
-        """The guards a server's settings (wire.config.Settings) ask for."""
+        """The guards a server's settings (runtime.config.Settings) ask for."""
         return cls(HashingQueue.for_settings(settings), SignupLimit(settings.signups_per_address_hour),
                    Backoff(ThrottlePolicy(settings.login_free_failures, settings.login_max_delay_s),
                            "too many login attempts for this username", "throttled"),

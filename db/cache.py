@@ -7,6 +7,7 @@ before its answer; a read notes the counters before it reads the database and ke
 answer tagged with them, and an answer is served again only while they are unchanged. So a
 read sent after a write was answered, to any process of the host, never sees older data.
 Sessions checked for these reads are kept the same way: logout bumps its token's counter.
+The store is here; the App that tells it of each write is `runtime.cached_app`'s.
 """
 from __future__ import annotations
 
@@ -15,16 +16,14 @@ import mmap
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from cachetools import LRUCache
 
-from wire.app import App, Gate
 from wire.errors import ProtocolError
-from wire.ops import OpSpec
 
 from .accounts import Session, token_hash
 
@@ -222,35 +221,6 @@ class ReadCache:
             self.generations.bump(changed)
 
 
-class _InvalidatingApp(App):
-    """An App whose catalogue writes bump the counters after their commit, before their answer."""
-
-    def __init__(self, specs: dict[str, OpSpec], handlers: dict[str, Any], gate: Gate,
-                 cache: ReadCache, addressed: frozenset[str] = frozenset(),
-                 background: Sequence[Any] = ()) -> None:
-        super().__init__(specs, cache.with_cached_reads(handlers), gate, addressed, background)
-        self.cache = cache
-
-    def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]:
-        """The response, the cache told of any catalogue write first."""
-        op = message.get("op")
-        if op == "logout":
-            try:
-                return super().handle(message, peer)
-            finally:
-                self.cache.after_logout(message.get("token"))
-        if op not in CATALOGUE_WRITES:
-            return super().handle(message, peer)
-        args = message.get("args") or {}
-        try:
-            response = super().handle(message, peer)
-        except BaseException as exc:
-            self.cache.after_write(str(op), args, exc)
-            raise
-        self.cache.after_write(str(op), args, response)
-        return response
-
-
 class CacheUnusable(RuntimeError):
     """The read cache cannot start (its counters file): one line for the operator."""
 
@@ -266,13 +236,3 @@ def from_settings(settings: Any) -> ReadCache | None:
         raise CacheUnusable(f"cannot use the read cache's counters file {path}: "
                             f"{exc.strerror or exc}") from None
     return ReadCache(generations, settings.cache_mb * 1024 * 1024)
-
-
-def server_app(settings: Any, specs: dict[str, OpSpec], handlers: dict[str, Any], gate: Gate,
-               addressed: frozenset[str] = frozenset(), background: Sequence[Any] = ()) -> App:
-    """A server's App; with MARKET_CACHE on, its catalogue reads cached and its writes keeping
-    them fresh."""
-    read_cache = from_settings(settings)
-    if read_cache is None:
-        return App(specs, handlers, gate, addressed, background)
-    return _InvalidatingApp(specs, handlers, gate, read_cache, addressed, background)

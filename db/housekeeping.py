@@ -84,7 +84,7 @@ class Housekeeper:
 
     @classmethod
     def for_settings(cls, db: Database, settings: Any) -> Housekeeper:
-        """The housekeeper a server's settings (wire.config.Settings) ask for."""
+        """The housekeeper a server's settings (runtime.config.Settings) ask for."""
         return cls(db, SessionPolicy.from_settings(settings), settings.housekeeping_interval_s)
 
     def start(self) -> Housekeeper:

@@ -63,7 +63,7 @@ class HashingQueue:
 
     @classmethod
     def for_settings(cls, settings: Any) -> HashingQueue:
-        """The queue a server's settings (wire.config.Settings) ask for."""
+        """The queue a server's settings (runtime.config.Settings) ask for."""
         return cls(admitted_hashes(settings.threads, settings.hash_queue))
 
     @contextlib.contextmanager

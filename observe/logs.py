@@ -116,11 +116,9 @@ def configure(server: str, level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(level.upper())
 
 
-def configure_from_env(server: str) -> None:
-    """configure() from MARKET_LOG_FORMAT and MARKET_LOG_LEVEL (for `market serve`, which has no
-    server Settings; the servers it starts check the values and refuse wrong ones)."""
-    from wire.config import env
-
-    fmt, level = str(env("MARKET_LOG_FORMAT", "text")).lower(), str(env("MARKET_LOG_LEVEL", "INFO")).upper()
+def configure_leniently(server: str, level: str, fmt: str) -> None:
+    """configure(), an unknown level or format read as the default (for `market serve`, which
+    has no server Settings; the servers it starts check the values and refuse wrong ones)."""
+    level, fmt = level.upper(), fmt.lower()
     configure(server, level if level in logging.getLevelNamesMapping() else "INFO",
               fmt if fmt in FORMATS else "text")

@@ -4,5 +4,5 @@
 # shellcheck source=scripts/_venv.sh
 source "$(dirname "$0")/_venv.sh" dev
 .venv/bin/ruff check .
-.venv/bin/mypy wire db buyer_server seller_server client simulation observe
+.venv/bin/mypy wire db runtime buyer_server seller_server client simulation observe
 exec .venv/bin/python -m pytest "$@"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from wire.runner import main as run
+from runtime.runner import main as run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,12 @@
 """The seller server: a table of op name -> handler (the db transaction functions)."""
 from __future__ import annotations
 
-from db import Database, accounts, cache, catalog
+from db import Database, accounts, catalog
 from db.address_limits import AccountGuards
+from runtime.cached_app import server_app
+from runtime.config import Settings
 from wire import SELLER_OPS, __version__
 from wire.app import App
-from wire.config import Settings
 
 
 def build_app(settings: Settings, db: Database) -> App:
@@ -20,5 +21,5 @@ def build_app(settings: Settings, db: Database) -> App:
         "remove_item": catalog.remove_item,
         "display_items": catalog.display_items,
     }
-    return cache.server_app(settings, SELLER_OPS, handlers, accounts.SessionGate(db, "seller", policy),
-                            accounts.ADDRESSED_OPS)
+    return server_app(settings, SELLER_OPS, handlers, accounts.SessionGate(db, "seller", policy),
+                      accounts.ADDRESSED_OPS)

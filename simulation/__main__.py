@@ -22,27 +22,18 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from db import Database
-from db.audit import audit, ledger_of
 from observe.trace import trace_clients
-from wire.config import add_tls_arguments, env, positive_int
+from runtime.config import add_tls_arguments, env, positive_int, positive_int_list
 from wire.tls import optional_client_context
 
 from .behaviour import LIVE_DATA_WARNING, LOAD_TEST_PREFIX
-from .mixes import MIXES
-from .scenario import Address, RunResult, SimulationError, run_once
-from .server_latency import during, report, scrape
+from .mixes import MIXES, mix_list
+from .scenario import Address, RunResult, SimulationError
+from .series import Plan, run_all
 from .servers import ServerStartError, parse_address, running_servers
 from .stats import summarise
-
-
-def _int_list(text: str) -> list[int]:
-    values = [int(part) for part in text.split(",") if part.strip()]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError("expected positive integers separated by commas")
-    return values
 
 
 def _address_list(text: str) -> list[Address]:
@@ -52,25 +43,17 @@ def _address_list(text: str) -> list[Address]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _mix_list(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in MIXES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown mix {unknown}; choose from {', '.join(MIXES)}")
-    return names
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line of market-sim."""
     mixes = "; ".join(f"{mix.name}: {mix.description}" for mix in MIXES.values())
     parser = argparse.ArgumentParser(prog="market-sim", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--users", "-n", type=_int_list, default=[1, 10, 100],
+    parser.add_argument("--users", "-n", type=positive_int_list, default=[1, 10, 100],
                         help="N per scenario, comma-separated: N sellers + N buyers (default 1,10,100)")
     parser.add_argument("--calls", "-k", type=positive_int, default=1000,
                         help="calls per user per run (default 1000)")
     parser.add_argument("--repeats", "-r", type=positive_int, default=10,
                         help="runs per scenario (default 10)")
-    parser.add_argument("--mix", type=_mix_list, default=["default"],
+    parser.add_argument("--mix", type=mix_list, default=["default"],
                         help=f"op mixes, comma-separated ({mixes})")
     parser.add_argument("--db-url", help="the servers' database, audited after every run (default when "
                                          "starting the servers: a fresh SQLite file in --out; with "
@@ -125,45 +108,11 @@ def _fresh_sqlite(out: Path) -> str:
     return f"sqlite:///{path}"
 
 
-def _describe(result: RunResult) -> str:
-    errors = sum(op.errors for op in result.ops.values())
-    calls = sum(len(op.latencies) for op in result.ops.values()) + errors  # made, answered or not
-    conflicts = sum(op.conflicts for op in result.ops.values())
-    audit_text = "consistent" if not result.violations else f"{len(result.violations)} VIOLATIONS"
-    return (f"{result.mix} N={result.users} run {result.run + 1}: {calls} calls in {result.elapsed_s:.2f} s,"
-            f" {errors} errors, {conflicts} conflicts, {len(result.acknowledged)} purchases, {audit_text}")
-
-
-def run_all(args: argparse.Namespace, buyer: Address, seller: Address, database: Database,
-            console: Console) -> list[RunResult]:
-    """Every scenario, R times, each run audited."""
-    plan = [(mix, users, run) for mix in args.mix for users in args.users for run in range(args.repeats)]
-    total = sum(2 * users * args.calls for _, users, _ in plan)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    results: list[RunResult] = []
-    with Progress(*columns, console=console, disable=args.no_progress) as progress:
-        task = progress.add_task("starting", total=total)
-        finished = 0
-        for mix, users, run in plan:
-            progress.update(task, description=f"{mix} N={users} run {run + 1}/{args.repeats}")
-            seed = None if args.seed is None else f"{args.seed}/{mix}/{users}/{run}"
-            def show(done: int, base: int = finished) -> None:
-                progress.update(task, completed=base + done)
-
-            before = scrape(args.metrics) if args.metrics else {}
-            result = run_once(MIXES[mix], users, args.calls, buyer, seller, run=run, seed=seed,
-                              on_progress=show, tls=optional_client_context(args.tls_ca, args.tls))
-            finished += 2 * users * args.calls
-            progress.update(task, completed=finished)
-            # the payment ledger where the buyer servers keep it (MARKET_PAYMENTS_URL, if set)
-            ledger = ledger_of(database, os.environ.get("MARKET_PAYMENTS_URL") or None)
-            result.violations = audit(database, result.acknowledged, ledger)
-            console.print(_describe(result))
-            if args.metrics:  # latency in ms; what the server's lacks is network and the client's own
-                for line in report(result, during(before, scrape(args.metrics))):
-                    console.print(f"  {line}", markup=False, highlight=False)
-            results.append(result)
-    return results
+def plan_of(args: argparse.Namespace) -> Plan:
+    """The series market-sim's arguments ask for."""
+    return Plan(args.mix, args.users, args.calls, args.repeats, seed=args.seed,
+                progress=not args.no_progress, metrics=args.metrics or (),
+                tls=optional_client_context(args.tls_ca, args.tls))
 
 
 def _preamble(args: argparse.Namespace, db_url: str, argv: list[str]) -> str:
@@ -215,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     db_url = args.db_url or _fresh_sqlite(args.out)
     try:
         with _servers(args, db_url) as (buyer, seller), closing(Database(db_url, pool_size=2)) as database:
-            results = run_all(args, buyer, seller, database, console)
+            results = run_all(plan_of(args), buyer, seller, database, console)
     except (SimulationError, ServerStartError) as exc:
         console.print(f"market-sim: {exc}", style="bold red", markup=False, soft_wrap=True)  # one line
         return 3

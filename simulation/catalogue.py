@@ -27,8 +27,8 @@ from typing import Any
 
 from db import Database, DatabaseUnusable
 from db.seed import SEED_PASSWORD, VOCABULARY, timed_seed
+from runtime.config import positive_int
 from wire import Connection
-from wire.config import positive_int
 
 from .servers import running_servers
 from .stats import percentile

@@ -28,8 +28,8 @@ from db.audit import AckedOrder, audit
 from db.ledger import CAPTURED, Ledger
 from db.purchases import COMPLETED, PAID, VOID
 from db.schema import orders
+from runtime.config import env, positive_int
 from wire import Connection, ProtocolError
-from wire.config import env, positive_int
 
 from .servers import Address, start_server
 

@@ -24,11 +24,11 @@ from collections.abc import Callable
 
 from locust import User, between
 
+from runtime.config import env
 from simulation.behaviour import LIVE_DATA_WARNING, Call, make_actor
 from simulation.mixes import DEFAULT
 from simulation.servers import parse_address
 from wire import Connection
-from wire.config import env
 
 if env("MARKET_LOCUST_ALLOW_LIVE", "") not in ("1", "true", "yes"):
     sys.exit(f"locust: {LIVE_DATA_WARNING}; set MARKET_LOCUST_ALLOW_LIVE=1 to go ahead")

@@ -6,6 +6,7 @@ because each costs an Argon2 hash). `classic` is the historic four-op benchmark.
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 
@@ -57,3 +58,12 @@ CHECKOUT = Mix(
 )
 
 MIXES: dict[str, Mix] = {mix.name: mix for mix in (DEFAULT, CLASSIC, BROWSE, CHECKOUT)}
+
+
+def mix_list(text: str) -> list[str]:
+    """An argparse type: names of mixes separated by commas (default,browse)."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in MIXES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown mix {unknown}; choose from {', '.join(MIXES)}")
+    return names

@@ -3,8 +3,9 @@ behind HAProxy on one MariaDB, and that single MariaDB against the 3-node Galera
 
 Everything runs through deploy/local: `servers.sh` starts the server processes and their
 balancer for each configuration, `galera.sh` the cluster; the simulator (market-sim's own
-`run_all`, audit included) drives the balancer's ports. Each configuration gets a fresh
-database; whatever was started is stopped again, on errors and Ctrl-C too.
+series, `simulation.series.run_all`, audit included) drives the balancer's ports. Each
+configuration gets a fresh database; whatever was started is stopped again, on errors and
+Ctrl-C too.
 
 Like-for-like: galera.sh's nodes run with innodb_flush_log_at_trx_commit=2 and a 32 MB
 buffer pool, the machine's MariaDB with its defaults (1 and 128 MB). By default the single
@@ -45,7 +46,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -53,13 +53,14 @@ from sqlalchemy import URL, create_engine, text
 
 from db import Database
 from db.engine import driver_url
-from wire import config as wire_config
+from runtime import config as runtime_config
+from runtime.config import positive_int_list
 
-from .__main__ import _mix_list, run_all
-from .__main__ import parse_args as market_sim_args
+from .mixes import mix_list
 from .report import COLUMNS, count_axis, plt, scenario_totals, write_reports
 from .scenario import Address, SimulationError
-from .servers import ServerStartError
+from .series import Plan, run_all
+from .servers import ServerStartError, stop_on_sigterm
 from .stats import OpSummary, summarise
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,13 +99,7 @@ class Measured:
 # -- command line --------------------------------------------------------------------------
 
 def _process_counts(text: str) -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError("expected positive integers separated by commas")
-    return sorted(set(counts))
+    return sorted(set(positive_int_list(text)))
 
 
 def _database_name(text: str) -> str:
@@ -122,7 +117,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--users", "-n", type=int, default=10, help="N sellers + N buyers (default 10)")
     parser.add_argument("--calls", "-k", type=int, default=200, help="calls per user per run (default 200)")
     parser.add_argument("--repeats", "-r", type=int, default=3, help="runs per configuration (default 3)")
-    parser.add_argument("--mix", type=_mix_list, default=["default"], help="op mixes, comma-separated")
+    parser.add_argument("--mix", type=mix_list, default=["default"], help="op mixes, comma-separated")
     parser.add_argument("--skip-galera", action="store_true", help="measure the single MariaDB only")
     parser.add_argument("--single-url", metavar="URL",
                         help="run the single side on this existing server (mysql://USER@HOST:PORT) "
@@ -297,7 +292,7 @@ def standalone_mariadb(console: Console) -> Iterator[DatabaseServer]:
         yield DatabaseServer(f"{SINGLE} (standalone)", url, server_settings(url))
     finally:
         if process is not None:
-            _stop_process(process, 60)
+            terminate(process, 60)
         shutil.rmtree(run_dir, ignore_errors=True)
         console.print("standalone mariadbd stopped")
 
@@ -315,7 +310,7 @@ def started_mariadbd(node: Path, config: str, url: str) -> subprocess.Popen[byte
     try:
         wait_for_server(url, process, 120)
     except StartError as exc:
-        _stop_process(process, 60)
+        terminate(process, 60)
         raise StartError(f"{exc}\n{_tail(node / 'error.log')}") from exc
     return process
 
@@ -333,7 +328,8 @@ def _install_db(node: Path) -> None:
     subprocess.run(["chown", "-R", "mysql:mysql", str(node)], check=True)
 
 
-def _stop_process(process: subprocess.Popen[bytes], grace: float) -> None:
+def terminate(process: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM, then wait for the process to end, killing it after `grace` s (see finish)."""
     if process.poll() is None:
         process.terminate()
         finish(process, grace)
@@ -393,12 +389,10 @@ def measure(server: DatabaseServer, processes: int, args: argparse.Namespace,
     """R runs of every mix against `processes` servers per role over a fresh database."""
     folder = args.out / f"{slug(server.label)}-{processes}"
     db_url = fresh_database(server.admin_url, args.database)
-    sim = market_sim_args(["--db-url", db_url, "-n", str(args.users), "-k", str(args.calls),
-                           "-r", str(args.repeats), "--mix", ",".join(args.mix), "--out", str(folder),
-                           "--no-progress", *(["--seed", str(args.seed)] if args.seed is not None else [])])
+    plan = Plan(args.mix, [args.users], args.calls, args.repeats, seed=args.seed, progress=False)
     with balanced_servers(folder / "servers", db_url, processes) as (buyer, seller), \
             closing(Database(db_url, pool_size=2)) as database:
-        results = run_all(sim, buyer, seller, database, console)
+        results = run_all(plan, buyer, seller, database, console)
     rows = summarise(results)
     heading = f"# {server.label}, processes per role: {processes}\n\n- {describe_settings(server.settings)}"
     write_reports(rows, folder, Console(quiet=True), heading)
@@ -537,7 +531,7 @@ def write_results(measured: Sequence[Measured], servers: Sequence[DatabaseServer
 
 def server_threads() -> int:
     """The worker threads a server started without --threads runs (environment, .env, default)."""
-    return wire_config.server_settings("buyer", []).threads
+    return runtime_config.server_settings("buyer", []).threads
 
 
 def preamble(args: argparse.Namespace, argv: Sequence[str]) -> str:
@@ -554,16 +548,12 @@ def preamble(args: argparse.Namespace, argv: Sequence[str]) -> str:
 
 # -- entry point ---------------------------------------------------------------------------------
 
-def _stop_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
-    raise SystemExit(143)  # unwinds through every `finally`, so what was started is stopped
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m simulation.scaleout`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     console = Console() if Console().is_terminal else Console(width=140)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     measured: list[Measured] = []
     servers: list[DatabaseServer] = []
     status = 0

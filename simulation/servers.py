@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import IO
 
 Address = tuple[str, int]
@@ -135,6 +136,12 @@ def _read_stdout(stream: IO[str] | None, found: list[Address]) -> None:
 def _drain(stream: IO[str]) -> None:
     for _ in stream:
         pass
+
+
+def stop_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    """A SIGTERM handler for a tool that starts servers and databases: SIGTERM unwinds through
+    every `finally`, so what was started is stopped."""
+    raise SystemExit(143)
 
 
 def stop_process(process: subprocess.Popen[str], timeout_s: float = 15.0) -> float | None:

@@ -25,8 +25,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from runtime.config import positive_int
 from wire import Connection, ProtocolError
-from wire.config import positive_int
 from wire.errors import InternalError
 from wire.framing import FrameDecoder, encode_frame
 

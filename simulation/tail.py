@@ -1,5 +1,5 @@
-"""Where a call's time goes, from per-request timestamps (docs/benchmarks.md, "The thirteenth
-machine: where the 100 + 100 tail waits").
+"""Where a call's time goes, from per-request timestamps (docs/benchmarks.md, "Where the time
+goes").
 
 The timestamps come from the hooks of the server loop and the client connection
 (observe.trace), switched on by MARKET_TRACE_DIR: every client and server process of a run

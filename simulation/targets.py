@@ -29,7 +29,8 @@ from pathlib import Path
 
 from sqlalchemy.exc import DBAPIError
 
-from .__main__ import _int_list
+from runtime.config import positive_int_list
+
 from .scaleout import drop_database, fresh_database
 from .stats import ALL
 
@@ -92,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m simulation.targets",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="runs per database (default 3)")
-    parser.add_argument("--users", "-n", type=_int_list, default=[1, 10, 100],
+    parser.add_argument("--users", "-n", type=positive_int_list, default=[1, 10, 100],
                         help="N per scenario (default 1,10,100: those the targets name)")
     parser.add_argument("--calls", "-k", type=int, default=300, help="calls per user per run (default 300)")
     parser.add_argument("--mysql", metavar="SERVER_URL",

@@ -23,9 +23,9 @@ from sqlalchemy import create_engine, text
 from buyer_server.ops import build_app as build_buyer_app
 from db import Database
 from db.engine import driver_url
+from runtime.config import Settings
 from seller_server.ops import build_app as build_seller_app
 from wire import Connection
-from wire.config import Settings
 from wire.server import Server, ServerLimits
 
 # mysql:// as everywhere else in the project (the driver is mysql-connector either way)

@@ -9,8 +9,8 @@ import pytest
 from conftest import PASSWORD, Market, running_market, unique_name
 
 from db import Database
+from runtime.config import Settings
 from wire import Connection
-from wire.config import Settings
 from wire.errors import BusyError, UnauthenticatedError
 
 STRANGER = "127.0.0.2"

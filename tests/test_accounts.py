@@ -28,8 +28,8 @@ from db.schema import (
     sessions,
     users,
 )
+from runtime.config import Settings
 from wire import Connection
-from wire.config import Settings
 from wire.errors import BadRequestError, ConflictError, NotFoundError, UnauthenticatedError
 
 

@@ -24,8 +24,8 @@ from db import Database
 from db.audit import audit
 from db.migrations import head, revision_of
 from db.schema import admin_actions, sessions, suspensions, users
+from runtime.config import Settings
 from wire import Connection
-from wire.config import Settings
 from wire.errors import ConflictError, ForbiddenError, ProtocolError, UnauthenticatedError
 
 MARKET = str(Path(sys.executable).with_name("market"))

@@ -12,8 +12,8 @@ from sqlalchemy import select
 from db.audit import audit
 from db.carts import MAX_CART_LINES
 from db.schema import item_keywords, items
+from runtime.config import Settings
 from wire import Connection
-from wire.config import Settings
 from wire.errors import (
     BadRequestError,
     ConflictError,

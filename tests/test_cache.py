@@ -27,8 +27,8 @@ from test_processes import ServerProcess
 from db import Database
 from db.cache import Generations, ReadCache
 from db.engine import driver_url
+from runtime.config import Settings
 from wire import Connection
-from wire.config import Settings
 from wire.errors import UnauthenticatedError
 
 CACHED = Settings(role="buyer", cache="one-host")

@@ -26,7 +26,7 @@ from sqlalchemy import text
 
 from client.main import build_parser
 from db import Database
-from wire.config import Settings
+from runtime.config import Settings
 
 MARKET = str(Path(sys.executable).with_name("market"))
 PROMPT_TIMEOUT = 15

@@ -172,7 +172,7 @@ def test_every_setting_in_env_example_has_a_comment_and_its_default() -> None:
 def test_env_example_values_are_the_defaults_of_the_servers_and_client(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from client.main import build_parser
-    from wire.config import server_settings
+    from runtime.config import server_settings
 
     monkeypatch.chdir(tmp_path)
     for name in env_example():
@@ -186,7 +186,7 @@ def test_env_example_values_are_the_defaults_of_the_servers_and_client(
 def test_a_setting_may_come_from_the_file_its_file_variable_names(tmp_path: Path) -> None:
     secret = tmp_path / "db_url"
     secret.write_text("mysql://market:s3cret@db:3306/market\n")
-    code = ("from wire.config import server_settings; s = server_settings('buyer', []); "
+    code = ("from runtime.config import server_settings; s = server_settings('buyer', []); "
             "print(s.db_url, s.host)")
     env = {"PATH": os.environ.get("PATH", ""), "MARKET_DB_URL": "", "MARKET_DB_URL_FILE": str(secret),
            "MARKET_HOST_FILE": str(secret)}

@@ -476,7 +476,7 @@ def test_sqlite_commits_are_flushed_to_disk_as_asked(tmp_path: Any, asked: str, 
 
 
 def test_a_server_passes_its_sqlite_setting_to_its_database(monkeypatch: Any) -> None:
-    from wire.config import server_settings
+    from runtime.config import server_settings
 
     monkeypatch.setenv("MARKET_SQLITE_SYNCHRONOUS", "full")
     assert server_settings("buyer", []).sqlite_synchronous == "FULL"
@@ -486,7 +486,7 @@ def test_a_server_passes_its_sqlite_setting_to_its_database(monkeypatch: Any) ->
 # The server's own connections, read when it is ready: PRAGMA synchronous is per connection.
 SYNCHRONOUS_WHEN_READY = """
 import os, signal, sys
-from wire import runner
+from runtime import runner
 
 announce = runner._announce
 

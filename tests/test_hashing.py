@@ -13,8 +13,8 @@ from conftest import PASSWORD, Market, running_market, unique_name
 from db import Database, accounts, passwords
 from db.accounts import SessionPolicy
 from db.address_limits import AccountGuards
+from runtime.config import Settings
 from wire import Connection
-from wire.config import Settings
 from wire.errors import BusyError
 from wire.server import ServerLimits
 

@@ -32,8 +32,8 @@ from db.audit import audit
 from db.ledger import CAPTURED, DECLINED, VOIDED, Ledger, Payment
 from db.purchases import PAID, PENDING
 from db.schema import orders, users
+from runtime.config import Settings
 from wire import Connection, ProtocolError
-from wire.config import Settings
 from wire.errors import ConflictError, PaymentDeclinedError, UnavailableError
 
 SETTLE_ENV = {"MARKET_SETTLE_AFTER_S": "1", "MARKET_SETTLE_PERIOD_S": "0.2"}

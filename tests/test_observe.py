@@ -28,9 +28,9 @@ from db import Database, RetryTransaction, accounts
 from db.accounts import SessionPolicy
 from db.address_limits import AccountGuards
 from observe.server import LogObserver, MarketObserver
+from runtime.config import Settings
 from simulation import server_latency
 from wire import Connection
-from wire.config import Settings
 from wire.errors import (
     BusyError,
     PaymentDeclinedError,

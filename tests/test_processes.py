@@ -237,8 +237,8 @@ def test_a_server_whose_port_is_taken_says_so_in_one_line(workers: str, tmp_path
 
 def test_an_unreachable_database_answers_unavailable() -> None:
     from db import Database
+    from runtime.config import Settings
     from seller_server.ops import build_app
-    from wire.config import Settings
     from wire.errors import UnavailableError
     from wire.server import Server
 
@@ -337,7 +337,7 @@ def test_a_missing_tls_certificate_is_named_in_one_line(workers: str, tmp_path: 
 
 FAILING_WORKER = """
 import sys
-from wire import runner
+from runtime import runner
 
 def build_app(settings, database):
     raise RuntimeError("no app today")
@@ -380,7 +380,7 @@ def test_the_port_stays_the_servers_while_its_workers_are_replaced(spawn) -> Non
 DYING_WORKERS = """
 import os, sys
 from buyer_server.ops import build_app as buyer_app
-from wire import runner
+from runtime import runner
 
 runner._FIRST_PAUSE_S = {first_pause}
 
@@ -442,7 +442,7 @@ def test_health_ready_says_whether_the_server_reaches_its_database(
     # before: health only pinged, and a server whose database was down passed every check
     from client.main import main
     from db import Database
-    from wire.config import Settings
+    from runtime.config import Settings
     from wire.server import Server
 
     build_app = __import__(f"{role}_server.ops", fromlist=["build_app"]).build_app
@@ -548,7 +548,7 @@ def test_a_port_reserved_past_time_wait_is_still_kept_from_other_programs() -> N
 
 FORK_FAILS_AFTER_ONE = """
 import errno, os, sys
-from wire import runner
+from runtime import runner
 
 forks = []
 real_fork = os.fork

@@ -19,7 +19,7 @@ from test_cli import MARKET, PROMPT_TIMEOUT, answer, keys, port_of, run, script,
 from client.buyer_commands import search_request
 from client.registry import UsageError
 from db import Database
-from wire.config import Settings
+from runtime.config import Settings
 
 SPACED_CARD = " ".join(CARD["card_number"][i:i + 4] for i in range(0, len(CARD["card_number"]), 4))
 

@@ -23,7 +23,7 @@ from sqlalchemy import text
 import simulation.__main__ as sim
 from db import Database
 from db.audit import AckedOrder, audit
-from simulation import scenario
+from simulation import scenario, series
 from simulation.behaviour import Buyer, Call, Outcome, make_actor
 from simulation.mixes import DEFAULT
 from simulation.scenario import wait_for
@@ -116,7 +116,7 @@ def test_market_sim_refuses_servers_it_did_not_start_without_allow_live(
 def test_market_sim_lists_violations_and_exits_non_zero(
         market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sim, "audit", lambda database, acknowledged, ledger: ["item 1: sold 2 != 1 units"])
+    monkeypatch.setattr(series, "audit", lambda database, acknowledged, ledger: ["item 1: sold 2 != 1 units"])
     buyer, seller = (":".join(map(str, s.address)) for s in (market.buyer_server, market.seller_server))
     code = sim.main([*SMALL, "--users", "1", "--buyer", buyer, "--seller", seller,
                      "--db-url", market.db.url, "--out", str(tmp_path), "--allow-live"])
@@ -391,7 +391,7 @@ def test_buyers_add_only_items_with_units_left_and_pick_them_evenly() -> None:
 def test_the_simulators_set_up_waits_out_a_full_hashing_queue(database: Database) -> None:
     """Twenty users signing up at once against a queue of one hash: every one gets set up,
     each BUSY answer tried again after a pause, and the run itself counts no error."""
-    from wire.config import Settings
+    from runtime.config import Settings
 
     with running_market(database, Settings(role="buyer", hash_queue=1)) as market:
         result = scenario.run_once(DEFAULT, 10, 5, market.buyer_server.address, market.seller_server.address)

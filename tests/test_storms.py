@@ -285,7 +285,7 @@ def test_the_soft_descriptor_limit_is_raised_as_far_as_the_settings_need() -> No
     def low_soft_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
-    script = ("import resource; from wire.config import server_settings; server_settings('buyer', []);"
+    script = ("import resource; from runtime.config import server_settings; server_settings('buyer', []);"
               "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           preexec_fn=low_soft_limit, env={**os.environ, "MARKET_MAX_CONNECTIONS": "1000"})

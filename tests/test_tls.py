@@ -16,8 +16,8 @@ from test_processes import ServerProcess, a_frozen_worker_is_replaced
 
 from buyer_server.ops import build_app
 from db import Database
+from runtime.config import Settings
 from wire import Connection
-from wire.config import Settings
 from wire.framing import encode_frame
 from wire.server import Server
 from wire.tls import client_context, server_context

@@ -15,12 +15,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from simulation.__main__ import _mix_list
-from simulation.mixes import MIXES
+from runtime.config import positive_int
+from simulation.mixes import MIXES, mix_list
 from simulation.report import plt
-from simulation.scaleout import _stop_on_sigterm
+from simulation.servers import stop_on_sigterm
 from simulation.stats import OpSummary
-from wire.config import positive_int
 
 from .runs import Configuration, add_common_arguments, measure, preamble
 
@@ -34,7 +33,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="N: N sellers + N buyers (default 100)")
     parser.add_argument("--rounds", type=positive_int, default=3,
                         help="rounds of off and on, interleaved (default 3)")
-    parser.add_argument("--mix", type=_mix_list, default=["browse", "default", "checkout"],
+    parser.add_argument("--mix", type=mix_list, default=["browse", "default", "checkout"],
                         help=f"mixes, comma-separated, of {', '.join(MIXES)} (default: three)")
     add_common_arguments(parser, "study-cache")
     return parser.parse_args(argv)
@@ -86,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # servers and databases are stopped on the way out
+    signal.signal(signal.SIGTERM, stop_on_sigterm)  # servers and databases are stopped on the way out
     rows = run(args)
     title = f"Read cache on and off, {args.users} + {args.users} users, {args.calls} calls each"
     (args.out / "cache.md").write_text(preamble(title, argv, "simulation.studies.cache") + "\n"

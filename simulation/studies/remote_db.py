@@ -30,19 +30,18 @@ from pathlib import Path
 
 import mysql.connector
 
-from simulation.__main__ import _int_list, _mix_list
-from simulation.mixes import MIXES
+from runtime.config import positive_int_list
+from simulation.mixes import MIXES, mix_list
 from simulation.report import plt
 from simulation.scaleout import (
     StartError,
-    _stop_on_sigterm,
-    _stop_process,
     free_port,
     private_run_dir,
     started_mariadbd,
+    terminate,
 )
 from simulation.scenario import SimulationError
-from simulation.servers import parse_address
+from simulation.servers import parse_address, stop_on_sigterm
 from simulation.stats import OpSummary
 
 from .runs import Configuration, add_common_arguments, measure, preamble
@@ -72,9 +71,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m simulation.studies.remote_db", description=__doc__)
     parser.add_argument("--delays", type=_delays, default=[0, 0.5, 1, 2],
                         help="ms added to each database round trip, comma-separated (default 0,0.5,1,2)")
-    parser.add_argument("--threads", type=_int_list, default=[3, 8, 16, 32],
+    parser.add_argument("--threads", type=positive_int_list, default=[3, 8, 16, 32],
                         help="threads per process, one process per role (default 3,8,16,32)")
-    parser.add_argument("--processes", type=_int_list, default=[1, 2, 4],
+    parser.add_argument("--processes", type=positive_int_list, default=[1, 2, 4],
                         help="processes per role behind HAProxy (default 1,2,4)")
     parser.add_argument("--process-threads", type=int, default=8,
                         help="threads of each process on the processes axis (default 8)")
@@ -82,7 +81,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     # connection at once (servers.sh marks an instance down at its first failed check and
     # closes its connections; its checks compete with the start's logins for the cores)
     parser.add_argument("--users", "-n", type=int, default=20, help="N sellers + N buyers (default 20)")
-    parser.add_argument("--mix", type=_mix_list, default=["default"],
+    parser.add_argument("--mix", type=mix_list, default=["default"],
                         help=f"one mix of {', '.join(MIXES)} (default: default)")
     add_common_arguments(parser, "study-remote-db")
     args = parser.parse_args(argv)
@@ -111,7 +110,7 @@ def private_mariadb() -> Iterator[Address]:
         yield "127.0.0.1", port
     finally:
         if process is not None:
-            _stop_process(process, 60)
+            terminate(process, 60)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -128,7 +127,7 @@ def delay_proxy(target: Address, delay_ms: float) -> Iterator[Address]:
             raise StartError(f"the delay proxy did not start (said {line!r})")
         yield parse_address(line.removeprefix("listening on "))
     finally:
-        _stop_process(process, 10)  # type: ignore[arg-type]
+        terminate(process, 10)  # type: ignore[arg-type]
 
 
 def round_trip_ms(address: Address) -> float:
@@ -253,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: the remote database study needs root (its mariadbd runs as mysql)", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         with private_mariadb() as database:
             rows = run(args, database)

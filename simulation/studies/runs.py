@@ -14,12 +14,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.config import positive_int
 from simulation.mixes import MIXES
 from simulation.scaleout import balanced_servers, drop_database, fresh_database
 from simulation.scenario import Address, run_once
 from simulation.servers import running_servers
 from simulation.stats import ALL, OpSummary, summarise
-from wire.config import positive_int
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from simulation.__main__ import _int_list, _mix_list
-from simulation.mixes import MIXES
+from runtime.config import positive_int_list
+from simulation.mixes import MIXES, mix_list
 from simulation.report import plt
-from simulation.scaleout import _stop_on_sigterm
+from simulation.servers import stop_on_sigterm
 from simulation.stats import OpSummary
 
 from .runs import Configuration, add_common_arguments, measure, preamble
@@ -29,11 +29,11 @@ Grid = dict[tuple[int, int], OpSummary]  # (threads, N) -> ALL row
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m simulation.studies.threads", description=__doc__)
-    parser.add_argument("--threads", type=_int_list, default=[1, 2, 4, 8, 16],
+    parser.add_argument("--threads", type=positive_int_list, default=[1, 2, 4, 8, 16],
                         help="threads per server process, comma-separated (default 1,2,4,8,16)")
-    parser.add_argument("--users", "-n", type=_int_list, default=[1, 5, 25, 50, 100],
+    parser.add_argument("--users", "-n", type=positive_int_list, default=[1, 5, 25, 50, 100],
                         help="N sellers + N buyers, comma-separated (default 1,5,25,50,100)")
-    parser.add_argument("--mix", type=_mix_list, default=["default"],
+    parser.add_argument("--mix", type=mix_list, default=["default"],
                         help=f"one mix of {', '.join(MIXES)} (default: default)")
     parser.add_argument("--server-args", default="",
                         help="more flags for both servers, e.g. '--workers 2' (one string)")
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # servers and databases are stopped on the way out
+    signal.signal(signal.SIGTERM, stop_on_sigterm)  # servers and databases are stopped on the way out
     grid = run(args)
     table = markdown(grid, args.threads, args.users)
     title = f"Threads against clients, mix {args.mix[0]}, {args.calls} calls per user"

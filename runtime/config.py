@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from dotenv import find_dotenv, load_dotenv
 
-from .server import ServerLimits
+from wire.server import ServerLimits
 
 DEFAULT_DB_URL = "sqlite:///market.db"
 DEFAULT_PORTS = {"buyer": 7001, "seller": 7002}
@@ -88,6 +88,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_int_list(text: str) -> list[int]:
+    """An argparse type: whole numbers of at least 1 separated by commas (1,10,100)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers separated by commas")
+    return values
+
+
 def port_setting(variable: str, lowest: int = 1) -> Callable[[str], int]:
     """An argparse type for a port that `variable` may also set: lowest-65535 (0: a free one,
     for servers), or a usage error naming both (a flag's default from the environment is
@@ -155,11 +166,13 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "worker_timeout_s": ("MARKET_WORKER_TIMEOUT_S", 0.1, 10**6),
     "cache_mb": ("MARKET_CACHE_MB", 1, 1_000_000),
 }
+# Written again rather than imported: the shells and tools read settings too, and importing
+# db would load SQLAlchemy into each of them.
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _CACHE_MODES = ("off", "one-host")  # db.cache.MODES
-_LOG_FORMATS = ("text", "json")  # observe.logs.FORMATS (the protocol package imports nothing else)
+_LOG_FORMATS = ("text", "json")  # observe.logs.FORMATS
 _SWITCH = {"on": 1.0, "true": 1.0, "yes": 1.0, "off": 0.0, "false": 0.0, "no": 0.0, "": 0.0}
-_SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS (the protocol package imports no db)
+_SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS
 
 
 def _fraction_or_switch(text: str, refuse: Callable[[str], NoReturn]) -> float:

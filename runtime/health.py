@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .framing import FrameDecoder, encode_frame
+from wire.framing import FrameDecoder, encode_frame
 
 log = logging.getLogger("market.runner")
 _PID = struct.Struct("!I")

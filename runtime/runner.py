@@ -5,7 +5,8 @@ With `--workers N` (N > 1) the process forks N workers that each bind the same
 port with SO_REUSEPORT, so the kernel spreads connections over N processes and
 Python gets past one core; the parent only supervises (restarts a worker that
 dies, passes SIGTERM on). The servers keep no state, so workers need no sharing.
-Logs, metrics and tracing are the package `observe`'s, imported here only (like `db`).
+Logs, metrics and tracing are the package `observe`'s; it and `db` are imported once the
+settings are read (see `main`).
 """
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
-from .app import App
+from wire.app import App
+from wire.server import Server, ServerLimits, StopRequested, StopSignals, reserve_port
+from wire.tls import server_context
+
 from .config import Settings, server_settings
 from .health import HealthWatch, join_health_checks
-from .server import Server, ServerLimits, StopRequested, StopSignals, reserve_port
-from .tls import server_context
 
 log = logging.getLogger("market.runner")
 BuildApp = Callable[[Settings, Any], App]
@@ -97,7 +99,7 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
 
 
 def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignals) -> int:
-    from db import Database, DatabaseUnusable  # the one place the protocol package meets the data layer
+    from db import Database, DatabaseUnusable
     from db.cache import CacheUnusable
     from db.migrations import check_current, upgrade
 
@@ -176,7 +178,7 @@ def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | No
 
 class _Supervisor:
     """The parent of `--workers N`: forks the workers, passes SIGTERM on, kills a worker that
-    leaves a health check unanswered (wire.health), and restarts a worker that dies,
+    leaves a health check unanswered (runtime.health), and restarts a worker that dies,
     pausing longer after each quick death (0.5 s, doubling up to 30 s), and giving up
     (exit 2) when five started in a row died before they listened. It holds the port all
     its life, so nothing else takes it while a worker is being replaced."""

@@ -1,0 +1,77 @@
+"""A series of runs, as market-sim makes them: every mix at every N, R runs of each, every run
+audited against the database as soon as it ends. The measuring tools built on the simulator
+(scale-out, the studies) run their series through `run_all` too.
+"""
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from db import Database
+from db.audit import audit, ledger_of
+
+from .mixes import MIXES
+from .scenario import Address, RunResult, run_once
+from .server_latency import during, report, scrape
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a series runs: each mix at each N (N sellers + N buyers), `repeats` runs of each,
+    `calls` calls per user per run."""
+
+    mixes: Sequence[str]
+    users: Sequence[int]
+    calls: int
+    repeats: int
+    seed: int | None = None  # the simulated users' random seed (None: a different series each time)
+    progress: bool = True  # a progress bar on the console
+    metrics: Sequence[Address] = ()  # the servers' metrics addresses: their latency per op reported too
+    tls: ssl.SSLContext | None = None  # TLS to the servers (None: plaintext)
+
+
+def run_all(plan: Plan, buyer: Address, seller: Address, database: Database,
+            console: Console) -> list[RunResult]:
+    """Every scenario of the plan, R times, each run audited."""
+    runs = [(mix, users, run) for mix in plan.mixes for users in plan.users for run in range(plan.repeats)]
+    total = sum(2 * users * plan.calls for _, users, _ in runs)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    results: list[RunResult] = []
+    with Progress(*columns, console=console, disable=not plan.progress) as progress:
+        task = progress.add_task("starting", total=total)
+        finished = 0
+        for mix, users, run in runs:
+            progress.update(task, description=f"{mix} N={users} run {run + 1}/{plan.repeats}")
+            seed = None if plan.seed is None else f"{plan.seed}/{mix}/{users}/{run}"
+            def show(done: int, base: int = finished) -> None:
+                progress.update(task, completed=base + done)
+
+            before = scrape(plan.metrics) if plan.metrics else {}
+            result = run_once(MIXES[mix], users, plan.calls, buyer, seller, run=run, seed=seed,
+                              on_progress=show, tls=plan.tls)
+            finished += 2 * users * plan.calls
+            progress.update(task, completed=finished)
+            # the payment ledger where the buyer servers keep it (MARKET_PAYMENTS_URL, if set)
+            ledger = ledger_of(database, os.environ.get("MARKET_PAYMENTS_URL") or None)
+            result.violations = audit(database, result.acknowledged, ledger)
+            console.print(describe(result))
+            if plan.metrics:  # latency in ms; what the server's lacks is network and the client's own
+                for line in report(result, during(before, scrape(plan.metrics))):
+                    console.print(f"  {line}", markup=False, highlight=False)
+            results.append(result)
+    return results
+
+
+def describe(result: RunResult) -> str:
+    """One line on a run: its calls, errors, conflicts, purchases and what the audit found."""
+    errors = sum(op.errors for op in result.ops.values())
+    calls = sum(len(op.latencies) for op in result.ops.values()) + errors  # made, answered or not
+    conflicts = sum(op.conflicts for op in result.ops.values())
+    audit_text = "consistent" if not result.violations else f"{len(result.violations)} VIOLATIONS"
+    return (f"{result.mix} N={result.users} run {result.run + 1}: {calls} calls in {result.elapsed_s:.2f} s,"
+            f" {errors} errors, {conflicts} conflicts, {len(result.acknowledged)} purchases, {audit_text}")
