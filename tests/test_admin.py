@@ -22,7 +22,7 @@ from sqlalchemy import insert, select, text
 from client.main import main
 from db import Database
 from db.audit import audit
-from db.migrations import revision_of
+from db.migrations import head, revision_of
 from db.schema import admin_actions, sessions, suspensions, users
 from wire import Connection
 from wire.config import Settings
@@ -257,7 +257,7 @@ def test_a_database_of_version_3_upgrades_cleanly(database: Database, capsys: Ca
     database.run(as_version_3)
     status, _, err = admin(capsys, database.url, "show-user", "buyer", "old-buyer")
     assert (status, err) == (2, "market admin: the database is at revision 0005_item_words, this code's "
-                                "is 0006_admin: run `market db upgrade --db-url URL` first\n")
+                                f"is {head()}: run `market db upgrade --db-url URL` first\n")
     database.create_schema()
     assert revision_of(database).is_head
     assert admin(capsys, database.url, "suspend", "buyer", "old-buyer")[0] == 0
