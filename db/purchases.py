@@ -174,7 +174,8 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None) ->
     if not cart:
         raise ConflictError("your cart is empty")
     if cart[0].cut_off:  # its lines may be bought already: settle it before buying them again
-        raise _in_progress(tx.execute(_PENDING_OF_SESSION, ids).one())
+        pending = tx.execute(_PENDING_OF_SESSION, ids).first()
+        raise _in_progress(pending) if pending is not None else RetryTransaction  # settled meanwhile
     _take_stock(tx, cart)
     lines = _write_lines(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
     total = sum(line["cents"] * line["quantity"] for line in lines)
