@@ -1,11 +1,14 @@
 """make_purchase in steps, and the settler that finishes what a crash cut off.
 
 The steps (db.purchases): open the order, pending, with the stock taken; authorise the
-total under the order's payment key, outside any transaction; mark the order paid and
-empty the carts; capture. A decline undoes the order (stock back, cart as it was). Any
+total under the order's payment key, then capture it, outside any transaction; then mark
+the order paid and empty the carts. The processor's ledger is the truth: a capture that
+happened is a purchase made (told so, and completed even if the database is away); a
+capture that did not is voided and the purchase undone (stock back, cart as it was). Any
 step may be cut off: the settler of every buyer server finishes pending orders by the
-same conditional transactions, and the processor's calls are idempotent per key, so a
-purchase thread and settlers racing each other act once between them.
+same rule (void the key; refused because captured, complete the order; else undo it), the
+status changes are conditional and the processor's calls idempotent per key, so a purchase
+thread and settlers racing each other act once between them.
 """
 from __future__ import annotations
 
@@ -23,18 +26,19 @@ from db.purchases import PAID, PENDING, VOID, DueOrder, OpenOrder, OrderInProgre
 from observe import events
 from wire.errors import PaymentDeclinedError, ProtocolError, UnavailableError
 
-from .payments import Card, PaymentProcessor
+from .payments import Card, PaymentProcessor, PaymentRefusedError
 
 log = logging.getLogger("market.checkout")
 # Where MARKET_TEST_KILL_AT may stop the process (SIGKILL), for the crash tests.
-KILL_POINTS = ("before_authorise", "after_authorise", "after_order_commit", "after_capture")
-_CAPTURE_TRIES = 3
-_READ_BACK_TRIES = 6  # about 6 s of asking whether a COMMIT that failed went through
+KILL_POINTS = ("before_authorise", "after_authorise", "after_capture", "after_order_commit")
+_PROCESSOR_TRIES = 3  # a capture or a void the processor did not answer: asked again
+_DATABASE_TRIES = 6  # about 6 s of completing a captured order while the database is away
 _REPLAY_WAIT_S = 10.0  # how long a request waits for the purchase of the same key to settle
 # A pending order this old, whose key is sent again, was cut off (its steps take
-# milliseconds): the new request undoes it rather than wait for the settler.
+# milliseconds): the new request settles it rather than wait for the settler.
 _TAKE_OVER_AFTER_MS = 3000
 FirstStep = Callable[[Callable[[Any, Any, dict[str, Any]], Any]], Any]
+_CAPTURED, _VOIDED = "captured", "voided"
 
 
 class Checkout:
@@ -53,10 +57,10 @@ class Checkout:
         self._crash_point("before_authorise")
         self._authorise(opened, card)
         self._crash_point("after_authorise")
-        if not self._mark_paid(opened):
-            raise UnavailableError("the purchase took too long and was undone; nothing was charged")
+        self._capture(opened)
+        self._crash_point("after_capture")
+        self._complete(purchases.purchase_of(opened))
         self._crash_point("after_order_commit")
-        self._capture(opened.order_id, opened.payment_key)
         return opened.receipt
 
     def _open_or_replay(self, first_step: FirstStep) -> tuple[OpenOrder | dict[str, Any], Card]:
@@ -72,23 +76,91 @@ class Checkout:
                 if time.monotonic() > deadline:
                     raise
                 if running.order.status != PENDING or running.age_ms > _TAKE_OVER_AFTER_MS:
-                    self._settle_or_leave(running.order)  # a capture to confirm, or cut off
+                    self._settle_or_leave(running.order)  # cut off: settle it by the ledger
                 time.sleep(0.02)
 
     def _authorise(self, order: OpenOrder, card: Card) -> None:
-        """Authorise the total; on a decline or a failure, undo the order before answering."""
+        """Authorise the total; on a decline or a failure, undo the order before answering.
+        Nothing was captured, and nothing will be: only this thread captures a pending order."""
         try:
             self.processor.authorise(order.payment_key, order.buyer_id, order.total_cents, card)
             events.payment("approved")
         except PaymentDeclinedError:
             events.payment("declined")
-            self._settle_or_leave(DueOrder(order.order_id, order.payment_key, PENDING))
+            self._undo_or_leave(order.order_id, order.payment_key)
             raise
         except Exception:
             events.payment("error")
             log.exception("order %d: the payment could not be authorised", order.order_id)
-            self._settle_or_leave(DueOrder(order.order_id, order.payment_key, PENDING))
+            self._undo_or_leave(order.order_id, order.payment_key)
             raise UnavailableError("the payment could not be authorised; nothing was charged") from None
+
+    def _capture(self, order: OpenOrder) -> None:
+        """Capture the total, or undo the order and say why. The processor asked again when it
+        does not answer; then the void decides: refused, the capture went through after all."""
+        for attempt in range(_PROCESSOR_TRIES):
+            try:
+                self.processor.capture(order.payment_key)
+                return
+            except PaymentRefusedError:  # voided: a settler took the order over
+                break
+            except Exception as exc:  # unreachable, or its answer lost
+                log.warning("order %d: capture failed (%s); try %d", order.order_id, exc, attempt + 1)
+                time.sleep(0.1 * 2**attempt)
+        outcome = self._void_for_certain(order.payment_key)
+        if outcome == _CAPTURED:
+            return
+        if outcome is None:  # the one answer that does not say what happened: see design.md
+            log.error("order %d: the processor answers neither capture nor void; left to the settler",
+                      order.order_id)
+            raise UnavailableError("the payment processor did not answer; the purchase is settled within "
+                                   "60 s, and its idempotency key then replays how it ended")
+        try:
+            self._undo_voided(order.order_id)
+        except Exception:
+            log.exception("order %d: voided; its undoing is left to the settler", order.order_id)
+        raise UnavailableError("the payment could not be captured; nothing was charged")
+
+    def _void_for_certain(self, key: str) -> str | None:
+        """Void the key: voided (nothing captured, and nothing ever will be), captured (the
+        processor refused: the capture happened), or None if the processor does not answer."""
+        for attempt in range(_PROCESSOR_TRIES):
+            try:
+                self.processor.void(key)
+                return _VOIDED
+            except PaymentRefusedError:
+                return _CAPTURED
+            except Exception as exc:
+                log.warning("payment %s: void failed (%s); try %d", key, exc, attempt + 1)
+                time.sleep(0.1 * 2**attempt)
+        return None
+
+    def _complete(self, purchase: purchases.Purchase) -> None:
+        """Mark the captured order paid and empty the carts. The payment was captured: the
+        purchase is made, so a database away for a few seconds leaves it to the settler."""
+        for attempt in range(_DATABASE_TRIES):
+            try:
+                # not moved: completed already, by a settler or by this very step run again
+                # after its COMMIT landed and the answer was lost (never undone: captured)
+                self.db.run(lambda tx: purchases.complete(tx, purchase))
+                return
+            except ProtocolError as exc:  # the database away, or busy
+                log.warning("order %d: captured, not yet marked paid (%s)", purchase.order_id, exc)
+                time.sleep(0.1 * 2**attempt)
+        log.error("order %d: captured; its completion is left to the settler", purchase.order_id)
+
+    def _undo_or_leave(self, order_id: int, key: str) -> None:
+        """Undo an order whose payment was never captured, then void it; what fails here,
+        the settler does later."""
+        try:
+            if self.db.run(lambda tx: purchases.undo(tx, order_id, purchases.VOIDING)):
+                self.settle(DueOrder(order_id, key, purchases.VOIDING))
+        except Exception:
+            log.exception("order %d: left to the settler", order_id)
+
+    def _undo_voided(self, order_id: int) -> None:
+        """Undo an order whose payment is voided: pending -> void, the stock back."""
+        self.db.run(lambda tx: purchases.undo(tx, order_id, VOID))
 
     def _settle_or_leave(self, order: DueOrder) -> None:
         """Settle now; if the database or the processor fails, the settler does it later."""
@@ -97,59 +169,27 @@ class Checkout:
         except Exception:
             log.exception("order %d: left to the settler", order.order_id)
 
-    def _mark_paid(self, order: OpenOrder) -> bool:
-        """Step three. Should the database fail at its COMMIT (a lost connection), whether it
-        committed is read back before answering: the answer must say what happened."""
-        try:
-            if self.db.run(lambda tx: purchases.mark_paid(tx, order)):
-                return True
-            # Not pending (undone by a settler), or not known: this very step committed, but
-            # its COMMIT's answer was lost (Database.run found its commit token).
-            return self._status_when_known(order.order_id) in purchases.COMPLETED
-        except UnavailableError:
-            status = self._status_when_known(order.order_id)
-            if status in purchases.COMPLETED:
-                return True
-            if status == PENDING:  # it did not commit: undo now, as the answer will say
-                self._settle_or_leave(DueOrder(order.order_id, order.payment_key, PENDING))
-            raise
-
-    def _status_when_known(self, order_id: int) -> str | None:
-        """The order's status, asked for a few seconds while the database is away; None if
-        it stays away (then the settler finishes the order, and its key replays the end)."""
-        for attempt in range(_READ_BACK_TRIES):
-            try:
-                return str(self.db.run(lambda tx: purchases.status_of(tx, order_id), write=False))
-            except ProtocolError:
-                time.sleep(0.1 * 2**attempt)
-        return None
-
-    def _capture(self, order_id: int, key: str) -> None:
-        """Capture, and mark the order paid; a failure here is the settler's to finish (the
-        order is committed as bought and the amount authorised: it will be captured)."""
-        for attempt in range(_CAPTURE_TRIES):
-            try:
-                self.processor.capture(key)
-                self._crash_point("after_capture")
-                self.db.run(lambda tx: purchases.finish(tx, order_id, PAID))
-                return
-            except (ProtocolError, OSError) as exc:
-                log.warning("order %d: capture or its record failed (%s); try %d", order_id, exc, attempt + 1)
-                time.sleep(0.1 * 2**attempt)
-        log.error("order %d: paid, its capture left to the settler", order_id)
-
     def settle(self, order: DueOrder) -> None:
-        """Finish one order by its status: pending -> undone and voided; capturing -> captured."""
+        """Finish one order by its status: pending by the ledger; voiding -> voided."""
         if order.status == PENDING:
-            if not self.db.run(lambda tx: purchases.start_undo(tx, order.order_id)):
-                return  # another settler or the purchase itself moved it: theirs to finish
-            order = DueOrder(order.order_id, order.payment_key, purchases.VOIDING)
-        if order.status == purchases.VOIDING:
+            self._settle_pending(order)
+        elif order.status == purchases.VOIDING:
             self.processor.void(order.payment_key)
             self.db.run(lambda tx: purchases.finish(tx, order.order_id, VOID))
-        elif order.status == purchases.CAPTURING:
+        elif order.status == purchases.CAPTURING:  # made before revision 0007
             self.processor.capture(order.payment_key)
             self.db.run(lambda tx: purchases.finish(tx, order.order_id, PAID))
+
+    def _settle_pending(self, order: DueOrder) -> None:
+        """Void the key first, which decides: refused because it was captured, the order is
+        completed; voided, it is undone (unless another settler did), and a capture the
+        purchase's own thread may still send is refused."""
+        try:
+            self.processor.void(order.payment_key)
+        except PaymentRefusedError:  # captured: the purchase is made
+            self._complete(self.db.run(lambda tx: purchases.purchase_in(tx, order.order_id), write=False))
+            return
+        self._undo_voided(order.order_id)
 
     def settle_due(self, pending_for_s: float) -> int:
         """Settle every order due now (pending for over `pending_for_s`); how many were."""

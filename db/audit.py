@@ -17,7 +17,7 @@ from sqlalchemy import Connection, and_, case, distinct, exists, func, inspect, 
 
 from .database import Database, now_ms
 from .ledger import CAPTURED, Payment, payments
-from .purchases import COMPLETED, PAID, VOID, VOIDING, is_completed
+from .purchases import COMPLETED, PAID, PENDING, VOID, VOIDING, is_completed
 from .schema import (
     feedback,
     item_keyword_pairs,
@@ -86,7 +86,7 @@ def _payment_rules(tx: Connection, ledger: list[Payment]) -> Iterator[str]:
                        .where(orders.c.payment_key.is_not(None)).order_by(orders.c.order_id)).all()
     for order in keyed:
         entry = by_key.pop(order.payment_key, None)
-        yield from _order_against_ledger(order, entry)
+        yield from _order_against_ledger(order, entry, in_progress=order.created_ms >= late)
         if order.status not in (*COMPLETED, VOID) and order.created_ms < late:
             yield f"order {order.order_id}: still {order.status} after the settling time"
     for entry in by_key.values():  # keys of no order: only a void may be (a key voided unused)
@@ -96,8 +96,9 @@ def _payment_rules(tx: Connection, ledger: list[Payment]) -> Iterator[str]:
             yield f"payment {entry.payment_key}: {entry.state} for no order"
 
 
-def _order_against_ledger(order: Any, entry: Payment | None) -> Iterator[str]:
-    """A paid order has its capture, of its buyer and total; no other order has one. (A
+def _order_against_ledger(order: Any, entry: Payment | None, in_progress: bool) -> Iterator[str]:
+    """A paid order has its capture, of its buyer and total; no other order has one, but a
+    pending order whose purchase is `in_progress` (captured, about to be marked paid). (A
     capturing order's capture may be on its way: its age is checked by the caller.)"""
     name = f"order {order.order_id} ({order.status})"
     if entry is not None and entry.captures > 1:
@@ -105,7 +106,7 @@ def _order_against_ledger(order: Any, entry: Payment | None) -> Iterator[str]:
     captured = entry is not None and entry.state == CAPTURED
     if order.status == PAID and not captured:
         yield f"{name}: paid, but its payment is {entry.state if entry else 'missing'}"
-    elif captured and order.status not in COMPLETED:
+    elif captured and order.status not in COMPLETED and not (order.status == PENDING and in_progress):
         yield f"{name}: its payment was captured, but the purchase was not completed"
     elif captured and entry and (entry.buyer_id, entry.amount_cents) != (order.buyer_id, order.total_cents):
         yield (f"{name}: buyer {order.buyer_id} owes {order.total_cents} cents, the capture says "

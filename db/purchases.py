@@ -2,13 +2,14 @@
 own thread and any settler racing it can never both act on one order.
 
     open_order:    the stock taken, the order and its lines written, status pending
-    mark_paid:     pending -> capturing, the bought lines out of the carts
-    start_undo:    pending -> voiding, the stock and the sellers' counts given back
-    finish:        capturing -> paid (captured), voiding -> void (voided)
+    complete:      pending -> paid once its payment is captured, the bought lines out of the carts
+    undo:          pending -> void (its payment voided) or voiding (to be voided), the stock
+                   and the sellers' counts given back
+    finish:        voiding -> void (voided); capturing -> paid (orders of revision 0006)
 
 No transaction waits on the payment processor: the processor is called between them
-(buyer_server.checkout). Stock is taken with conditional updates in item_id order, so
-concurrent purchases lock in the same order.
+(buyer_server.checkout). The cart's item rows are locked in item_id order, so concurrent
+purchases lock in the same order.
 """
 from __future__ import annotations
 
@@ -68,6 +69,17 @@ class DueOrder:
     status: str
 
 
+@dataclass(frozen=True)
+class Purchase:
+    """What completing an order changes: its status, and the bought lines in its buyer's
+    carts (the session's, if known: orders of revision 0006 did not record it)."""
+
+    order_id: int
+    buyer_id: int
+    session_id: int | None
+    item_ids: tuple[int, ...]
+
+
 class OrderInProgressError(BusyError):
     """The order with this idempotency key is not settled yet: its purchase is running, or
     was cut off (`order` says where it is, `age_ms` since when)."""
@@ -80,11 +92,18 @@ class OrderInProgressError(BusyError):
 # What the steps run, compiled once (the unit of work's idiom: plain Core at module level).
 _NEW_ORDER = insert(orders).values(
     buyer_id=bindparam("buyer_id"), total_cents=0, idempotency_key=bindparam("key"),
-    created_ms=bindparam("now"), status=PENDING, payment_key=bindparam("payment_key"))
+    created_ms=bindparam("now"), status=PENDING, payment_key=bindparam("payment_key"),
+    session_id=bindparam("session_id"))
+# Another order of this session still pending: a purchase cut off after its capture, whose
+# bought lines are still in the cart until it is settled (the pending are few: by ix_orders_status).
+_SESSION_PENDING = ((orders.c.status == PENDING) & (orders.c.session_id == bindparam("session_id"))
+                    & (orders.c.payment_key != bindparam("payment_key")))
 # The cart with its items' sellers, names, prices and stock, locked in item order (as the
-# stock updates take them) so that what the order records is exact.
+# stock updates take them) so that what the order records is exact; each line says whether
+# the session has another order pending (the orders are read, not locked).
 CART_LINES = (select(cart_lines.c.item_id, cart_lines.c.quantity, items.c.seller_id, items.c.name,
-                     items.c.price_cents, items.c.quantity.label("available"))
+                     items.c.price_cents, items.c.quantity.label("available"),
+                     exists().where(_SESSION_PENDING).label("cut_off"))
               .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
               .where(cart_lines.c.session_id == bindparam("session_id"))
               .order_by(cart_lines.c.item_id).with_for_update())
@@ -110,14 +129,20 @@ _LINES_OF_ORDER = (select(order_lines.c.item_id, order_lines.c.name, order_lines
 _IN_STATUS = (orders.c.order_id == bindparam("order_id")) & (orders.c.status == bindparam("before"))
 _MOVE = update(orders).where(_IN_STATUS).values(status=bindparam("after"))
 _MOVE_FREEING_KEY = update(orders).where(_IN_STATUS).values(status=bindparam("after"), idempotency_key=null())
-# The carts are emptied only if this order is the one just moved to capturing, in the same
-# transaction: then the whole step is held and sent with its COMMIT, one round trip.
-_MOVED_HERE = exists().where(orders.c.order_id == bindparam("order_id"), orders.c.status == CAPTURING)
+# Completing moves the order to an interim status that no other transaction ever sees (it is
+# moved on to paid before the COMMIT), and empties the carts only if the order is in it: only
+# the transaction that moved the order empties them, and nothing needs reading before the
+# COMMIT, so the whole step is held and sent with it, one round trip.
+_COMPLETING = "completes"
+_MOVED_HERE = exists().where(orders.c.order_id == bindparam("order_id"), orders.c.status == _COMPLETING)
 _EMPTY_BOUGHT_LINE = delete(cart_lines).where(cart_lines.c.session_id == bindparam("session_id"),
                                               cart_lines.c.item_id == bindparam("item_id"), _MOVED_HERE)
 _EMPTY_SAVED = delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id"),
                                               _MOVED_HERE)
-_STATUS = select(orders.c.status).where(orders.c.order_id == bindparam("order_id"))
+_PENDING_OF_SESSION = (select(orders.c.order_id, orders.c.payment_key, orders.c.status, orders.c.created_ms)
+                       .where(_SESSION_PENDING).limit(1))
+_BUYER_AND_SESSION = (select(orders.c.buyer_id, orders.c.session_id)
+                      .where(orders.c.order_id == bindparam("order_id")))
 # What the settlers look for, every few seconds: by the index on (status, created_ms).
 DUE_ORDERS = (select(orders.c.order_id, orders.c.payment_key, orders.c.status)
               .where((orders.c.status == CAPTURING) | (orders.c.status == VOIDING)
@@ -132,22 +157,25 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None) ->
     completed order that has this idempotency key."""
     # The session's row first: a cart change of the session on another connection waits.
     live = session.lock()
-    if idempotency_key is not None:
-        done = replay(tx, live.user_id, idempotency_key)
-        if done is not None:
-            return done
     payment_key = secrets.token_urlsafe(32)  # made here, per order: never another order's
     # The order row first: a second request with the same key waits on it, then replays. The
-    # INSERT is held and travels with the cart's read (one round trip).
+    # INSERT is held and travels with the cart's read (one round trip); a key that has an
+    # order already fails it (then the transaction runs again, the INSERT sent alone).
+    ids = {"buyer_id": live.user_id, "session_id": live.session_id, "payment_key": payment_key}
     try:
-        created = tx.execute(_NEW_ORDER, {"buyer_id": live.user_id, "key": idempotency_key, "now": now_ms(),
-                                          "payment_key": payment_key})
-        cart = tx.execute(CART_LINES, {"session_id": live.session_id}).all()
+        created = tx.execute(_NEW_ORDER, {**ids, "key": idempotency_key, "now": now_ms()})
+        cart = tx.execute(CART_LINES, ids).all()
         order_id = int(created.lastrowid)
-    except IntegrityError:
-        raise RetryTransaction from None  # the same key has just committed: replay it
+    except IntegrityError:  # the key's order, committed (if it was in progress, after it was)
+        done = replay(tx, live.user_id, idempotency_key) if idempotency_key is not None else None
+        if done is None:
+            raise RetryTransaction from None  # undone meanwhile, its key free again: buy
+        return done
     if not cart:
         raise ConflictError("your cart is empty")
+    if cart[0].cut_off:  # its lines may be bought already: settle it before buying them again
+        pending = tx.execute(_PENDING_OF_SESSION, ids).first()
+        raise _in_progress(pending) if pending is not None else RetryTransaction  # settled meanwhile
     _take_stock(tx, cart)
     lines = _write_lines(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
     total = sum(line["cents"] * line["quantity"] for line in lines)
@@ -162,29 +190,44 @@ def replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
     order = tx.execute(_ORDER_BY_KEY, {"buyer_id": buyer_id, "key": key}).first()
     if order is None:
         return None
-    if order.status != PAID:  # pending, or its capture not confirmed yet
-        raise OrderInProgressError(DueOrder(order.order_id, order.payment_key, order.status),
-                                   now_ms() - order.created_ms)
+    if order.status != PAID:  # pending (or capturing: a purchase of revision 0006)
+        raise _in_progress(order)
     rows = tx.execute(_LINES_OF_ORDER, {"order_id": order.order_id}).all()
     return _receipt(order.order_id, order.total_cents, [r._asdict() for r in rows])
 
 
-def mark_paid(tx: UnitOfWork, order: OpenOrder) -> Moved:
-    """Step three, once authorised: pending -> capturing, and the bought lines leave the
-    session's cart and the saved cart; false if a settler undid the order first. Nothing is
-    read: the whole step goes with the COMMIT, and its outcome is read after."""
-    moved = Moved(tx.execute(_MOVE, {"order_id": order.order_id, "before": PENDING, "after": CAPTURING}))
-    for line in order.receipt["lines"]:
-        tx.execute(_EMPTY_BOUGHT_LINE, {"session_id": order.session_id, "item_id": line["item_id"],
-                                        "order_id": order.order_id})
-    tx.execute(_EMPTY_SAVED, {"buyer_id": order.buyer_id, "order_id": order.order_id})
+def purchase_of(order: OpenOrder) -> Purchase:
+    """What completing the order the purchase's own thread opened changes."""
+    return Purchase(order.order_id, order.buyer_id, order.session_id,
+                    tuple(line["item_id"] for line in order.receipt["lines"]))
+
+
+def complete(tx: UnitOfWork, purchase: Purchase) -> Moved:
+    """Once the payment is captured: pending -> paid, and the bought lines leave the session's
+    cart and the saved cart; false if the order was not pending (completed already). Nothing
+    is read: the whole step goes with the COMMIT, and its outcome is read after."""
+    moved = Moved(tx.execute(_MOVE, {"order_id": purchase.order_id, "before": PENDING, "after": _COMPLETING}))
+    if purchase.session_id is not None:
+        for item_id in purchase.item_ids:
+            tx.execute(_EMPTY_BOUGHT_LINE, {"session_id": purchase.session_id, "item_id": item_id,
+                                            "order_id": purchase.order_id})
+    tx.execute(_EMPTY_SAVED, {"buyer_id": purchase.buyer_id, "order_id": purchase.order_id})
+    tx.execute(_MOVE, {"order_id": purchase.order_id, "before": _COMPLETING, "after": PAID})
     return moved
 
 
-def start_undo(tx: UnitOfWork, order_id: int) -> bool:
-    """pending -> voiding: the stock, the sellers' counts and the search index as they were,
-    the lines gone, the idempotency key free again. False if the order was no longer pending."""
-    moved = tx.execute(_MOVE_FREEING_KEY, {"order_id": order_id, "before": PENDING, "after": VOIDING})
+def purchase_in(tx: UnitOfWork, order_id: int) -> Purchase:
+    """What completing an order changes, read from the database (for a settler)."""
+    order = tx.execute(_BUYER_AND_SESSION, {"order_id": order_id}).one()
+    lines = tx.execute(_LINES_OF_ORDER, {"order_id": order_id}).all()
+    return Purchase(order_id, order.buyer_id, order.session_id, tuple(line.item_id for line in lines))
+
+
+def undo(tx: UnitOfWork, order_id: int, status: str) -> bool:
+    """pending -> voiding (its payment to be voided next) or void (voided already): the stock,
+    the sellers' counts and the search index as they were, the lines gone, the idempotency
+    key free again. False if the order was no longer pending."""
+    moved = tx.execute(_MOVE_FREEING_KEY, {"order_id": order_id, "before": PENDING, "after": status})
     if moved.rowcount != 1:
         return False
     lines = tx.execute(_LINES_OF_ORDER, {"order_id": order_id}).all()
@@ -196,8 +239,8 @@ def start_undo(tx: UnitOfWork, order_id: int) -> bool:
 
 
 def finish(tx: UnitOfWork, order_id: int, status: str) -> Moved:
-    """capturing -> paid, or voiding -> void: the processor has done its part (held, sent
-    with the COMMIT; whether it moved is read after)."""
+    """voiding -> void, or capturing -> paid (an order of revision 0006): the processor has
+    done its part (held, sent with the COMMIT; whether it moved is read after)."""
     before = {PAID: CAPTURING, VOID: VOIDING}[status]
     return Moved(tx.execute(_MOVE, {"order_id": order_id, "before": before, "after": status}))
 
@@ -215,11 +258,6 @@ class Moved:
         return bool(self._result.rowcount == 1)
 
 
-def status_of(tx: UnitOfWork, order_id: int) -> str:
-    """The order's status now."""
-    return str(tx.execute(_STATUS, {"order_id": order_id}).scalar_one())
-
-
 def due_orders(tx: UnitOfWork, pending_before_ms: int, limit: int = 100) -> list[DueOrder]:
     """Orders a settler should finish: capturing or voiding ones (any age), and pending ones
     opened before `pending_before_ms`, whose purchase was cut off."""
@@ -227,16 +265,20 @@ def due_orders(tx: UnitOfWork, pending_before_ms: int, limit: int = 100) -> list
     return [DueOrder(r.order_id, r.payment_key, r.status) for r in rows]
 
 
+def _in_progress(order: Any) -> OrderInProgressError:
+    return OrderInProgressError(DueOrder(order.order_id, order.payment_key, order.status),
+                                now_ms() - order.created_ms)
+
+
 def _take_stock(tx: UnitOfWork, cart: Sequence[Any]) -> None:
-    """Take the cart's units, every line in one query; the item rows are locked, so
-    `available` is exact, and each conditional update's row count is checked all the same."""
+    """Take the cart's units. The cart's read locked the item rows (FOR UPDATE; SQLite has
+    one writer), so `available` is exact and every update applies: they are held and go
+    with the COMMIT. Each keeps `quantity >= n` all the same: no item goes below zero."""
     for line in cart:
         if line.quantity > line.available:
             raise _short_of(line)
-    taken = [tx.execute(_TAKE_STOCK, {"item_id": ln.item_id, "n": ln.quantity}) for ln in cart]
-    for line, result in zip(cart, taken, strict=True):
-        if result.rowcount != 1:
-            raise _short_of(line)
+    for line in cart:
+        tx.execute(_TAKE_STOCK, {"item_id": line.item_id, "n": line.quantity})
 
 
 def _short_of(line: Any) -> ConflictError:

@@ -38,7 +38,7 @@ from wire.values import MAX_WORD_LENGTH, item_search_words
 # orders.payment_key, for purchases in steps (db.purchases); 5: item_words and item_word_pairs, the search by
 # text's indexes ; 6: suspensions and
 # admin_actions, the operator's commands; 7: commit_tokens, how a COMMIT whose answer was lost
-# is known to have committed or not (revisions in db/migrations/versions)
+# is known to have committed or not; 8: orders.session_id (revisions in db/migrations/versions)
 metadata = MetaData()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.
@@ -242,10 +242,14 @@ orders = Table(
     Column("total_cents", BigInteger, nullable=False),
     Column("idempotency_key", ExactText(128), nullable=True),
     Column("created_ms", BigInteger, nullable=False),
-    # pending -> capturing -> paid, or pending -> voiding -> void (db.purchases); orders made
-    # before schema version 4 are paid, without a payment key
+    # pending -> paid, or pending -> voiding -> void (db.purchases; capturing: a purchase of
+    # revision 0006 or older, captured after it was marked bought); orders made before schema
+    # version 4 are paid, without a payment key
     Column("status", String(9), nullable=False, default="pending", server_default="paid"),
     Column("payment_key", String(64), nullable=True),  # the processor's key, made per order
+    # the session whose cart the purchase empties (none before revision 0007; no foreign key:
+    # sessions end and are deleted, their orders stay)
+    Column("session_id", BigInteger, nullable=True),
     UniqueConstraint("buyer_id", "idempotency_key", name="uq_orders_idempotency"),
     Index("uq_orders_payment_key", "payment_key", unique=True),  # as revision 0004 makes it
     Index("ix_orders_buyer", "buyer_id", "order_id"),

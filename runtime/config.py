@@ -47,7 +47,7 @@ class Settings:
     payment_decline_rate: float = 0.0
     payments_url: str | None = None  # the simulated processor's ledger; None: in db_url's database
     settle_period_s: float = 5.0
-    settle_after_s: float = 30.0  # a pending purchase this old was cut off: the settler undoes it
+    settle_after_s: float = 30.0  # a pending purchase this old was cut off: the settler settles it
     test_kill_at: str | None = None  # a test hook: buyer_server.checkout.KILL_POINTS
     login_free_failures: int = 5
     login_max_delay_s: float = 900.0

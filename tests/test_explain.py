@@ -68,7 +68,8 @@ STATEMENTS = {
                                     {f"keyword{n}": f"w{n:04d}" for n in range(5, 8)}),
     "search by text+category, next page": _ranked_search(True, True, 3, by_words=True),
     "token check": _SESSION_BY_TOKEN, "own item (change_price, remove_item)": (_OWN_ITEM, SELLER),
-    "add_to_cart": _STOCK_AND_HELD, "remove_from_cart": _IN_CART, "make_purchase's cart": CART_LINES,
+    "add_to_cart": _STOCK_AND_HELD, "remove_from_cart": _IN_CART,
+    "make_purchase's cart": (CART_LINES, {"payment_key": "k"}),
     "purchase history": _HISTORY, "orders due to settle": (DUE_ORDERS, {"pending_before": 0, "limit": 100}),
     "login backoff": _FAILURES, "provide_feedback's vote": (_VOTE_OF_BUYER, {"vote": "up", "now": 0}),
 }

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from test_faults import (
 from test_processes import ServerProcess
 
 from buyer_server.checkout import KILL_POINTS
-from buyer_server.payments import Card, SimulatedProcessor
+from buyer_server.payments import Card, PaymentRefusedError, SimulatedProcessor
 from db import Database, accounts, purchases, unit_of_work
 from db.audit import audit
 from db.ledger import CAPTURED, DECLINED, VOIDED, Ledger, Payment
@@ -46,6 +47,46 @@ def ledger_of(database: Database) -> list[Payment]:
 def order_statuses(database: Database) -> Counter[str]:
     rows = database.run(lambda tx: tx.execute(orders.select()).all(), write=False)
     return Counter(row.status for row in rows)
+
+
+@dataclass
+class Shop:
+    """A market, its processor's ledger, and a buyer with an item of 2 in the cart."""
+
+    market: Market
+    ledger: Ledger
+    buyer: Connection
+    item_id: int
+
+
+def settle_now(market: Market) -> int:
+    """What the buyer server's settler does at its next pass, done now; how many it settled."""
+    return int(market.buyer_server.app.checkout.settle_due(pending_for_s=0))  # type: ignore[attr-defined]
+
+
+def purchase_answer(buyer: Connection) -> Any:
+    """The purchase's receipt, or the error it was answered with."""
+    try:
+        return buyer.call("make_purchase", {**CARD, "idempotency_key": "k"})
+    except ProtocolError as exc:
+        return exc
+
+
+def assert_ledger_agrees(shop: Shop, answer: Any) -> None:
+    """What the buyer was told is what the ledger holds, and what the buyer sees now."""
+    buyer, [payment] = shop.buyer, shop.ledger.entries()
+    history = buyer.call("get_purchase_history")["purchases"]
+    stock = buyer.call("get_item", {"item_id": shop.item_id})["quantity"]
+    if isinstance(answer, dict):  # captured once, in the history, the key replays it
+        assert (payment.state, payment.captures, stock) == (CAPTURED, 1, 0)
+        assert [line["order_id"] for line in history] == [answer["order_id"]]
+        assert buyer.call("make_purchase", {**CARD, "idempotency_key": "k"}) == answer
+        assert buyer.call("display_cart")["cart"]["items"] == []
+    else:  # nothing captured, nothing bought, the cart kept
+        assert payment.state in (VOIDED, DECLINED) and payment.captures == 0
+        assert (history, stock) == ([], 2)
+        assert len(buyer.call("display_cart")["cart"]["items"]) == 1
+    assert audit(shop.market.db, ledger=shop.ledger.entries()) == []
 
 
 def test_a_purchase_captures_its_total_once(market: Market) -> None:
@@ -121,6 +162,85 @@ def test_the_audit_finds_a_capture_without_its_order(market: Market) -> None:
         f"order {order_id} (paid): paid, but its payment is voided"
         for order_id in [buyer.call("get_purchase_history")["purchases"][0]["order_id"]]
     ] + ["payment stray: captured 100 cents for no order"]
+
+
+# -- the processor unreachable at the capture -----------------------------------------------------
+
+class UnreachableProcessor:
+    """The simulated processor behind a network that fails: a capture sent while `capture`
+    is "refused" never reaches it (ConnectionRefusedError); one sent while it is "lost" is
+    made, but its answer is lost (TimeoutError); a void fails as refused while `void` is."""
+
+    def __init__(self, inner: SimulatedProcessor, capture: str, void: str = "") -> None:
+        self.inner, self.capture_fault, self.void_fault = inner, capture, void
+
+    def authorise(self, key: str, buyer_id: int, amount_cents: int, card: Card) -> None:
+        self.inner.authorise(key, buyer_id, amount_cents, card)
+
+    def capture(self, key: str) -> None:
+        if self.capture_fault == "refused":
+            raise ConnectionRefusedError("the processor refused the connection")
+        self.inner.capture(key)
+        if self.capture_fault == "lost":
+            raise TimeoutError("the processor's answer did not come")
+
+    def void(self, key: str) -> None:
+        if self.void_fault == "refused":
+            raise ConnectionRefusedError("the processor refused the connection")
+        self.inner.void(key)
+
+    def lookup(self, key: str) -> str | None:
+        return self.inner.lookup(key)
+
+
+@contextlib.contextmanager
+def market_with(database: Database, processor: UnreachableProcessor) -> Iterator[Shop]:
+    """Both servers with this processor, a seller's item of 2 in a buyer's cart."""
+    with running_market(database, processor=processor) as market:
+        seller, buyer = market.user("seller"), market.user("buyer")
+        item_id = market.item(seller, quantity=2)
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+        yield Shop(market, processor.inner.ledger, buyer, item_id)
+
+
+@pytest.mark.parametrize("void", ["", "refused"])
+def test_a_capture_that_never_reached_the_processor_is_answered_as_not_charged(
+        database: Database, void: str) -> None:
+    """The processor unreachable at the capture: the buyer is told nothing was charged, and
+    nothing is. With the void answered, the purchase is undone at once; without, the answer
+    says the settler decides, and it undoes the purchase once the processor is back."""
+    processor = UnreachableProcessor(SimulatedProcessor(Ledger(database)), capture="refused", void=void)
+    with market_with(database, processor) as shop:
+        answer = purchase_answer(shop.buyer)
+        assert isinstance(answer, UnavailableError), answer
+        if void:
+            assert "did not answer" in str(answer) and order_statuses(database) == Counter({PENDING: 1})
+            processor.void_fault = ""
+            assert settle_now(shop.market) == 1
+        else:
+            assert "nothing was charged" in str(answer)
+        assert order_statuses(database) == Counter({"void": 1})
+        assert_ledger_agrees(shop, answer)
+        processor.capture_fault = ""  # back: the same key buys the cart, which was kept
+        assert purchase_answer(shop.buyer)["lines"][0]["quantity"] == 2
+
+
+@pytest.mark.parametrize("void", ["", "refused"])
+def test_a_capture_whose_answer_is_lost_is_found_by_the_void(database: Database, void: str) -> None:
+    """The capture made, its answer lost: the void is refused (captured), so the buyer gets
+    the receipt. If the void cannot be sent either, the answer says the outcome is not known
+    yet; the settler then completes the purchase, and the key replays its receipt."""
+    processor = UnreachableProcessor(SimulatedProcessor(Ledger(database)), capture="lost", void=void)
+    with market_with(database, processor) as shop:
+        answer = purchase_answer(shop.buyer)
+        if void:
+            assert isinstance(answer, UnavailableError) and "did not answer" in str(answer), answer
+            processor.void_fault = ""
+            assert settle_now(shop.market) == 1
+            answer = shop.buyer.call("make_purchase", {**CARD, "idempotency_key": "k"})
+        assert isinstance(answer, dict), answer
+        assert order_statuses(database) == Counter({PAID: 1})
+        assert_ledger_agrees(shop, answer)
 
 
 # -- a buyer server killed at every step -------------------------------------------------------
@@ -235,15 +355,16 @@ def test_an_order_left_pending_is_undone_by_the_settler(market: Market) -> None:
 
 @contextlib.contextmanager
 def fault_at_commit(fault: Callable[[Any, Callable[[], Any]], Any]) -> Iterator[list[int]]:
-    """Once, at the query that carries the COMMIT of the step marking an order paid (its real
-    UPDATE in it), run `fault(driver, send)` instead of `send()`, which sends the query to the
-    database; yields the list of faults made."""
+    """Once, at the query that carries the COMMIT of the step marking an order paid (the
+    order's status changed and the saved cart emptied in it), run `fault(driver, send)`
+    instead of `send()`, which sends the query to the database; yields the faults made."""
     made: list[int] = []
     send_query = unit_of_work._run_mysql
 
     def faulty(driver: Any, statements: list[tuple[str, Any]]) -> Any:
-        marks_paid = any(sql.startswith("UPDATE orders SET status") and "capturing" in str(values)
-                         for sql, values in statements)
+        sql = [text for text, _ in statements]
+        marks_paid = any(s.startswith("UPDATE orders SET status") for s in sql) and \
+            any(s.startswith("DELETE FROM saved_cart_lines") for s in sql)
         if marks_paid and statements[-1][0] == "COMMIT" and not made:
             made.append(1)
             return fault(driver, lambda: send_query(driver, statements))
@@ -350,12 +471,12 @@ class StoppingProcessor:
         self.inner, self.stop_at, self.server = inner, stop_at, server
 
     def authorise(self, key: str, buyer_id: int, amount_cents: int, card: Card) -> None:
+        self._stop_if("before_authorise")
         self.inner.authorise(key, buyer_id, amount_cents, card)
-        self._stop_if("after_authorise")
 
     def capture(self, key: str) -> None:
-        self._stop_if("before_capture")
         self.inner.capture(key)
+        self._stop_if("after_capture")
 
     def void(self, key: str) -> None:
         self.inner.void(key)
@@ -369,47 +490,82 @@ class StoppingProcessor:
             self.server.kill()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stop_at", ["after_authorise", "before_capture"])
-def test_a_database_stopped_between_steps_is_settled_once_it_is_back(
-        private_mariadb: PrivateMariaDB, tmp_path: Any, stop_at: str) -> None:  # noqa: F811
-    database = Database(private_mariadb.url, pool_size=4)
+@contextlib.contextmanager
+def market_on_a_private_mariadb(server: PrivateMariaDB, ledger_path: Any, stop_at: str = "",
+                                decline_rate: float = 0.0) -> Iterator[Shop]:
+    """Both servers over the private MariaDB, the processor's ledger in an SQLite file (so
+    that it answers while that database is stopped), a seller's item of 2 in a buyer's cart."""
+    database = Database(server.url, pool_size=4)
     database.create_schema()
-    ledger_db = Database(f"sqlite:///{tmp_path / 'ledger.db'}", pool_size=2)
+    ledger_db = Database(f"sqlite:///{ledger_path}", pool_size=2)
     ledger = Ledger(ledger_db)
-    processor = StoppingProcessor(SimulatedProcessor(ledger), stop_at, private_mariadb)
+    processor = StoppingProcessor(SimulatedProcessor(ledger, decline_rate), stop_at, server)
     try:
         with running_market(database, processor=processor) as market:
             seller, buyer = market.user("seller"), market.user("buyer")
             item_id = market.item(seller, quantity=2)
             buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
-            try:
-                answer: Any = buyer.call("make_purchase", CARD)
-            except UnavailableError as exc:
-                answer = exc
-            private_mariadb.start()
-            assert market.buyer_server.app.checkout.settle_due(pending_for_s=0) == 1  # type: ignore[attr-defined]
-            [payment] = ledger.entries()
-            history = buyer.call("get_purchase_history")["purchases"]
-            stock = buyer.call("get_item", {"item_id": item_id})["quantity"]
-            if stop_at == "after_authorise":  # not marked paid: told so, and undone
-                assert isinstance(answer, UnavailableError)
-                assert (payment.state, history, stock) == (VOIDED, [], 2)
-                assert len(buyer.call("display_cart")["cart"]["items"]) == 1
-            else:  # marked paid, then the database went: the receipt, and captured once
-                assert answer["order_id"] == history[0]["order_id"]
-                assert (payment.state, payment.captures, stock) == (CAPTURED, 1, 0)
-            assert order_statuses(database) in (Counter({PAID: 1}), Counter({"void": 1}))
-            assert audit(database, ledger=ledger.entries()) == []
+            yield Shop(market, ledger, buyer, item_id)
     finally:
         database.close()
         ledger_db.close()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_at", ["before_authorise", "after_capture"])
+def test_a_purchase_captured_while_the_database_is_stopped_is_answered_made(
+        private_mariadb: PrivateMariaDB, tmp_path: Any, stop_at: str) -> None:  # noqa: F811
+    """The processor answers while the marketplace's database is stopped: the capture is made,
+    so the buyer gets the receipt, and the order is completed once the database is back."""
+    with market_on_a_private_mariadb(private_mariadb, tmp_path / "ledger.db", stop_at) as shop:
+        answer = purchase_answer(shop.buyer)
+        private_mariadb.start()
+        assert isinstance(answer, dict), answer
+        assert order_statuses(shop.market.db) == Counter({PENDING: 1})  # not in the history yet
+        assert settle_now(shop.market) == 1
+        assert order_statuses(shop.market.db) == Counter({PAID: 1})
+        assert_ledger_agrees(shop, answer)
+
+
+@pytest.mark.slow
+def test_a_decline_while_the_database_is_stopped_is_undone_once_it_is_back(
+        private_mariadb: PrivateMariaDB, tmp_path: Any) -> None:  # noqa: F811
+    with market_on_a_private_mariadb(private_mariadb, tmp_path / "ledger.db", "before_authorise",
+                                     decline_rate=1.0) as shop:
+        answer = purchase_answer(shop.buyer)
+        private_mariadb.start()
+        assert isinstance(answer, PaymentDeclinedError), answer
+        assert settle_now(shop.market) == 1
+        assert order_statuses(shop.market.db) == Counter({"void": 1})
+        assert_ledger_agrees(shop, answer)
+
+
+@pytest.mark.slow
+def test_a_database_lost_at_the_commit_marking_an_order_paid_still_answers_made(
+        private_mariadb: PrivateMariaDB, tmp_path: Any) -> None:  # noqa: F811
+    """The step marking the order paid commits, then the database is gone (killed) before its
+    answer comes, and stays away: the purchase's capture was made, so it is answered with its
+    receipt, never an error (an error would be followed by a capture)."""
+    def commit_then_die(_cursor: Any, send: Callable[[], Any]) -> Any:
+        send()
+        private_mariadb.kill()
+        raise mysql_errors.OperationalError(msg="Lost connection to MySQL server during query", errno=2013)
+
+    with market_on_a_private_mariadb(private_mariadb, tmp_path / "ledger.db") as shop:
+        with fault_at_commit(commit_then_die) as made:
+            answer = purchase_answer(shop.buyer)
+        assert made == [1]
+        private_mariadb.start()
+        settle_now(shop.market)
+        assert isinstance(answer, dict), answer
+        assert order_statuses(shop.market.db) == Counter({PAID: 1})
+        assert_ledger_agrees(shop, answer)
+
+
 def test_settlers_racing_each_other_and_the_purchases_act_once(market: Market) -> None:
     """Eight settlers at once over orders left pending, while each order's own purchase
-    tries to mark it paid: every order ends once, paid or void, and the stock and the
-    ledger say the same."""
+    tries to capture it and mark it paid: every order ends once, paid or void, and the
+    stock and the ledger say the same."""
     seller = market.user("seller")
     item_id = market.item(seller, quantity=50)
     checkout = market.buyer_server.app.checkout  # type: ignore[attr-defined]
@@ -432,10 +588,12 @@ def test_settlers_racing_each_other_and_the_purchases_act_once(market: Market) -
 
     def purchase_goes_on(order: purchases.OpenOrder) -> None:
         start.wait()
-        if market.db.run(lambda tx: purchases.mark_paid(tx, order)):
-            paid.append(True)
+        try:
             checkout.processor.capture(order.payment_key)
-            market.db.run(lambda tx: purchases.finish(tx, order.order_id, PAID))
+        except PaymentRefusedError:  # a settler voided it first: its purchase ends there
+            return
+        paid.append(True)
+        market.db.run(lambda tx: purchases.complete(tx, purchases.purchase_of(order)))
 
     threads = [threading.Thread(target=settle) for _ in range(8)]
     threads += [threading.Thread(target=purchase_goes_on, args=(order,)) for order in opened]
@@ -449,8 +607,8 @@ def test_settlers_racing_each_other_and_the_purchases_act_once(market: Market) -
     states = Counter(p.state for p in ledger_of(market.db))
     assert states == Counter({CAPTURED: len(paid), VOIDED: len(opened) - len(paid)})
     assert market.user("buyer").call("get_item", {"item_id": item_id})["quantity"] == 50 - 2 * len(paid)
-    # a paid order's lines left its buyer's cart; an undone one's cart is as it was, even when
-    # its purchase tried to mark it paid after a settler had undone it
+    # a paid order's lines left its buyer's cart (emptied once, by its purchase or a settler);
+    # an undone one's cart is as it was
     bought = {row.buyer_id for row in market.db.run(
         lambda tx: tx.execute(select(orders.c.buyer_id).where(orders.c.status == PAID)).all(), write=False)}
     for buyer in buyers:
