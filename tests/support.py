@@ -1,6 +1,7 @@
 """What the tests share besides fixtures: accounts and cards, free ports, skipping for want of
-a tool, databases of their own, both servers in-process, threads raced at one barrier, the
-tiny App of the server loop's tests. A plain module: the fixtures in conftest.py build on it.
+a tool, databases of their own, both servers in-process, a server process, a MariaDB server of
+a test's own, threads raced at one barrier, the tiny App of the server loop's tests.
+A plain module (pytest's pythonpath holds tests/): the fixtures in the conftest.py files build on it.
 """
 from __future__ import annotations
 
@@ -8,15 +9,21 @@ import contextlib
 import itertools
 import os
 import random
+import re
 import secrets
 import shutil
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
@@ -171,6 +178,91 @@ def running_market(db: Database, settings: Settings | None = None, **kwargs: Any
             conn.close()
         m.buyer_server.shutdown()
         m.seller_server.shutdown()
+
+
+# -- Real processes: a server, a MariaDB of the test's own ------------------------------------
+
+LISTENING = re.compile(r"^listening on (\S+):(\d+)$")
+
+
+class ServerProcess:
+    """`python -m {role}_server --port 0` in a subprocess."""
+
+    def __init__(self, role: str, db_url: str, port: int = 0, *extra: str, **environ: str) -> None:
+        # stderr goes to a file: a pipe nobody reads would fill up and stall the server
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", f"{role}_server", "--port", str(port), "--db-url", db_url,
+             "--threads", "4", *extra],
+            stdout=subprocess.PIPE, stderr=self.log, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **environ})
+
+    def wait_ready(self) -> ServerProcess:
+        """Read the `listening on` line."""
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        match = LISTENING.match(line)
+        assert match, f"expected 'listening on HOST:PORT', got {line!r}; stderr: {self.stderr()}"
+        self.host, self.port = match.group(1), int(match.group(2))
+        return self
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def connect(self) -> Connection:
+        return Connection(self.host, self.port, timeout=10)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=20)
+
+
+MARIADBD = "/usr/sbin/mariadbd"
+
+
+class PrivateMariaDB:
+    """A mariadbd of our own on a free port, which the test may kill and start again."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.port = root, free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        install = subprocess.run(
+            ["mariadb-install-db", "--no-defaults", f"--datadir={root / 'data'}", "--user=root",
+             "--auth-root-authentication-method=normal", "--skip-test-db"],
+            capture_output=True, timeout=120)
+        if install.returncode != 0:
+            raise RuntimeError(install.stderr.decode(errors="replace")[-500:])
+
+    @property
+    def url(self) -> str:
+        return f"mysql+mysqlconnector://root@127.0.0.1:{self.port}/market"
+
+    def start(self) -> None:
+        log = (self.root / "mariadbd.log").open("ab")
+        (self.root / "tmp").mkdir(exist_ok=True)
+        self.proc = subprocess.Popen(
+            # a tmpdir of its own: mariadbd deletes every #sql* file in its tmpdir at start,
+            # and in /tmp those are the temporary tables of the machine's own MariaDB
+            [MARIADBD, "--no-defaults", f"--datadir={self.root / 'data'}", f"--port={self.port}",
+             f"--tmpdir={self.root / 'tmp'}",
+             "--bind-address=127.0.0.1", f"--socket={self.root / 'sock'}", "--user=root",
+             f"--pid-file={self.root / 'pid'}", "--skip-log-bin", "--innodb-buffer-pool-size=32M"],
+            stdout=log, stderr=log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"mariadbd did not start: {(self.root / 'mariadbd.log').read_text()[-500:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
 
 
 # -- Threads raced at one barrier ---------------------------------------------------------------

@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
-from support import CARD, PASSWORD, Market, running_market, unique_name
-from test_processes import ServerProcess
+from support import CARD, PASSWORD, Market, ServerProcess, running_market, unique_name
 
 from db import Database
 from db.cache import Generations, ReadCache

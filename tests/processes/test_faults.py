@@ -7,24 +7,28 @@ kill it and start it again on the same data directory and port.
 """
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import socket
 import struct
-import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
-import pytest
-from sqlalchemy import create_engine, func, select, text
-from support import CARD, PASSWORD, Market, free_port, running_market, start_market, unique_name
-from test_processes import ServerProcess
+from sqlalchemy import func, select
+from support import (
+    CARD,
+    PASSWORD,
+    Market,
+    PrivateMariaDB,
+    ServerProcess,
+    free_port,
+    running_market,
+    start_market,
+    unique_name,
+)
 
 from db import Database
 from db.audit import AckedOrder, audit
@@ -213,74 +217,6 @@ def test_purchases_whose_clients_hang_up_are_whole_or_not_at_all(market: Market)
 
 
 # -- database outage ---------------------------------------------------------------------
-
-MARIADBD = "/usr/sbin/mariadbd"
-
-
-class PrivateMariaDB:
-    """A mariadbd of our own on a free port, which the test may kill and start again."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.port = root, free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        install = subprocess.run(
-            ["mariadb-install-db", "--no-defaults", f"--datadir={root / 'data'}", "--user=root",
-             "--auth-root-authentication-method=normal", "--skip-test-db"],
-            capture_output=True, timeout=120)
-        if install.returncode != 0:
-            raise RuntimeError(install.stderr.decode(errors="replace")[-500:])
-
-    @property
-    def url(self) -> str:
-        return f"mysql+mysqlconnector://root@127.0.0.1:{self.port}/market"
-
-    def start(self) -> None:
-        log = (self.root / "mariadbd.log").open("ab")
-        (self.root / "tmp").mkdir(exist_ok=True)
-        self.proc = subprocess.Popen(
-            # a tmpdir of its own: mariadbd deletes every #sql* file in its tmpdir at start,
-            # and in /tmp those are the temporary tables of the machine's own MariaDB
-            [MARIADBD, "--no-defaults", f"--datadir={self.root / 'data'}", f"--port={self.port}",
-             f"--tmpdir={self.root / 'tmp'}",
-             "--bind-address=127.0.0.1", f"--socket={self.root / 'sock'}", "--user=root",
-             f"--pid-file={self.root / 'pid'}", "--skip-log-bin", "--innodb-buffer-pool-size=32M"],
-            stdout=log, stderr=log)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"mariadbd did not start: {(self.root / 'mariadbd.log').read_text()[-500:]}")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-
-@pytest.fixture
-def private_mariadb(tmp_path: Path) -> Iterator[PrivateMariaDB]:
-    """A MariaDB server only this test uses; skip (fail under CI=true) if it cannot start."""
-    try:
-        if not shutil.which("mariadb-install-db") or not os.path.exists(MARIADBD):
-            raise RuntimeError("mariadb-install-db or mariadbd is not installed")
-        server = PrivateMariaDB(tmp_path)
-        server.start()
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true requires a private MariaDB for the outage test: {exc}")
-        pytest.skip(f"cannot start a private MariaDB: {exc}")
-    admin = create_engine(server.url.replace("/market", "/mysql"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text("CREATE DATABASE market CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"))
-    admin.dispose()
-    try:
-        yield server
-    finally:
-        server.kill()
-
 
 @dataclass
 class Call:

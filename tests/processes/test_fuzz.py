@@ -30,8 +30,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from sqlalchemy import MetaData, select
-from support import CARD, Market, unique_name
-from test_processes import ServerProcess
+from support import CARD, Market, ServerProcess, unique_name
 
 from db import Database
 from db.audit import audit

@@ -16,14 +16,8 @@ from typing import Any
 import pytest
 from mysql.connector import errors as mysql_errors
 from sqlalchemy import insert, select, update
-from support import CARD, Market, free_port, running_market
-from test_faults import (
-    PrivateMariaDB,
-    list_items,
-    private_mariadb,  # noqa: F401 - the fixture, found by its name
-    sign_up,
-)
-from test_processes import ServerProcess
+from support import CARD, Market, PrivateMariaDB, ServerProcess, free_port, running_market
+from test_faults import list_items, sign_up
 
 from buyer_server.checkout import KILL_POINTS
 from buyer_server.payments import Card, SimulatedProcessor
@@ -371,7 +365,7 @@ class StoppingProcessor:
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_at", ["after_authorise", "before_capture"])
 def test_a_database_stopped_between_steps_is_settled_once_it_is_back(
-        private_mariadb: PrivateMariaDB, tmp_path: Any, stop_at: str) -> None:  # noqa: F811
+        private_mariadb: PrivateMariaDB, tmp_path: Any, stop_at: str) -> None:
     database = Database(private_mariadb.url, pool_size=4)
     database.create_schema()
     ledger_db = Database(f"sqlite:///{tmp_path / 'ledger.db'}", pool_size=2)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
-from support import CARD, PASSWORD, Market, free_port, running_market, unique_name
-from test_processes import ServerProcess, _children
+from support import CARD, PASSWORD, Market, ServerProcess, free_port, running_market, unique_name
+from test_processes import _children
 
 import simulation.__main__ as sim
 from buyer_server.ops import build_app as build_buyer_app

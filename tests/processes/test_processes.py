@@ -10,53 +10,16 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import PASSWORD, free_port, unique_name
+from support import LISTENING, PASSWORD, ServerProcess, free_port, unique_name
 
 from db.engine import driver_url
 from wire import Connection
 from wire.errors import UnauthenticatedError
-
-LISTENING = re.compile(r"^listening on (\S+):(\d+)$")
-
-
-class ServerProcess:
-    """`python -m {role}_server --port 0` in a subprocess."""
-
-    def __init__(self, role: str, db_url: str, port: int = 0, *extra: str, **environ: str) -> None:
-        # stderr goes to a file: a pipe nobody reads would fill up and stall the server
-        self.log = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", f"{role}_server", "--port", str(port), "--db-url", db_url,
-             "--threads", "4", *extra],
-            stdout=subprocess.PIPE, stderr=self.log, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **environ})
-
-    def wait_ready(self) -> ServerProcess:
-        """Read the `listening on` line."""
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        match = LISTENING.match(line)
-        assert match, f"expected 'listening on HOST:PORT', got {line!r}; stderr: {self.stderr()}"
-        self.host, self.port = match.group(1), int(match.group(2))
-        return self
-
-    def stderr(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def connect(self) -> Connection:
-        return Connection(self.host, self.port, timeout=10)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=20)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from support import (
     FAILURE_OF,
     LOGIN_FAILURE,
     Market,
+    ServerProcess,
     codes,
     free_port,
     fresh_mysql_database,
@@ -38,7 +39,6 @@ from support import (
     running_market,
 )
 from test_faults import Call, Recorder, Shopper, check_books, list_items, sign_up
-from test_processes import ServerProcess
 
 from db import Database
 from db.audit import audit

@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import PASSWORD, unique_name
-from test_processes import ServerProcess
+from support import PASSWORD, ServerProcess, unique_name
 
 from db import passwords
 from wire.framing import encode_frame

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
-from support import read_messages, tiny_app
-from test_processes import ServerProcess
+from support import ServerProcess, read_messages, tiny_app
 
 from observe.server import MarketObserver
 from wire.framing import encode_frame

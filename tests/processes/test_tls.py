@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import CARD, PASSWORD, unique_name
-from test_processes import ServerProcess, a_frozen_worker_is_replaced
+from support import CARD, PASSWORD, ServerProcess, unique_name
+from test_processes import a_frozen_worker_is_replaced
 
 from buyer_server.ops import build_app
 from db import Database
