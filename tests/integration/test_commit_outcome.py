@@ -1,0 +1,263 @@
+"""A transaction whose COMMIT lost its answer is never simply run again (db.commit_tokens).
+
+A TCP proxy between the servers' engine and MariaDB cuts the connection at the query that
+carries the COMMIT: once the server has answered it (it committed; the answer is dropped),
+before the server gets it (nothing committed), or while the server is still running it (it
+waits for a lock another connection holds). Each time the change is made exactly once, and
+the caller hears success when it was made.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from typing import Any
+
+import pytest
+from sqlalchemy import bindparam, create_engine, func, insert, select, text, update
+from sqlalchemy.engine import make_url
+from support import CARD, fresh_mysql_database, running_market
+
+import db.database as database_module
+from db import Database
+from db.accounts import SessionPolicy
+from db.commit_tokens import KEEP_MS, CommitToken, committed, forget_old_tokens
+from db.database import now_ms
+from db.housekeeping import sweep
+from db.migrations import make_current
+from db.schema import commit_tokens, login_failures
+from wire.errors import UnavailableError
+
+_NEW = insert(login_failures).values(role="buyer", username=bindparam("username"), failures=0,
+                                     last_failure_ms=0)
+_BUMP = (update(login_failures).where(login_failures.c.username == bindparam("username"))
+         .values(failures=login_failures.c.failures + 1))
+_FAILURES = select(login_failures.c.failures).where(login_failures.c.username == bindparam("username"))
+_WHERE = {"username": "counted"}
+
+
+class CommitCutter:
+    """A proxy to MariaDB that cuts a connection at the next query carrying COMMIT, once armed:
+    "answered" forwards it and drops the server's answer, "unsent" drops the query itself,
+    "running" forwards it and cuts at once, before the server can have answered. With
+    `down_after_cut`, every connection after the cut is closed at once (the database away)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target, self.mode = target, ""
+        self.cuts = 0
+        self.down_after_cut = False
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, mode: str) -> None:
+        """Cut at the next COMMIT (the next one only)."""
+        self.mode = mode
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self.down_after_cut and self.cuts:
+                _cut(client)
+                continue
+            server = socket.create_connection(self.target)
+            link = {"cutting": False}
+            threading.Thread(target=self._to_server, args=(client, server, link), daemon=True).start()
+            threading.Thread(target=self._to_client, args=(server, client, link), daemon=True).start()
+
+    def _to_server(self, client: socket.socket, server: socket.socket, link: dict[str, bool]) -> None:
+        while data := _received(client):
+            mode = self._take_mode() if b"COMMIT" in data else ""
+            link["cutting"] = link["cutting"] or mode == "answered"  # set before the answer can come
+            if mode != "unsent":
+                server.sendall(data)
+            if mode in ("unsent", "running"):
+                return _cut(client, server)
+        _cut(client, server)
+
+    def _to_client(self, server: socket.socket, client: socket.socket, link: dict[str, bool]) -> None:
+        while data := _received(server):
+            if link["cutting"]:
+                return _cut(client, server)
+            client.sendall(data)
+        _cut(client, server)
+
+    def _take_mode(self) -> str:
+        with self._lock:
+            mode, self.mode = self.mode, ""
+            self.cuts += bool(mode)
+            return mode
+
+
+def _received(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(65536)
+    except OSError:
+        return b""
+
+
+def _cut(*socks: socket.socket) -> None:
+    for sock in socks:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+
+@pytest.fixture
+def mariadb_url(mysql_server: str) -> Iterator[str]:
+    """A fresh MariaDB database at head (reached directly)."""
+    for url in fresh_mysql_database(mysql_server):
+        make_current(url)
+        yield url
+
+
+@pytest.fixture
+def cutter(mariadb_url: str) -> Iterator[CommitCutter]:
+    direct = make_url(mariadb_url)
+    proxy = CommitCutter((direct.host or "127.0.0.1", direct.port or 3306))
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def proxied(mariadb_url: str, cutter: CommitCutter) -> Iterator[Database]:
+    """The data layer over the same database, through the proxy."""
+    url = make_url(mariadb_url).set(host="127.0.0.1", port=cutter.port).render_as_string(hide_password=False)
+    with closing(Database(url, pool_size=2)) as database:
+        database.run(lambda tx: tx.execute(_NEW, _WHERE))
+        yield database
+
+
+def _counted(database: Database) -> int:
+    return int(database.run(lambda tx: tx.execute(_FAILURES, _WHERE).scalar_one(), write=False))
+
+
+def _bump_and_cut(cutter: CommitCutter, mode: str) -> Any:
+    """A write held and sent with START TRANSACTION and COMMIT: one query, cut as `mode` says."""
+    runs = []
+
+    def work(tx: Any) -> str:
+        tx.execute(_BUMP, _WHERE)
+        if not runs:  # the first run only: a run again gets its answer
+            cutter.arm(mode)
+        runs.append(1)
+        return "bumped"
+    return work
+
+
+def test_a_commit_whose_answer_is_lost_is_not_made_twice(proxied: Database, cutter: CommitCutter) -> None:
+    assert proxied.run(_bump_and_cut(cutter, "answered")) == "bumped"
+    assert cutter.cuts == 1
+    assert _counted(proxied) == 1  # it committed once, and the caller was told so
+
+
+def test_a_commit_never_sent_is_made_on_a_fresh_connection(proxied: Database, cutter: CommitCutter) -> None:
+    assert proxied.run(_bump_and_cut(cutter, "unsent")) == "bumped"
+    assert cutter.cuts == 1
+    assert _counted(proxied) == 1
+
+
+def test_a_commit_cut_while_it_waits_for_a_lock_is_made_once(proxied: Database, cutter: CommitCutter,
+                                                            mariadb_url: str) -> None:
+    """The server still runs the query when the connection is cut: asking about its token
+    waits for it to end, then says it committed (or, had the question come first, the
+    transaction could not commit and runs again). Either way: once."""
+    other = create_engine(mariadb_url.replace("mysql://", "mysql+mysqlconnector://"))
+    with other.connect() as holder:
+        holder.execute(text("UPDATE login_failures SET failures = failures WHERE username = 'counted'"))
+        releaser = threading.Timer(1.0, holder.rollback)  # the row locked until then
+        releaser.start()
+        started = time.monotonic()
+        assert proxied.run(_bump_and_cut(cutter, "running")) == "bumped"
+        releaser.join()
+    other.dispose()
+    assert time.monotonic() - started >= 0.9  # it did wait for the lock
+    assert cutter.cuts == 1
+    assert _counted(proxied) == 1
+
+
+def test_the_cart_answers_once_and_holds_once_after_a_lost_commit(proxied: Database,
+                                                                 cutter: CommitCutter) -> None:
+    """add_to_cart's COMMIT (its own query, after the cart is read) loses its answer: the
+    buyer hears the cart the transaction read, and the cart holds the quantity once."""
+    with running_market(proxied) as market:
+        seller, buyer = market.user("seller"), market.user("buyer")
+        item_id = market.item(seller, quantity=10)
+        cutter.arm("answered")
+        cart = buyer.call("add_to_cart", {"item_id": item_id, "quantity": 3})["cart"]
+        assert cutter.cuts == 1
+        assert [line["quantity"] for line in cart["items"]] == [3]
+        assert [line["quantity"] for line in buyer.call("display_cart")["cart"]["items"]] == [3]
+
+
+def test_a_purchase_whose_commit_lost_its_answer_is_bought_once(proxied: Database,
+                                                               cutter: CommitCutter) -> None:
+    """The order's transaction (the stock taken) loses its COMMIT's answer: the purchase goes
+    on to its payment, the receipt is the answer, and the stock is taken once."""
+    with running_market(proxied) as market:
+        seller, buyer = market.user("seller"), market.user("buyer")
+        item_id = market.item(seller, quantity=10)
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+        cutter.arm("answered")
+        receipt = buyer.call("make_purchase", CARD)
+        assert cutter.cuts == 1
+        assert [line["quantity"] for line in receipt["lines"]] == [2]
+        assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 8
+        history = buyer.call("get_purchase_history")["purchases"]
+        assert [p["order_id"] for p in history] == [receipt["order_id"]]
+
+
+def test_a_commit_unanswered_while_the_database_stays_away_says_so(proxied: Database, cutter: CommitCutter,
+                                                                   mariadb_url: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether it committed cannot be asked: UNAVAILABLE, saying that it is not known (it
+    was made, here), and it is not made again."""
+    monkeypatch.setattr(database_module, "_ASK_FOR_S", 0.5)  # the test need not wait 6.5 s
+    cutter.down_after_cut = True
+    with pytest.raises(UnavailableError, match="whether it was made"):
+        proxied.run(_bump_and_cut(cutter, "answered"))
+    with closing(Database(mariadb_url, pool_size=1)) as direct:
+        assert _counted(direct) == 1
+
+
+def test_a_token_written_again_says_whether_its_transaction_committed(mariadb_url: str) -> None:
+    with closing(Database(mariadb_url, pool_size=1)) as database:
+        mine = CommitToken.new()
+        database.run(lambda tx: tx.execute(insert(commit_tokens), mine.params))
+        assert committed(database.engine, mine) is True
+        never = CommitToken.new()
+        assert committed(database.engine, never) is False
+        assert committed(database.engine, never) is True  # fenced: now it is there
+
+
+def test_a_write_leaves_a_token_on_mariadb_only_and_a_read_none(database: Database) -> None:
+    """On SQLite (in the process) a COMMIT's answer cannot be lost: no token there."""
+    count = select(func.count()).select_from(commit_tokens)
+    before = database.run(lambda tx: tx.execute(count).scalar_one(), write=False)
+    database.run(lambda tx: tx.execute(_NEW, _WHERE))
+    database.run(lambda tx: tx.execute(_FAILURES, _WHERE).all(), write=False)
+    after = database.run(lambda tx: tx.execute(count).scalar_one(), write=False)
+    assert after - before == (0 if database.is_sqlite else 1)
+
+
+def test_the_housekeeping_forgets_old_tokens_only(database: Database) -> None:
+    now = now_ms()
+    old = [{"created_ms": now - KEEP_MS - 1000 - n, "nonce": n} for n in range(5)]
+    fresh = {"created_ms": now - 1000, "nonce": 99}
+    database.run(lambda tx: tx.execute(insert(commit_tokens), [*old, fresh]))
+    assert database.run(lambda tx: forget_old_tokens(tx, now, batch=2)) == 2  # a batch at a time
+    sweep(database, SessionPolicy())
+    left = database.run(lambda tx: tx.execute(select(commit_tokens.c.nonce)).scalars().all(), write=False)
+    assert 99 in left and not set(left) & set(range(5))
+

@@ -1,0 +1,189 @@
+"""EXPLAIN on MariaDB: the read paths of every op use indexes, never a full table scan.
+
+A few thousand seeded items make the optimiser's choice meaningful (on a tiny table
+a scan is cheapest and would be chosen anyway); ANALYZE TABLE gives it statistics.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import literal, select, text
+from support import fresh_mysql_database
+
+from db import Database
+from db.accounts import _SESSION_BY_TOKEN
+from db.carts import _CART, _IN_CART, _STOCK_AND_HELD
+from db.catalog import (
+    _ITEM_FOR_SESSION,
+    _OWN_ITEM,
+    _RATING_FOR_SESSION,
+    _SELLER_ITEMS,
+    _many_keywords_first_page,
+    _one_keyword_search,
+    _plain_search,
+    _ranked_search,
+    _two_keyword_search,
+    pair_params,
+)
+from db.login_throttle import _FAILURES
+from db.orders import _HISTORY, _VOTE_OF_BUYER
+from db.purchases import CART_LINES, DUE_ORDERS
+from db.schema import cart_lines, items, login_failures, metadata, sessions
+from db.seed import seed
+
+PARAMS: dict[str, Any] = {
+    "item_id": 1500, "seller_id": 3, "after": 0, "limit": 51, "category": 4,
+    "keyword0": "lamp", "keyword1": "desk", "keyword2": "chair", "last_matches": 2,
+    "after_both": 0,
+    "token_hash": "ab" * 32, "role": "buyer",
+    "session_id": 1, "buyer_id": 2, "last_order": 2**62, "last_item": 0, "username": "someone",
+    "keyword3": "light", "keyword4": "table",
+}
+PARAMS.update(pair_params(["lamp", "desk", "chair", "light", "table"]))  # three keywords use the first three
+WORDS = ["lamp", "desk", "chair", "light", "table", "w0005", "w0006", "w0007"]
+WORD_PAIRS = {**pair_params(WORDS, by_words=True), **{f"keyword{n}": word for n, word in enumerate(WORDS)}}
+SELLER = {"token_hash": "cd" * 32, "role": "seller"}  # the seeded seller 3's session
+STATEMENTS = {
+    "get_item": _ITEM_FOR_SESSION, "display_items": (_SELLER_ITEMS, SELLER),
+    "get_seller_rating": _RATING_FOR_SESSION,
+    "own seller rating": (_RATING_FOR_SESSION, {**SELLER, "seller_id": None}),
+    "search by category": _plain_search(True), "search all": _plain_search(False),
+    "search one keyword": _one_keyword_search(False),
+    "search one keyword+category": _one_keyword_search(True),
+    "search two keywords": _two_keyword_search(),
+    "search three keywords, first page": _many_keywords_first_page(3),
+    "search five keywords, first page": _many_keywords_first_page(5),
+    "search keywords": _ranked_search(False, False, 3),
+    "search keywords+category": _ranked_search(True, False, 2),
+    "search keywords, next page": _ranked_search(True, True, 2), "display_cart": _CART,
+    "search by text, one word": _one_keyword_search(False, by_words=True),
+    "search by text, one word+category": _one_keyword_search(True, by_words=True),
+    "search by text, two words": (_two_keyword_search(by_words=True), WORD_PAIRS),
+    "search by text, three words, first page": (_many_keywords_first_page(3, by_words=True), WORD_PAIRS),
+    "search by text, eight words, first page": (_many_keywords_first_page(8, by_words=True), WORD_PAIRS),
+    "search by text, three words": _ranked_search(False, False, 3, by_words=True),
+    "search by text, eight words": (_ranked_search(False, False, 8, by_words=True),
+                                    {f"keyword{n}": f"w{n:04d}" for n in range(5, 8)}),
+    "search by text+category, next page": _ranked_search(True, True, 3, by_words=True),
+    "token check": _SESSION_BY_TOKEN, "own item (change_price, remove_item)": (_OWN_ITEM, SELLER),
+    "add_to_cart": _STOCK_AND_HELD, "remove_from_cart": _IN_CART,
+    "make_purchase's cart": (CART_LINES, {"payment_key": "k"}),
+    "purchase history": _HISTORY, "orders due to settle": (DUE_ORDERS, {"pending_before": 0, "limit": 100}),
+    "login backoff": _FAILURES, "provide_feedback's vote": (_VOTE_OF_BUYER, {"vote": "up", "now": 0}),
+}
+
+
+@pytest.fixture(scope="module")
+def seeded(mysql_server: str) -> Iterator[Database]:
+    for url in fresh_mysql_database(mysql_server, prefix="market_explain"):
+        db = Database(url, pool_size=2)
+        db.create_schema()
+        seed(db, sellers=50, items_count=3000)
+        db.run(lambda tx: tx.execute(sessions.insert(), [
+            {"token_hash": "ab" * 32, "user_id": 3, "role": "buyer", "created_ms": 0, "last_seen_ms": 0},
+            {"token_hash": "cd" * 32, "user_id": 3, "role": "seller", "created_ms": 0, "last_seen_ms": 0}]))
+        db.run(lambda tx: tx.execute(login_failures.insert().values(
+            role="buyer", username="someone", failures=1, last_failure_ms=0)))
+        db.run(lambda tx: tx.execute(cart_lines.insert().from_select(  # the buyer's cart holds an item
+            ["session_id", "item_id", "quantity"],
+            select(sessions.c.session_id, literal(PARAMS["item_id"]), literal(1))
+            .where(sessions.c.role == "buyer"))))
+        db.run(lambda tx: [tx.execute(text(f"ANALYZE TABLE {t}")).all() for t in metadata.tables])
+        yield db
+        db.close()
+
+
+def plan_of(db: Database, statement: Any) -> tuple[list[dict[str, Any]], str]:
+    """EXPLAIN's rows for a statement (or a (statement, parameter overrides) pair), and its SQL."""
+    statement, overrides = statement if isinstance(statement, tuple) else (statement, {})
+    sql = str(statement.params(**{**PARAMS, **overrides}).compile(
+        dialect=db.engine.dialect, compile_kwargs={"literal_binds": True}))
+    plan = db.run(lambda tx: tx.exec_driver_sql("EXPLAIN " + sql.replace("%%", "%")).mappings().all(),
+                  write=False)
+    cut_short = [row["Extra"] for row in plan if "Impossible" in str(row["Extra"])]
+    assert not cut_short, f"the plan stopped early ({cut_short}): the parameters find nothing\n{sql}"
+    return [dict(row) for row in plan], sql
+
+
+def full_scans(db: Database, statement: Any) -> tuple[list[str], str]:
+    """Base tables the plan reads in full (type ALL), and the SQL explained (derived tables and
+    a UNION's result are the statement's own few rows, not tables)."""
+    plan, sql = plan_of(db, statement)
+    return [row["table"] for row in plan
+            if row["type"] == "ALL" and not str(row["table"]).startswith(("<derived", "<union"))], sql
+
+
+@pytest.mark.parametrize("name", sorted(STATEMENTS))
+def test_no_full_table_scan(seeded: Database, name: str) -> None:
+    scans, sql = full_scans(seeded, STATEMENTS[name])
+    assert not scans, f"{name}: full scan of {scans}\n{sql}"
+
+
+def test_the_check_does_see_a_full_scan(seeded: Database) -> None:
+    unindexed = select(items.c.item_id).where(items.c.name == "no such name")
+    assert full_scans(seeded, unindexed)[0] == ["items"]
+
+
+@pytest.mark.parametrize("name", ["display_items", "search all", "search by category"])
+def test_listings_in_item_order_read_the_index_in_order(seeded: Database, name: str) -> None:
+    """No sort of every on-sale row: the index gives item_id order and the LIMIT stops the read."""
+    plan, sql = plan_of(seeded, STATEMENTS[name])
+    assert not [row for row in plan if "filesort" in str(row["Extra"])], f"{name} sorts\n{sql}"
+
+
+KEYWORD_INDEXES = ("item_keywords", "keyword0", "keyword1", "item_keyword_pairs",
+                   "item_words", "item_word_pairs")  # tables and aliases
+
+
+def keyword_index_work(db: Database, statement: Any) -> list[str]:
+    """The Extra notes of the plan's reads of the keyword indexes that mean a sort or temporary table."""
+    plan, _sql = plan_of(db, statement)
+    return [note for row in plan if row["table"] in KEYWORD_INDEXES
+            for note in ("filesort", "temporary") if note in str(row["Extra"])]
+
+
+@pytest.mark.parametrize("by_words", [False, True])
+@pytest.mark.parametrize("by_category", [False, True])
+def test_one_keyword_search_reads_the_keyword_index_in_order(seeded: Database, by_category: bool,
+                                                            by_words: bool) -> None:
+    """No grouping or sort of every match: the LIMIT stops the read of the index range (of
+    keywords, or of words for a search by text)."""
+    plan, sql = plan_of(seeded, _one_keyword_search(by_category, by_words))
+    assert keyword_index_work(seeded, _one_keyword_search(by_category, by_words)) == [], sql
+    assert [row["table"] for row in plan if row["table"] in KEYWORD_INDEXES] == \
+        ["item_words" if by_words else "item_keywords"]
+
+
+@pytest.mark.parametrize("by_words", [False, True])
+def test_two_keyword_search_reads_the_keyword_indexes_in_order(seeded: Database, by_words: bool) -> None:
+    """The pair's range and each keyword's (word's) range are read in item order, each stopped
+    by its LIMIT; only the page's few rows are sorted."""
+    assert keyword_index_work(seeded, (_two_keyword_search(by_words), WORD_PAIRS)) == []
+
+
+def test_two_keyword_search_checks_the_other_keyword_one_row_at_a_time(seeded: Database) -> None:
+    """The look-up for "has the other keyword too" is one primary-key row (eq_ref), not a
+    read of the other keyword's whole range per item."""
+    plan, sql = plan_of(seeded, _two_keyword_search())
+    reads = sorted((row["table"], row["type"]) for row in plan if row["table"] in KEYWORD_INDEXES)
+    assert reads == [("item_keyword_pairs", "range"), ("keyword0", "eq_ref"), ("keyword0", "range"),
+                     ("keyword1", "eq_ref"), ("keyword1", "range")], sql
+
+
+@pytest.mark.parametrize(("count", "by_words"), [(3, False), (5, False), (3, True), (8, True)])
+def test_many_keywords_first_page_reads_the_keyword_indexes_in_order(seeded: Database, count: int,
+                                                                     by_words: bool) -> None:
+    """Each keyword's (word's) range in item order, stopped by its LIMIT, and the pairs' ranges:
+    only those few rows are grouped and sorted, not every item with any of the terms."""
+    statement = (_many_keywords_first_page(count, by_words), WORD_PAIRS)
+    plan, sql = plan_of(seeded, statement)
+    reads = sorted((row["table"], row["type"]) for row in plan if row["table"] in KEYWORD_INDEXES)
+    index, pairs = ("item_words", "item_word_pairs") if by_words else ("item_keywords", "item_keyword_pairs")
+    assert reads == [(pairs, "range")] + [(index, "ref")] * count, sql
+    assert keyword_index_work(seeded, statement) == [], sql
+
+
+def test_the_order_check_does_see_the_grouped_search_sort(seeded: Database) -> None:
+    assert keyword_index_work(seeded, _ranked_search(False, False, 3)) != []

@@ -1,0 +1,105 @@
+"""Password hashing apart from the request threads: a flood of sign-ups holds a bounded
+share of a server, answered BUSY past it, and every other call keeps its latency."""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+from support import PASSWORD, Market, running_market, unique_name
+
+from db import Database, accounts, passwords
+from db.accounts import SessionPolicy
+from db.address_limits import AccountGuards
+from runtime.config import Settings
+from wire import Connection
+from wire.errors import BusyError
+from wire.server import ServerLimits
+
+
+@dataclass
+class Flood:
+    """create_account calls from many clients at once, as fast as each gets answers."""
+
+    hashed: list[float] = field(default_factory=list)  # seconds per call that hashed
+    busy: list[float] = field(default_factory=list)  # seconds per call answered BUSY
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def client(self, market: Market) -> None:
+        with Connection(*market.buyer_server.address, timeout=30, retry_busy=False) as conn:
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                try:
+                    conn.call("create_account", {"username": unique_name("flood"), "password": PASSWORD,
+                                                 "name": "Flood"})
+                    self.hashed.append(time.perf_counter() - started)
+                except BusyError as exc:
+                    assert exc.message == passwords.HASHES_FULL
+                    self.busy.append(time.perf_counter() - started)
+                    time.sleep(0.005)  # a client that retries at once, short of a busy loop
+
+    def run(self, market: Market, clients: int) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self.client, args=(market,), daemon=True) for _ in range(clients)]
+        for thread in threads:
+            thread.start()
+        return threads
+
+
+def _timed_calls(conn: Connection, seconds: float) -> list[float]:
+    times, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.perf_counter()
+        conn.call("ping")
+        conn.call("search_items", {"keywords": ["desk"]})
+        times.append((time.perf_counter() - started) / 2)
+    return times
+
+
+@pytest.mark.slow
+def test_other_calls_keep_their_latency_under_a_hashing_flood(database: Database) -> None:
+    """Before, every request thread waited for the one hashing slot: a ping took as long as
+    a place in the sign-up queue (1.6 s at the median with 50 clients)."""
+    with running_market(database, limits=ServerLimits(threads=4)) as market:
+        shopper = market.user("buyer")
+        flood = Flood()
+        threads = flood.run(market, clients=30)
+        time.sleep(0.5)  # the flood under way
+        try:
+            calls = _timed_calls(shopper, seconds=3)
+        finally:
+            flood.stop.set()
+            for thread in threads:
+                thread.join(timeout=30)
+    assert len(flood.hashed) >= 10 and flood.busy, (len(flood.hashed), len(flood.busy))
+    hashing = statistics.median(flood.hashed)
+    assert statistics.median(calls) < hashing / 2, (statistics.median(calls), hashing)
+    assert statistics.quantiles(calls, n=10)[-1] < hashing, (sorted(calls)[-5:], hashing)
+
+
+def test_a_full_hashing_queue_answers_busy_at_once(database: Database) -> None:
+    settings = Settings(role="buyer", hash_queue=1)
+    with running_market(database, settings, limits=ServerLimits(threads=6)) as market:
+        flood = Flood()
+        threads = flood.run(market, clients=8)
+        time.sleep(2)
+        flood.stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert flood.hashed and len(flood.busy) > len(flood.hashed), (len(flood.hashed), len(flood.busy))
+    assert statistics.median(flood.busy) < statistics.median(flood.hashed) / 2
+
+
+
+def test_a_login_answered_busy_is_not_counted_as_an_attempt(database: Database) -> None:
+    settings = Settings(role="buyer", hash_queue=1, login_free_failures=1, login_account_free_failures=1)
+    guards, policy = AccountGuards.for_settings(settings), SessionPolicy.from_settings(settings)
+    name = unique_name()
+    accounts.create_account(database, "buyer", guards, "127.0.0.1", name, PASSWORD, "N")
+    with guards.hashing.admitted():  # the queue's one place taken
+        for _ in range(3):
+            with pytest.raises(BusyError, match="too many sign-ups and logins"):
+                accounts.login(database, "buyer", policy, guards, "127.0.0.1", name, "guess guess")
+    # with one free failure, a counted attempt would have made this one wait
+    assert accounts.login(database, "buyer", policy, guards, "127.0.0.1", name, PASSWORD)["token"]

@@ -1,0 +1,610 @@
+"""The servers as real processes: the `listening on` line, SIGTERM, and statelessness
+(any process of a kind accepts any live token; a restart keeps sessions).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from support import LISTENING, PASSWORD, ServerProcess, free_port, unique_name
+
+from db.engine import driver_url
+from wire import Connection
+from wire.errors import UnauthenticatedError
+
+
+@pytest.fixture
+def spawn(db_url: str) -> Iterator[object]:
+    started: list[ServerProcess] = []
+
+    def start(role: str = "buyer", port: int = 0, ready: bool = True, *extra: str) -> ServerProcess:
+        server = ServerProcess(role, db_url, port, *extra)
+        started.append(server)
+        return server.wait_ready() if ready else server
+
+    yield start
+    for server in started:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def login(conn: Connection) -> str:
+    name = unique_name()
+    conn.call("create_account", {"username": name, "password": PASSWORD, "name": name})
+    return str(conn.call("login", {"username": name, "password": PASSWORD})["token"])
+
+
+def test_a_server_prints_its_port_and_stops_cleanly_on_sigterm(spawn) -> None:  # type: ignore[no-untyped-def]
+    server = spawn("seller")
+    assert server.host == "127.0.0.1" and server.port > 0
+    assert server.connect().call("ping")["server"] == "seller"
+    assert server.stop() == 0
+
+
+def test_two_buyer_processes_accept_each_others_tokens(spawn) -> None:  # type: ignore[no-untyped-def]
+    first, second = spawn("buyer"), spawn("buyer")
+    one, two = first.connect(), second.connect()
+    token = login(one)
+    assert two.call("display_cart", token=token)["cart"]["total"] == "0.00"
+    two.call("logout", token=token)
+    with pytest.raises(UnauthenticatedError):
+        one.call("display_cart", token=token)
+
+
+def test_a_restarted_server_still_accepts_live_tokens(spawn) -> None:  # type: ignore[no-untyped-def]
+    server = spawn("buyer")
+    conn = server.connect()
+    token = login(conn)
+    assert server.stop() == 0
+    restarted = spawn("buyer", port=server.port)
+    assert conn.call("display_cart", token=token)["cart"]["items"] == []
+    assert conn.reconnects == 1
+    assert restarted.stop() == 0
+
+
+def test_servers_starting_together_on_a_new_database_all_come_up(spawn) -> None:  # type: ignore[no-untyped-def]
+    servers = [spawn(role, ready=False) for role in ("buyer", "seller", "buyer", "seller")]
+    for server in servers:
+        assert server.wait_ready().connect().call("ping")["server"] in ("buyer", "seller")
+    token = login(servers[0].connect())
+    assert servers[2].connect().call("display_cart", token=token)["cart"]["items"] == []
+
+
+def test_settings_come_from_a_dot_env_file_in_the_working_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    db_file = tmp_path / "from-dotenv.db"
+    (tmp_path / ".env").write_text(f"MARKET_DB_URL=sqlite:///{db_file}\nMARKET_SELLER_PORT=0\n"
+                                      "MARKET_UPGRADE_SCHEMA=1\n")
+    proc = subprocess.Popen([sys.executable, "-m", "seller_server"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("MARKET_")})
+    try:
+        assert proc.stdout is not None
+        match = LISTENING.match(proc.stdout.readline().strip())
+        assert match and int(match.group(2)) != 7002
+        assert db_file.exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+
+
+def _answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_server_stopped_the_moment_it_answers_stops_cleanly(workers: str, tmp_path: Path) -> None:
+    # before: the port answered before the handlers were in place, and SIGTERM killed the
+    # process there (exit status -15; in every one of 20 tries, `market serve`'s flaky Ctrl-C test)
+    for attempt in range(3):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "buyer_server", "--port", str(port),
+                                 "--workers", workers, "--db-url", f"sqlite:///{tmp_path / f'{attempt}.db'}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not _answers(port):
+                assert proc.poll() is None and time.monotonic() < deadline
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, err[-2000:]
+        assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_server_stopped_while_it_waits_for_its_database_stops_cleanly(workers: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent_database:  # accepts, never answers
+        port = silent_database.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "buyer_server", "--port", "0", "--workers", workers,
+                                 "--db-url", f"mysql://root@127.0.0.1:{port}/market"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        silent_database.settimeout(30)
+        waiting, _ = silent_database.accept()  # the server is inside its start-up, waiting for it
+        try:
+            proc.send_signal(signal.SIGINT)  # handled once the driver's connect returns (its 5 s timeout)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+            waiting.close()
+    assert proc.returncode == 0, err[-2000:]  # before: a KeyboardInterrupt traceback, exit status 1
+    assert out == "" and "Traceback" not in err and "error" not in err
+
+
+def _start_failing(role: str, db_url: str, *extra: str, port: int = 0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", f"{role}_server", "--port", str(port), "--db-url", db_url,
+                           *extra], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("role", ["buyer", "seller"])
+def test_a_server_whose_database_cannot_be_opened_says_why_in_one_line(role: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'no such folder' / 'market.db'}"
+    done = _start_failing(role, url)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: {role} server: cannot use the database {url}: "
+                                        "unable to open database file"]
+    assert done.stdout == ""
+
+
+def test_a_server_with_no_database_server_there_says_so_in_one_line() -> None:
+    done = _start_failing("buyer", "mysql://root:secret@127.0.0.1:1/market")
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert line.startswith("error: buyer server: cannot use the database "
+                           "mysql://root:***@127.0.0.1:1/market: 2003 (HY000): Can't connect")
+    assert "secret" not in done.stderr
+
+
+def test_a_missing_mariadb_database_is_named_with_the_statement_that_makes_it(mysql_server: str) -> None:
+    url = driver_url(mysql_server).set(database="market_nowhere_x").render_as_string(hide_password=False)
+    done = _start_failing("seller", url)
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert "Unknown database 'market_nowhere_x'" in line
+    assert line.endswith("create it first: CREATE DATABASE market_nowhere_x "
+                         "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+
+
+def test_seed_says_in_one_line_when_it_cannot_use_the_database(capsys: pytest.CaptureFixture[str],
+                                                                tmp_path: Path) -> None:
+    from client.main import main
+
+    url = f"sqlite:///{tmp_path / 'missing' / 'big.db'}"
+    assert main(["seed", "--db-url", url, "--sellers", "1", "--items", "1"]) == 2
+    assert capsys.readouterr().err == f"error: cannot use the database {url}: unable to open database file\n"
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_server_whose_port_is_taken_says_so_in_one_line(workers: str, tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = _start_failing("buyer", f"sqlite:///{tmp_path / 'market.db'}", "--workers", workers, port=port)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: buyer server: cannot listen on 127.0.0.1:{port}: "
+                                        "Address already in use"]
+
+
+def test_an_unreachable_database_answers_unavailable() -> None:
+    from db import Database
+    from runtime.config import Settings
+    from seller_server.ops import build_app
+    from wire.errors import UnavailableError
+    from wire.server import Server
+
+    server = Server(build_app(Settings(role="seller"), Database("mysql://root@127.0.0.1:1/none")))
+    server.start()
+    try:
+        conn = Connection(*server.address)
+        with pytest.raises(UnavailableError) as caught:
+            conn.call("login", {"username": "somebody", "password": PASSWORD})
+        assert caught.value.retryable
+        with pytest.raises(UnavailableError):
+            conn.call("display_items", token="x" * 43)
+        assert conn.call("ping")["server"] == "seller"
+    finally:
+        server.shutdown()
+
+
+def test_workers_share_the_port_and_a_dead_worker_is_replaced(spawn) -> None:  # type: ignore[no-untyped-def]
+    server = spawn("buyer", 0, True, "--workers", "2")
+    workers = _children(server.proc.pid)
+    assert len(workers) == 2
+    token = login(server.connect())
+    conns = [server.connect() for _ in range(20)]
+    assert all(c.call("display_cart", token=token)["cart"]["items"] == [] for c in conns)
+    os.kill(workers[0], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    children = _children(server.proc.pid)
+    while time.monotonic() < deadline and (len(children) != 2 or workers[0] in children):
+        time.sleep(0.1)
+        children = _children(server.proc.pid)
+    assert len(children) == 2 and workers[0] not in children, (workers, children)
+    assert all(server.connect().call("ping")["server"] == "buyer" for _ in range(10))
+    assert server.stop() == 0
+    assert _children(server.proc.pid) == []
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_workers_stop_when_their_supervisor_is_killed(spawn) -> None:  # type: ignore[no-untyped-def]
+    server = spawn("buyer", 0, True, "--workers", "2")
+    workers = _children(server.proc.pid)
+    assert len(workers) == 2
+    server.proc.kill()
+    server.proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["--threads", "0"], {}, "--threads / MARKET_THREADS 0: must be from 1 to 1,024"),
+    (["--workers", "0"], {}, "--workers / MARKET_WORKERS 0: must be from 1 to 256"),
+    (["--log-level", "loud"], {}, "--log-level loud: one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+    ([], {"MARKET_THREADS": "many"}, "MARKET_THREADS=many: not an integer"),
+    ([], {"MARKET_PAYMENT_DECLINE_RATE": "2"}, "MARKET_PAYMENT_DECLINE_RATE 2.0: must be from 0 to 1"),
+    ([], {"MARKET_IDLE_TIMEOUT_S": "0"}, "MARKET_IDLE_TIMEOUT_S 0.0: must be from 0.001 to 1,000,000,000"),
+    ([], {"MARKET_SQLITE_SYNCHRONOUS": "off"}, "--sqlite-synchronous off: one of NORMAL, FULL"),
+    ([], {"MARKET_MAX_CONNECTIONS_PER_ADDRESS": "0"},
+     "MARKET_MAX_CONNECTIONS_PER_ADDRESS 0: must be from 1 to 1,000,000"),
+    ([], {"MARKET_MAX_QUEUED_BYTES": "10"},
+     "MARKET_MAX_QUEUED_BYTES 10: must be from 1,024 to 1,099,511,627,776"),
+])
+def test_a_setting_out_of_range_is_refused_in_one_line(args: list[str], env: dict[str, str], message: str,
+                                                       tmp_path: Path) -> None:
+    # before: --threads 0 listened and never answered, nor stopped on SIGTERM; the others were tracebacks
+    done = subprocess.run([sys.executable, "-m", "buyer_server", "--port", "0", "--db-url",
+                           f"sqlite:///{tmp_path / 'market.db'}", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **env}, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: buyer server: {message}"]
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_missing_tls_certificate_is_named_in_one_line(workers: str, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    done = _start_failing("seller", f"sqlite:///{tmp_path / 'market.db'}", "--workers", workers,
+                          "--tls-cert", str(cert), "--tls-key", str(key))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: seller server: cannot use the TLS certificate {cert} "
+                                        f"and key {key}: No such file or directory"]
+    assert done.stdout == ""
+
+
+FAILING_WORKER = """
+import sys
+from runtime import runner
+
+def build_app(settings, database):
+    raise RuntimeError("no app today")
+
+sys.exit(runner.main("buyer", build_app, sys.argv[1:]))
+"""
+
+
+def test_a_worker_that_dies_before_listening_fails_the_start(tmp_path: Path) -> None:
+    # before: the supervisor took its death for readiness, printed `listening on` and forked
+    # a new worker every half second, forever
+    done = subprocess.run([sys.executable, "-c", FAILING_WORKER, "--port", "0", "--workers", "2",
+                           "--db-url", f"sqlite:///{tmp_path / 'market.db'}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "listening on" not in done.stdout
+    assert "RuntimeError: no app today" in done.stderr
+    assert done.stderr.splitlines()[-1] == "error: buyer server: a worker process could not start " \
+                                           "(its error is above)"
+
+
+def test_the_port_stays_the_servers_while_its_workers_are_replaced(spawn) -> None:  # type: ignore[no-untyped-def]
+    # before: the supervisor let go of the port once its workers listened, so with every
+    # worker dead any program could take it, and each new worker failed on it, forever
+    server = spawn("buyer", 0, True, "--workers", "2")
+    for pid in _children(server.proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)  # both dead, the replacements not yet started (a pause of 0.5 s)
+    with pytest.raises(OSError, match="Address already in use"):
+        socket.create_server(("127.0.0.1", server.port)).close()
+    deadline = time.monotonic() + 20
+    while not _answers(server.port):
+        assert time.monotonic() < deadline, server.stderr()
+        time.sleep(0.1)
+    assert server.stop() == 0
+    assert re.search(r"worker \d+ was killed by SIGKILL after [\d.]+ s; starting another in 0\.5 s",
+                     server.stderr()), server.stderr()  # before: "exited (status 9)"
+
+
+DYING_WORKERS = """
+import os, sys
+from buyer_server.ops import build_app as buyer_app
+from runtime import runner
+
+runner._FIRST_PAUSE_S = {first_pause}
+
+def build_app(settings, database):
+    if os.path.exists({marker!r}):
+        raise RuntimeError("no app today")
+    return buyer_app(settings, database)
+
+sys.exit(runner.main("buyer", build_app, sys.argv[1:]))
+"""
+
+
+def _dying_workers(tmp_path: Path, first_pause: float) -> tuple[subprocess.Popen[str], Path]:
+    marker = tmp_path / "workers die from now on"
+    script = DYING_WORKERS.format(first_pause=first_pause, marker=str(marker))
+    proc = subprocess.Popen([sys.executable, "-c", script, "--port", "0", "--workers", "2",
+                             "--db-url", f"sqlite:///{tmp_path / 'market.db'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and LISTENING.match(proc.stdout.readline().strip())
+    return proc, marker
+
+
+def test_workers_that_keep_dying_are_restarted_ever_later_then_given_up(tmp_path: Path) -> None:
+    # before: a new worker every 0.5 s, forever, and a supervisor alive as if all were well
+    proc, marker = _dying_workers(tmp_path, first_pause=0.1)
+    try:
+        marker.touch()
+        for pid in _children(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, err[-3000:]
+    assert err.splitlines()[-1] == "error: buyer server: 5 workers started in a row died before they " \
+                                   "listened (their errors are above)"
+    pauses = [float(p) for p in re.findall(r"starting another in ([\d.]+) s", err)]
+    assert pauses == [0.1, 0.2, 0.4, 0.8, 1.6], err[-3000:]  # one per start that failed
+
+
+def test_a_stop_during_a_workers_restart_pause_starts_no_worker(tmp_path: Path) -> None:
+    # before: the supervisor slept its pause through and then started a worker, to stop it
+    proc, _ = _dying_workers(tmp_path, first_pause=5.0)
+    try:
+        first, second = _children(proc.pid)
+        os.kill(first, signal.SIGKILL)
+        time.sleep(0.3)  # the supervisor is in its pause
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    stopped = set(re.findall(r"buyer (\d+) INFO market.server: signal 15: stopping", err))
+    assert stopped == {str(second)}, err[-3000:]  # the worker left, and no new one
+
+
+@pytest.mark.parametrize("role", ["buyer", "seller"])
+def test_health_ready_says_whether_the_server_reaches_its_database(
+        role: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # before: health only pinged, and a server whose database was down passed every check
+    from client.main import main
+    from db import Database
+    from runtime.config import Settings
+    from wire.server import Server
+
+    build_app = __import__(f"{role}_server.ops", fromlist=["build_app"]).build_app
+    database = Database(f"sqlite:///{tmp_path / 'up.db'}", pool_size=2)
+    database.create_schema()
+    for db, ready in ((database, True), (Database("mysql://root@127.0.0.1:1/none"), False)):
+        server = Server(build_app(Settings(role=role), db))
+        server.start()
+        address = "{}:{}".format(*server.address)
+        try:
+            assert main(["health", address]) == 0  # it answers a ping either way
+            assert main(["health", address, "--ready"]) == (0 if ready else 1)
+        finally:
+            server.shutdown()
+            db.close()
+        out, err = capsys.readouterr()
+        if ready:
+            assert f"ok: {role} server" in out and "(its database answers)" in out and err == ""
+        else:
+            assert err == f"unhealthy: {address}: the database cannot be reached; nothing was changed\n"
+
+
+HANDLERS_BEFORE_SQLALCHEMY = """
+import signal, sys
+
+class FirstSqlalchemyImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sqlalchemy":
+            sys.meta_path.remove(self)
+            handled = signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+            print("SIGTERM handled" if handled else "SIGTERM not handled", flush=True)
+        return None
+
+sys.meta_path.insert(0, FirstSqlalchemyImport())
+from {role}_server.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("role", ["buyer", "seller"])
+def test_stop_signals_are_handled_before_the_slow_imports_of_a_start(role: str, tmp_path: Path) -> None:
+    # before: the ops and SQLAlchemy were imported first, about 0.3 s of every start during
+    # which SIGTERM killed the server (-15) and Ctrl-C printed a traceback
+    done = subprocess.run([sys.executable, "-c", HANDLERS_BEFORE_SQLALCHEMY.format(role=role), "--port", "0",
+                           "--db-url", f"sqlite:///{tmp_path / 'no such folder' / 'market.db'}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines()[0] == "SIGTERM handled", done.stdout + done.stderr
+    assert done.returncode == 2  # and then it went on as before: this database cannot be opened
+
+
+def test_workers_start_on_a_port_a_single_server_has_just_left(tmp_path: Path) -> None:
+    # before: the single server's connections, left in TIME_WAIT without SO_REUSEPORT, kept
+    # `--workers 2` off the port for a minute: "Address already in use", exit 2
+    port, db_url = free_port(), f"sqlite:///{tmp_path / 'market.db'}"
+    single = ServerProcess("buyer", db_url, port).wait_ready()
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+    assert single.connect().call("ping")["server"] == "buyer"
+    assert single.stop() == 0  # the server closes the connections first: its side waits
+    for client in clients:
+        client.close()
+    workers = ServerProcess("buyer", db_url, port, "--workers", "2")
+    try:
+        assert workers.wait_ready().port == port, workers.stderr()
+        assert workers.connect().call("ping")["server"] == "buyer"
+        assert workers.stop() == 0
+    finally:
+        workers.proc.kill()
+
+
+def _time_wait_on(port: int) -> None:
+    """Leave server-side TIME_WAIT connections on the port, as a single server does at a stop."""
+    with socket.create_server(("127.0.0.1", port)) as listener:
+        for _ in range(2):
+            client = socket.create_connection(("127.0.0.1", port))
+            accepted, _address = listener.accept()
+            accepted.close()  # the server's side closes first: its side waits
+            client.close()
+
+
+def test_a_port_reserved_past_time_wait_is_still_kept_from_other_programs() -> None:
+    # before: the reservation kept SO_REUSEADDR, and any program binding with it (Python's
+    # create_server, most servers) could take the port while no worker listened
+    from wire.server import reserve_port
+
+    port = free_port()
+    _time_wait_on(port)
+    with socket.socket() as plain:  # the connections in TIME_WAIT do hold the port
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    reserved = reserve_port("127.0.0.1", port)
+    try:
+        with pytest.raises(OSError) as refused:
+            socket.create_server(("127.0.0.1", port)).close()
+        assert refused.value.errno == errno.EADDRINUSE
+        with socket.socket() as worker:  # as Server binds with --workers
+            worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            worker.bind(("127.0.0.1", port))
+            worker.listen()
+    finally:
+        reserved.close()
+
+
+FORK_FAILS_AFTER_ONE = """
+import errno, os, sys
+from runtime import runner
+
+forks = []
+real_fork = os.fork
+
+def fork():  # the second fork fails, as under a limit on processes
+    forks.append(1)
+    if len(forks) > 1:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    return real_fork()
+
+runner.os.fork = fork
+sys.exit(runner.main("buyer", argv=sys.argv[1:]))
+"""
+
+
+def test_a_worker_that_cannot_be_forked_fails_the_start_and_stops_the_others(tmp_path: Path) -> None:
+    # before: the OSError was a traceback (exit 1), the first worker left running, and the
+    # supervisor's SIGTERM and SIGINT blocked
+    done = subprocess.run([sys.executable, "-c", FORK_FAILS_AFTER_ONE, "--port", "0", "--workers", "2",
+                           "--db-url", f"sqlite:///{tmp_path / 'market.db'}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1] == ("error: buyer server: cannot start a worker process: "
+                                            "Resource temporarily unavailable")
+    assert "signal 15: stopping" in done.stderr  # the worker that had started was stopped
+
+
+@pytest.mark.slow
+def test_a_frozen_worker_is_killed_and_replaced(tmp_path: Path) -> None:
+    """Before, the supervisor restarted only workers that died: one stopped by SIGSTOP held
+    its share of the connections unanswered for good."""
+    server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'market.db'}", 0, "--workers", "2",
+                           MARKET_WORKER_TIMEOUT_S="2")
+    a_frozen_worker_is_replaced(server, server.connect)
+
+
+def a_frozen_worker_is_replaced(server: ServerProcess, connect: Callable[[], Connection]) -> None:
+    """SIGSTOP one of two workers (MARKET_WORKER_TIMEOUT_S=2): it is killed, logged, and
+    replaced; the other is left alone; the service answers; the supervisor stops cleanly."""
+    try:
+        server.wait_ready()
+        workers = _children(server.proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGSTOP)
+        deadline = time.monotonic() + 15  # a ping every 0.67 s, answered within 2 s
+        children = _children(server.proc.pid)
+        while time.monotonic() < deadline and (len(children) != 2 or workers[0] in children):
+            time.sleep(0.1)
+            children = _children(server.proc.pid)
+        assert len(children) == 2 and workers[0] not in children, (workers, children, server.stderr())
+        assert workers[1] in children  # alive all along, and left alone
+        assert all(connect().call("ping")["server"] == "buyer" for _ in range(10))
+        log = server.stderr()
+        assert f"worker {workers[0]} did not answer a health check within 2 s; killing it" in log, log
+        assert f"worker {workers[0]} was killed by SIGKILL" in log, log
+        assert server.stop() == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_server_process_sweeps_old_rows_in_the_background(workers: str, tmp_path: Path) -> None:
+    from sqlalchemy import func, insert, select
+
+    from db import Database
+    from db.housekeeping import FORGET_FAILURES_AFTER_MS
+    from db.schema import login_failures
+
+    url = f"sqlite:///{tmp_path / 'market.db'}"
+    database = Database(url, pool_size=1)
+    database.create_schema()
+    old = int(time.time() * 1000) - FORGET_FAILURES_AFTER_MS - 1000
+    database.run(lambda tx: tx.execute(insert(login_failures), [
+        {"role": "buyer", "username": f"ghost{n}", "failures": 7, "last_failure_ms": old}
+        for n in range(500)]))
+
+    def left() -> int:
+        return int(database.run(lambda tx: tx.execute(select(func.count()).select_from(login_failures))
+                                .scalar_one(), write=False))
+
+    server = ServerProcess("buyer", url, 0, "--workers", workers, MARKET_HOUSEKEEPING_INTERVAL_S="0.2")
+    try:
+        server.wait_ready()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and left():
+            time.sleep(0.1)
+        assert left() == 0, server.stderr()
+        assert "housekeeping deleted" in server.stderr()
+        assert server.stop() == 0
+    finally:
+        database.close()
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()

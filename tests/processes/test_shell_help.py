@@ -1,0 +1,280 @@
+"""What a shopper expects of the shells, driven through a pseudo-terminal (pexpect) and as
+scripts against real servers over an SQLite file: categories by name, answers checked as they
+are typed, carts that are not lost, a session kept alive, output that fits and scripts can read.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+from support import CARD, PASSWORD, Market, running_market, unique_name
+from test_cli import MARKET, PROMPT_TIMEOUT, answer, keys, port_of, run, script, shell_env, spawn, wait
+
+from client.buyer_commands import search_request
+from client.registry import UsageError
+from db import Database
+from runtime.config import Settings
+
+SPACED_CARD = " ".join(CARD["card_number"][i:i + 4] for i in range(0, len(CARD["card_number"]), 4))
+
+
+@pytest.fixture(scope="module")
+def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
+    """Both servers over one SQLite file, sessions idle out after 2 s (the keepalive tests)."""
+    db = Database(f"sqlite:///{tmp_path_factory.mktemp('shells') / 'market.db'}", pool_size=8)
+    db.create_schema()
+    with running_market(db, Settings(role="buyer", session_idle_s=2)) as m:
+        yield m
+    db.close()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A home folder of its own, so that history files do not leak between tests."""
+    return tmp_path
+
+
+def buyer_logged_in(market: Market, home: Path, **env: str) -> tuple[pexpect.spawn, str, str]:
+    """A buyer shell at the prompt of a new account; the shell, its prompt and the username."""
+    buyer = spawn("buyer", port_of(market, "buyer"), home, **env)
+    name = unique_name("shopper")
+    run(buyer, f"signup {name} --name S -p '{PASSWORD}'", f"{name}@buyer> ")
+    return buyer, f"{name}@buyer> ", name
+
+
+def saved_cart(market: Market, home: Path, name: str) -> str:
+    """What a new session of `name` finds in its cart (its saved cart)."""
+    done = script("buyer", port_of(market, "buyer"), home, f"login {name}", "cart",
+                  MARKET_PASSWORD=PASSWORD)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_categories_are_shown_and_accepted_by_name(market: Market, home: Path) -> None:
+    seller = spawn("seller", port_of(market, "seller"), home)
+    name = unique_name("cats")
+    me = f"{name}@seller> "
+    run(seller, f"signup {name} --name C -p '{PASSWORD}'", me)
+    assert "Listed item" in run(seller, "sell Rake --category garden --condition new --price 3 --qty 1", me)
+    seller.sendline("sell Kite --condition used --price 4 --qty 1")
+    answer(seller, "category: ", "Toy")  # the start of a name is enough when only one fits
+    assert "Listed item" in wait(seller, me)
+    listing = run(seller, "items", me)
+    assert "Garden" in listing and "Toys" in listing
+    out = run(seller, "sell Mug --category Kitchen --condition new --price 1 --qty 1", me)
+    assert "'Kitchen' is not a category; one of Other, Books, Home" in out
+    seller.sendline("quit")
+    seller.expect(pexpect.EOF)
+    found = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name B",
+                   "search --category Garden", MARKET_PASSWORD=PASSWORD)
+    assert "Rake\tGarden\t" in found.stdout, found.stderr
+
+
+def test_a_wrong_answer_at_a_prompt_is_said_and_asked_again(market: Market, home: Path) -> None:
+    seller = spawn("seller", port_of(market, "seller"), home)
+    name = unique_name("asks")
+    me = f"{name}@seller> "
+    run(seller, f"signup {name} --name A -p '{PASSWORD}'", me)
+    seller.sendline("sell Teapot")
+    for question, wrong, problem, right in [
+            ("category: ", "Kitchen", "'Kitchen' is not a category", "Home"),
+            ("condition: ", "broken", "must be new or used", "new"),
+            ("price: ", "1000000.01", "must be from 0.01 to 1000000.00", "2.50"),
+            ("quantity: ", "0", "must be from 1 to 1000000", "4")]:
+        answer(seller, question, wrong)
+        assert problem in wait(seller, "try again")
+        answer(seller, question, right)  # the same question again
+    assert "Teapot, 4 at 2.50" in wait(seller, me)
+    seller.sendline("quit")
+    seller.expect(pexpect.EOF)
+
+
+def test_help_lists_the_ranges_of_sell_and_buy(market: Market, home: Path) -> None:
+    sell = script("seller", port_of(market, "seller"), home, "help sell")
+    assert "--price PRICE: 0.01 to 1000000.00, at most two decimals" in sell.stdout
+    assert "--category CATEGORY: Other, Books, Home, Electronics" in sell.stdout
+    assert "--qty QUANTITY: a whole number from 1 to 1000000" in sell.stdout
+    buy = script("buyer", port_of(market, "buyer"), home, "help buy")
+    assert "--card-number CARD_NUMBER: 12 to 19 digits, spaces or dashes allowed" in buy.stdout
+    assert "--expiry CARD_EXPIRY: MM/YY" in buy.stdout
+
+
+def test_buy_looks_at_the_cart_before_asking_for_a_card(market: Market, home: Path) -> None:
+    buyer, me, _name = buyer_logged_in(market, home)
+    out = run(buyer, "buy", me)  # before: card name, number and expiry were asked, then CONFLICT
+    assert "your cart is empty: `add ITEM_ID` first" in out and "card name" not in out
+    lamp = market.item(market.user("seller"), quantity=3)
+    assert f"Item {lamp} (Lamp): 3 in stock, 2 in your cart." in run(buyer, f"add {lamp} 2", me)
+    buyer.sendline("buy")
+    answer(buyer, "card name: ", "S Buyer")
+    answer(buyer, "card number: ", "4111 1111 1111 1112")
+    assert "card number: fails the Luhn check" in wait(buyer, "try again")
+    answer(buyer, "card number: ", SPACED_CARD)  # typed as printed on the card
+    answer(buyer, "card expiry: ", "13/39")
+    assert 'must be "MM/YY"' in wait(buyer, "try again")
+    answer(buyer, "card expiry: ", CARD["card_expiry"])
+    assert "Bought: order" in wait(buyer, me)
+    buyer.sendline("quit")  # the cart was bought: nothing to save, no question
+    buyer.expect(pexpect.EOF)
+
+
+def test_a_card_number_with_dashes_is_accepted_in_a_script(market: Market, home: Path) -> None:
+    lamp = market.item(market.user("seller"))
+    dashed = SPACED_CARD.replace(" ", "-")
+    done = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name D",
+                  f"add {lamp}", f"buy --card-name D --card-number {dashed} --expiry {CARD['card_expiry']}",
+                  MARKET_PASSWORD=PASSWORD)
+    assert done.returncode == 0 and "Bought: order" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("leave", ["quit", "logout", "ctrl-d", "ctrl-c"])
+def test_leaving_with_an_unsaved_cart_asks_to_save_it(market: Market, home: Path, leave: str) -> None:
+    buyer, me, name = buyer_logged_in(market, home)
+    lamp = market.item(market.user("seller"))
+    run(buyer, f"add {lamp} 2", me)
+    if leave == "ctrl-d":
+        keys(buyer, "\x04")
+    elif leave == "ctrl-c":
+        keys(buyer, "\x03")
+        buyer.expect_exact("Ctrl-C again")
+        keys(buyer, "\x03")
+    else:
+        buyer.sendline(leave)
+    answer(buyer, "Save your cart? [Y/n] ", "")  # yes by default
+    if leave == "logout":
+        assert "Cart saved: 1 item(s)" in wait(buyer, "buyer> ")
+        buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+    assert f"{lamp}\tLamp\t12.50\t2\t" in saved_cart(market, home, name)
+
+
+def test_an_unsaved_cart_the_person_declines_to_save_is_dropped(market: Market, home: Path) -> None:
+    buyer, me, name = buyer_logged_in(market, home)
+    run(buyer, f"add {market.item(market.user('seller'))}", me)
+    buyer.sendline("logout")
+    answer(buyer, "Save your cart? [Y/n] ", "n")
+    assert f"Logged out {name}." in wait(buyer, "buyer> ")
+    buyer.sendline("quit")  # logged out: no cart, no question
+    buyer.expect(pexpect.EOF)
+    assert "Your cart is empty." in saved_cart(market, home, name)
+
+
+def test_a_script_drops_an_unsaved_cart_unless_told_to_save_it(market: Market, home: Path) -> None:
+    lamp = market.item(market.user("seller"))
+    names = [unique_name("script"), unique_name("script")]
+    for name, flags in zip(names, ([], ["--save-on-exit"]), strict=True):
+        done = subprocess.run([MARKET, "buyer", "--port", str(port_of(market, "buyer")), *flags,
+                               "-c", f"signup {name} --name S; add {lamp}"], capture_output=True,
+                              text=True, timeout=60, env=shell_env(home, MARKET_PASSWORD=PASSWORD))
+        assert done.returncode == 0, done.stderr
+    assert "Your cart is empty." in saved_cart(market, home, names[0])
+    assert f"{lamp}\tLamp" in saved_cart(market, home, names[1])
+
+
+@pytest.mark.slow
+def test_an_open_shell_keeps_its_session_alive(market: Market, home: Path) -> None:
+    buyer, me, _name = buyer_logged_in(market, home, MARKET_KEEPALIVE_S="0.5")
+    lamp = market.item(market.user("seller"))
+    run(buyer, f"add {lamp}", me)
+    time.sleep(4)  # twice the server's idle limit of sessions, quietly at the prompt
+    out = run(buyer, "cart", me)
+    assert "Lamp" in out and "expired" not in out
+    buyer.sendline("quit")
+    answer(buyer, "Save your cart? [Y/n] ", "n")
+    buyer.expect(pexpect.EOF)
+
+
+@pytest.mark.slow
+def test_an_expired_session_says_what_the_cart_held_and_puts_it_back(market: Market, home: Path) -> None:
+    buyer, me, name = buyer_logged_in(market, home, MARKET_KEEPALIVE_S="0")  # no keepalive
+    lamp = market.item(market.user("seller"))
+    run(buyer, f"add {lamp} 2", me)
+    time.sleep(4)
+    buyer.sendline("cart")
+    out = wait(buyer, "put the cart back? [Y/n] ")
+    assert "your session has expired or ended; your cart held 2 x Lamp" in out
+    buyer.sendline("")
+    answer(buyer, "password: ", PASSWORD)
+    out = wait(buyer, me)
+    assert f"Logged in as {name}" in out and "2 in your cart" in out
+    assert "Lamp" in run(buyer, "cart", me)
+    buyer.sendline("quit")
+    answer(buyer, "Save your cart? [Y/n] ", "n")
+    buyer.expect(pexpect.EOF)
+
+
+def test_options_categories_and_listed_item_ids_complete_with_tab(market: Market, home: Path) -> None:
+    lamp = market.item(market.user("seller"), name="Tabbed", category=8)  # alone in Health
+    buyer, me, _name = buyer_logged_in(market, home)
+    keys(buyer, "search --cat", "\t", " Heal", "\t", " --lim", "\t", " 500\r")
+    assert "Tabbed" in wait(buyer, me)
+    keys(buyer, f"add {str(lamp)[:-1]}", "\t", "\r")  # the ids of the last list
+    assert f"Item {lamp} (Tabbed)" in wait(buyer, me)
+    buyer.sendline("quit")
+    answer(buyer, "Save your cart? [Y/n] ", "n")
+    buyer.expect(pexpect.EOF)
+
+
+def test_json_and_tsv_formats_for_scripts(market: Market, home: Path) -> None:
+    lamp = market.item(market.user("seller"), name="Jsonlamp", category=3)
+    args = [MARKET, "buyer", "--port", str(port_of(market, "buyer")), "--format", "json", "-c",
+            f"signup {unique_name()} --name J; search --category Electronics --limit 500"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60,
+                          env=shell_env(home, MARKET_PASSWORD=PASSWORD))
+    assert done.returncode == 0, done.stderr
+    table = json.loads(done.stdout.splitlines()[-1])  # sentences went to stderr
+    row = next(row for row in table["rows"] if row["id"] == str(lamp))
+    assert table["table"] == "Items" and row["name"] == "Jsonlamp" and row["category"] == "Electronics"
+    assert "Logged in as" in done.stderr
+
+
+def test_tables_fit_80_columns_without_cutting_a_price(market: Market, home: Path) -> None:
+    seller = market.user("seller")
+    long_name = "An uncommonly long name of a lamp"[:32]
+    market.item(seller, name=long_name, keywords=["verylong", "keywords", "here"], price="999999.99",
+                quantity=999999, category=9)
+    child = pexpect.spawn(MARKET, ["buyer", "--port", str(port_of(market, "buyer"))],
+                          env=shell_env(home, COLUMNS="80"), encoding="utf-8", dimensions=(50, 80),
+                          timeout=PROMPT_TIMEOUT)
+    child.expect_exact("buyer> ")
+    name = unique_name()
+    run(child, f"signup {name} --name W -p '{PASSWORD}'", f"{name}@buyer> ")
+    out = run(child, "search --category Collectibles --limit 500", f"{name}@buyer> ")
+    lines = out.splitlines()[1:]
+    assert all(len(line.rstrip("\r")) <= 80 for line in lines), out
+    assert "999999.99" in out and "999999 " in out and "verylon…" in out, out
+    assert "An uncommonly" in out  # wrapped, not dropped
+    child.sendline("quit")
+    child.expect(pexpect.EOF)
+
+
+def test_search_words_become_a_query_once_the_switch_is_on() -> None:
+    args = {"words": ["desk", "lamp"], "keywords": [], "category": 2, "limit": 20}
+    assert search_request(args, by_text=True) == {"category": 2, "limit": 20, "query": "desk lamp"}
+    assert search_request(args, by_text=False) == {"category": 2, "limit": 20,
+                                                   "keywords": ["desk", "lamp"]}
+    exact = {**args, "words": [], "keywords": ["desk"]}
+    assert search_request(exact, by_text=True) == {"category": 2, "limit": 20, "keywords": ["desk"]}
+    with pytest.raises(UsageError, match="not both"):
+        search_request({**args, "keywords": ["desk"]}, by_text=True)
+
+
+def test_the_shell_module_does_not_import_the_command_modules() -> None:
+    code = ("import sys, client.shell; "
+            "print(sorted(m for m in sys.modules if m.startswith('client.') and m.endswith('_commands')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_a_bad_card_given_on_the_line_is_refused_before_the_cart_is_looked_at(market: Market,
+                                                                             home: Path) -> None:
+    done = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name E",
+                  "buy --card-name E --card-number 1234 --expiry 12/39", MARKET_PASSWORD=PASSWORD)
+    assert done.returncode == 1
+    assert "card number: must be 12 to 19 digits" in done.stderr and "cart is empty" not in done.stderr
