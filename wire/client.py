@@ -8,6 +8,7 @@ that answers nothing in 30 s would most likely do so again.
 """
 from __future__ import annotations
 
+import random
 import select
 import socket
 import ssl
@@ -24,9 +25,11 @@ from .ops import READ_ONLY_OPS
 # these pauses when the connection fails: a balancer needs a moment to notice a dead instance.
 _RETRY_PAUSES = (0.05, 0.25, 1.0)
 # A password-hashing op answered BUSY did nothing (the server's hashing queue was full):
-# tried again after these pauses, as the contract's retryable BUSY invites.
+# tried again after about these pauses (each drawn from its upper half, so that clients
+# refused together do not come back together), as the contract's retryable BUSY invites:
+# about 7 s in all, for a loaded server's queue to drain (3 s was not always enough).
 _HASHING_OPS = frozenset({"login", "create_account"})
-_BUSY_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+_BUSY_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0)
 
 
 class ConnectionLostError(OSError):
@@ -103,7 +106,7 @@ class Connection:
             if pause is None:
                 raise error
             self.busy_retries += 1
-            time.sleep(pause)
+            time.sleep(random.uniform(pause / 2, pause))
 
     def send(self, message: dict[str, Any]) -> None:
         """Send one raw message (for pipelining and tests)."""

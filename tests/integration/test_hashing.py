@@ -8,15 +8,16 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from support import PASSWORD, Market, running_market, unique_name
+from support import PASSWORD, Market, NoSessions, running_market, unique_name
 
 from db import Database, accounts, passwords
 from db.accounts import SessionPolicy
 from db.address_limits import AccountGuards
 from runtime.config import Settings
-from wire import Connection
+from wire import Connection, OpSpec, values
+from wire.app import App
 from wire.errors import BusyError
-from wire.server import ServerLimits
+from wire.server import Server, ServerLimits
 
 
 @dataclass
@@ -103,3 +104,30 @@ def test_a_login_answered_busy_is_not_counted_as_an_attempt(database: Database) 
                 accounts.login(database, "buyer", policy, guards, "127.0.0.1", name, "guess guess")
     # with one free failure, a counted attempt would have made this one wait
     assert accounts.login(database, "buyer", policy, guards, "127.0.0.1", name, PASSWORD)["token"]
+
+
+def test_a_client_tries_a_busy_login_again_until_the_queue_drains() -> None:
+    # a loaded server's hashing queue stays full for seconds: the client waits it out
+    # (about 7 s in all) rather than fail the person typing their password
+    full_until = time.monotonic() + 4.0
+    calls: list[float] = []
+
+    def login(username: str, password: str) -> dict[str, str]:
+        calls.append(time.monotonic())
+        if time.monotonic() < full_until:
+            raise BusyError(passwords.HASHES_FULL)
+        return {"token": "t"}
+
+    spec = OpSpec("login", required={"username": values.text(1, 32), "password": values.text(1, 64)},
+                  public=True)
+    server = Server(App({"login": spec}, {"login": login}, NoSessions()))
+    server.start()
+    try:
+        with Connection(*server.address, timeout=30) as conn:
+            assert conn.call("login", {"username": "a", "password": "b"}) == {"token": "t"}
+            assert conn.busy_retries == len(calls) - 1 >= 8
+        with Connection(*server.address, timeout=30, retry_busy=False) as conn, pytest.raises(BusyError):
+            full_until = time.monotonic() + 60
+            conn.call("login", {"username": "a", "password": "b"})
+    finally:
+        server.shutdown()
