@@ -32,12 +32,10 @@ import dataclasses
 import math
 import os
 import platform
-import random
 import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +55,7 @@ from runtime import config as runtime_config
 from runtime.config import positive_int_list
 
 from .mixes import mix_list
+from .ports import free_port
 from .report import COLUMNS, count_axis, plt, scenario_totals, write_reports
 from .scenario import Address, SimulationError
 from .series import Plan, run_all
@@ -67,7 +66,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "deploy" / "local"
 SINGLE, CLUSTER = "one MariaDB", "Galera, 3 nodes"
 TARGET_RATIO = 0.60
-PORTS_FROM = 20000
 SETTINGS = ("version", "innodb_flush_log_at_trx_commit", "innodb_buffer_pool_size", "innodb_log_file_size",
             "log_bin", "sync_binlog", "max_connections", "wsrep_on", "wsrep_sync_wait")
 REPORTED = ("calls", "errors", "p50 ms", "p99 ms", "ops/s (mean ± sd)", "ops/s median")
@@ -134,38 +132,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 # -- ports, scripts and databases ------------------------------------------------------------
-
-def free_port() -> int:
-    """A port nothing listens on right now (see free_port_range)."""
-    return free_port_range(1)
-
-
-def free_port_range(size: int) -> int:
-    """A base port with `size` free ports from it (galera.sh's layout needs 34), taken below the
-    kernel's ephemeral range, so that no outgoing connection takes one before its server binds it."""
-    low = _ephemeral_low()
-    for _ in range(100):
-        base = random.randrange(PORTS_FROM, max(low - size, PORTS_FROM + 1000))
-        if all(_bindable(port) for port in range(base, base + size)):
-            return base
-    raise StartError(f"no {size} free ports in a row between {PORTS_FROM} and {low}")
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
 
 def script(name: str, *args: str, timeout: float = 600) -> str:
     """Run a deploy/local script to its end and return its output; StartError when it fails.
@@ -283,7 +249,7 @@ def standalone_config(run_dir: Path, base: int) -> str:
 @contextmanager
 def standalone_mariadb(console: Console) -> Iterator[DatabaseServer]:
     """One mariadbd with the Galera nodes' settings, no replication; stopped and removed after."""
-    run_dir, base = private_run_dir("market-scaleout-mariadb-"), free_port_range(2)
+    run_dir, base = private_run_dir("market-scaleout-mariadb-"), free_port(2)
     node, url = run_dir / "node1", f"mysql://root@127.0.0.1:{base + 1}"
     console.print(f"starting a standalone mariadbd on 127.0.0.1:{base + 1} ({run_dir})", markup=False)
     process: subprocess.Popen[bytes] | None = None
@@ -344,7 +310,7 @@ def existing_mariadb(url: str) -> Iterator[DatabaseServer]:
 @contextmanager
 def galera_cluster(console: Console) -> Iterator[DatabaseServer]:
     """galera.sh's cluster on free ports; stopped and removed after."""
-    run_dir, base = private_run_dir("market-scaleout-galera-"), free_port_range(34)
+    run_dir, base = private_run_dir("market-scaleout-galera-"), free_port(34)
     console.print(f"starting the Galera cluster, balancer on 127.0.0.1:{base} ({run_dir})")
     try:
         script("galera.sh", "start", "--dir", str(run_dir), "--base-port", str(base))

@@ -32,14 +32,9 @@ import mysql.connector
 
 from runtime.config import positive_int_list
 from simulation.mixes import MIXES, mix_list
+from simulation.ports import free_port
 from simulation.report import plt
-from simulation.scaleout import (
-    StartError,
-    free_port,
-    private_run_dir,
-    started_mariadbd,
-    terminate,
-)
+from simulation.scaleout import StartError, private_run_dir, started_mariadbd, terminate
 from simulation.scenario import SimulationError
 from simulation.servers import parse_address, stop_on_sigterm
 from simulation.stats import OpSummary
