@@ -8,6 +8,7 @@ unreachable MariaDB fails the run. Set MARKET_TEST_MYSQL_URL to use another serv
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,12 @@ from sqlalchemy import create_engine
 from support import MYSQL_ADMIN_URL, Market, fresh_mysql_database, missing, running_market
 
 from db import Database
+
+# A suite started in the background by a shell without job control (`cmd &` in a script)
+# inherits Ctrl-C ignored, and so would every shell and server it starts: the Ctrl-C tests
+# would then see nothing happen. Ctrl-C as a terminal would give it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Tests start server processes on fresh databases all the time: those servers make their
 # database current themselves (the tests of a server refusing an old schema unset this).
