@@ -84,7 +84,7 @@ def token_hash(token: str) -> str:
 def create_account(db: Database, role: str, guards: AccountGuards, peer: str | None, username: str,
                    password: str, name: str) -> dict[str, Any]:
     """A new buyer or seller account from the address `peer`; CONFLICT when the username is taken."""
-    with guards.hashing.admitted(on_full=lambda: events.signup_refused("busy", username)):
+    with guards.hashing.admitted(peer, on_full=lambda reason: events.signup_refused(reason, username)):
         try:
             guards.signups.take(peer)
         except BusyError:
@@ -109,7 +109,7 @@ def login(db: Database, role: str, policy: SessionPolicy, guards: AccountGuards,
     stranger's guesses never keep the right password from another address out."""
     attempt = (peer, role, username)
     # first: an attempt answered BUSY is not counted
-    with guards.hashing.admitted(on_full=lambda: events.login_refused("busy", username)):
+    with guards.hashing.admitted(peer, on_full=lambda reason: events.login_refused(reason, username)):
         _claim(guards.by_address, peer, username)
         failed_here = _claim(guards.by_username, attempt, username) > 0
         found = db.run(lambda tx: _claim_attempt_and_find_user(tx, role, policy, username, failed_here))

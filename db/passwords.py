@@ -5,10 +5,13 @@ Hashing is CPU-heavy (about 25 ms of a core). A process hashes on its own thread
 fewer than it has cores and at least one, so a core is left to every other request; each
 server admits only so many hashes (running or waiting) at once, fewer than its request
 threads, and answers BUSY at once past that: a flood of sign-ups or logins then holds at
-most that many request threads, and the rest keep answering everything else.
+most that many request threads, and the rest keep answering everything else. One client
+address holds at most a share of those places (half, by default), so a flood from one
+address leaves room for everyone else's sign-ups and logins.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -23,6 +26,7 @@ from wire.errors import BusyError
 
 _hasher = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1)
 HASHES_FULL = "too many sign-ups and logins at this moment; try again in a moment"
+ADDRESS_HASHES_FULL = "too many sign-ups and logins from your address at this moment; try again in a moment"
 
 
 def hashing_slots(cores: int) -> int:
@@ -33,6 +37,12 @@ def hashing_slots(cores: int) -> int:
 def admitted_hashes(request_threads: int, setting: int = 0) -> int:
     """Hashes one server admits at once (`setting`, or 0: all request threads but one)."""
     return setting if setting > 0 else max(1, request_threads - 1)
+
+
+def hashes_per_address(queue: int, setting: int = 0) -> int:
+    """Places in a queue of `queue` one client address may hold (`setting`, or 0: half,
+    and at least one): one address flooding it leaves the other half to all the others."""
+    return min(queue, setting) if setting > 0 else max(1, queue // 2)
 
 
 # argon2's C code runs without the GIL, so these threads hash while the others serve.
@@ -55,29 +65,54 @@ def verify_password(password_hash: str | None, password: str) -> bool:
 
 
 class HashingQueue:
-    """One server's bounded share of the process's hashing threads."""
+    """One server's bounded share of the process's hashing threads, and each client
+    address's share of it."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, per_address: int = 0) -> None:
         self.size = size
-        self._admitted = threading.BoundedSemaphore(size)
+        self.per_address = hashes_per_address(size, per_address)
+        self._lock = threading.Lock()
+        self._held: collections.Counter[str | None] = collections.Counter()  # places, by address
+        self._total = 0
 
     @classmethod
     def for_settings(cls, settings: Any) -> HashingQueue:
         """The queue a server's settings (runtime.config.Settings) ask for."""
-        return cls(admitted_hashes(settings.threads, settings.hash_queue))
+        return cls(admitted_hashes(settings.threads, settings.hash_queue), settings.hash_queue_per_address)
 
     @contextlib.contextmanager
-    def admitted(self, on_full: Callable[[], None] | None = None) -> Iterator[None]:
-        """A place in the queue for the block's hashes, or BUSY at once when it is full
-        (on_full called first: the caller counts the refusal)."""
-        if not self._admitted.acquire(blocking=False):
+    def admitted(self, address: str | None = None,
+                 on_full: Callable[[str], None] | None = None) -> Iterator[None]:
+        """A place in the queue for the block's hashes, or BUSY at once when it is full or
+        the address holds its share (on_full called first with the reason, "busy" or
+        "address_busy": the caller counts the refusal)."""
+        reason = self._take(address)
+        if reason:
             if on_full is not None:
-                on_full()
-            raise BusyError(HASHES_FULL)
+                on_full(reason)
+            raise BusyError(HASHES_FULL if reason == "busy" else ADDRESS_HASHES_FULL)
         try:
             yield
         finally:
-            self._admitted.release()
+            self._give_back(address)
+
+    def _take(self, address: str | None) -> str:
+        """Take a place for the address; why not ("" when taken)."""
+        with self._lock:
+            if self._total >= self.size:
+                return "busy"
+            if self._held[address] >= self.per_address:
+                return "address_busy"
+            self._held[address] += 1
+            self._total += 1
+        return ""
+
+    def _give_back(self, address: str | None) -> None:
+        with self._lock:
+            self._total -= 1
+            self._held[address] -= 1
+            if not self._held[address]:
+                del self._held[address]
 
     def hash(self, password: str) -> str:
         """hash_password on a hashing thread (call inside `admitted`)."""

@@ -11,13 +11,15 @@ from .logs import Bursts, security
 # reason, counting what it stands for. A wrong password cost a hash: each has its line.
 _bursts = Bursts()
 _LOGIN_MESSAGES = {"wrong_credentials": "login failed", "throttled": "login throttled",
-                   "address_throttled": "login throttled", "busy": "login refused"}
+                   "address_throttled": "login throttled", "busy": "login refused",
+                   "address_busy": "login refused"}
 
 
 def login_refused(reason: str, username: str) -> None:
     """A login refused: "wrong_credentials"; "throttled" (too many failures for the username)
-    or "address_throttled" (from the address); "busy" (the hashing queue is full). The
-    client's address comes from the request's log context."""
+    or "address_throttled" (from the address); "busy" (the hashing queue is full) or
+    "address_busy" (the address holds its share of it). The client's address comes from
+    the request's log context."""
     metrics.LOGINS_REFUSED.labels(reason).inc()
     events = 1 if reason == "wrong_credentials" else _bursts.due(f"login {reason}")
     if events:
@@ -26,8 +28,8 @@ def login_refused(reason: str, username: str) -> None:
 
 
 def signup_refused(reason: str, username: str) -> None:
-    """A sign-up refused: "address_limit" (too many accounts from the address this hour) or
-    "busy" (the hashing queue is full)."""
+    """A sign-up refused: "address_limit" (too many accounts from the address this hour),
+    "busy" (the hashing queue is full) or "address_busy" (the address holds its share of it)."""
     metrics.SIGNUPS_REFUSED.labels(reason).inc()
     if events := _bursts.due(f"sign-up {reason}"):
         security.warning("sign-up refused", extra={"username": username[:64], "reason": reason,

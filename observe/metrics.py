@@ -37,9 +37,11 @@ DB_RETRIES = Counter("market_db_retries",
                      "Transactions run again, by cause (deadlock, reconnect, conflict), or given up "
                      "after a lock wait (lock_wait).", ["cause"])
 LOGINS_REFUSED = Counter("market_logins_refused",
-                         "Logins refused, by reason (wrong_credentials, throttled, address_throttled, busy).",
+                         "Logins refused, by reason (wrong_credentials, throttled, address_throttled, busy, "
+                         "address_busy).",
                          ["reason"])
-SIGNUPS_REFUSED = Counter("market_signups_refused", "Sign-ups refused, by reason (address_limit, busy).",
+SIGNUPS_REFUSED = Counter("market_signups_refused", "Sign-ups refused, by reason (address_limit, busy, "
+                          "address_busy).",
                           ["reason"])
 PAYMENTS = Counter("market_payments", "Card charges at purchase, by outcome (approved, declined, error).",
                    ["outcome"])

@@ -55,6 +55,7 @@ class Settings:
     login_account_free_failures: int = 100
     signups_per_address_hour: int = 300
     hash_queue: int = 0  # 0: threads - 1 (db.passwords.admitted_hashes)
+    hash_queue_per_address: int = 0  # 0: half the queue (db.passwords.hashes_per_address)
     housekeeping_interval_s: float = 60.0
     worker_timeout_s: float = 30.0
     tls_cert: str | None = None
@@ -162,6 +163,7 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "login_account_free_failures": ("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", 0, 10**9),
     "signups_per_address_hour": ("MARKET_SIGNUPS_PER_ADDRESS_HOUR", 0, 10**9),
     "hash_queue": ("MARKET_HASH_QUEUE", 0, 1_000_000),
+    "hash_queue_per_address": ("MARKET_HASH_QUEUE_PER_ADDRESS", 0, 1_000_000),
     "housekeeping_interval_s": ("MARKET_HOUSEKEEPING_INTERVAL_S", 0.01, 10**6),
     "worker_timeout_s": ("MARKET_WORKER_TIMEOUT_S", 0.1, 10**6),
     "cache_mb": ("MARKET_CACHE_MB", 1, 1_000_000),
@@ -277,6 +279,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         signups_per_address_hour=number("MARKET_SIGNUPS_PER_ADDRESS_HOUR", int,
                                         default.signups_per_address_hour),
         hash_queue=number("MARKET_HASH_QUEUE", int, default.hash_queue),
+        hash_queue_per_address=number("MARKET_HASH_QUEUE_PER_ADDRESS", int, default.hash_queue_per_address),
         worker_timeout_s=number("MARKET_WORKER_TIMEOUT_S", float, default.worker_timeout_s),
         housekeeping_interval_s=number("MARKET_HOUSEKEEPING_INTERVAL_S", float,
                                        default.housekeeping_interval_s),

@@ -86,9 +86,17 @@ def _connect(address: Address, source: str) -> socket.socket:
 
 
 def _answers(sock: socket.socket, count: int) -> list[dict[str, Any]]:
-    """Up to `count` answers (fewer if the server closes)."""
+    """Up to `count` answers (fewer if the server closes; OSError only if there were none)."""
     decoder, out = FrameDecoder(strict=False), list[dict[str, Any]]()
-    while len(out) < count and (data := sock.recv(65536)):
+    while len(out) < count:
+        try:
+            data = sock.recv(65536)
+        except OSError:
+            if not out:
+                raise
+            break
+        if not data:
+            break
         decoder.feed(data)
         out.extend(decoder.messages())
     return out
@@ -131,14 +139,25 @@ def _sockets_then(address: Address, count: int, sources: Iterator[str], send: Ca
         if sock is None:
             return
         try:
-            sock.sendall(send(n))
-            _judge(_answers(sock, expected), expected, tally)
-        except OSError:
-            tally.count(failed=True)
+            _send_then_judge(sock, send(n), expected, tally)
         finally:
             sock.close()
 
     _in_threads(one, count)
+
+
+def _send_then_judge(sock: socket.socket, data: bytes, expected: int, tally: Attack) -> None:
+    """Send the bytes and judge the answers. A send that fails is no failure yet: a server
+    over its connection limit answers BUSY and closes at once, and a client sending after
+    that meets a reset; the BUSY is still there to read."""
+    try:
+        sock.sendall(data)
+    except OSError:
+        sock.settimeout(1.0)
+    try:
+        _judge(_answers(sock, expected), expected, tally)
+    except OSError:
+        tally.count(failed=True)
 
 
 def zero_length_frames(address: Address, scale: float, tally: Attack) -> None:

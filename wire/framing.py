@@ -97,22 +97,18 @@ _STRICT_JSON = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_ho
 
 
 def _too_many_containers(body: bytes) -> bool:
-    """Whether the body holds more than MAX_CONTAINERS objects and arrays, found with a fast
-    parse and a walk that stops at the limit (JSON orjson refuses is left to the strict parser,
-    which names what is wrong with it)."""
+    """Whether the body holds more than MAX_CONTAINERS objects and arrays: its `{` and `[`
+    outside strings, counted with bytes methods alone (no parse; exact for valid JSON, and
+    invalid JSON is refused either way). A 1 MiB frame of empty objects is refused in a few
+    milliseconds: parsing it first (with orjson) took about ten times as long, and the 1,000
+    such frames of the big-frames storm kept their senders waiting past 30 s."""
     if body.count(b"[") + body.count(b"{") <= MAX_CONTAINERS:  # else it cannot hold that many
         return False
-    try:
-        pending = [orjson.loads(body)]
-    except orjson.JSONDecodeError:
-        return False
-    containers = 0
-    while pending and containers <= MAX_CONTAINERS:
-        value = pending.pop()
-        if isinstance(value, dict | list):
-            containers += 1
-            pending.extend(value.values() if isinstance(value, dict) else value)
-    return containers > MAX_CONTAINERS
+    # an escaped backslash, then an escaped quote, is no quote; what is left of the quotes
+    # alternates: outside a string, inside, outside ...
+    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(unescaped.split(b'"')[::2])
+    return outside.count(b"[") + outside.count(b"{") > MAX_CONTAINERS
 
 
 def decode_body(body: bytes) -> dict[str, Any]:

@@ -300,7 +300,7 @@ def test_guesses_sent_at_once_take_turns_with_the_backoff(database: Database) ->
     """Before: every guess in flight passed the check before any was counted, so twenty sent
     together all had their password checked; now each counts itself first. (A queue for
     all twenty hashes: past the queue, a guess is BUSY before it is counted.)"""
-    settings = Settings(role="buyer", login_free_failures=2, hash_queue=20)
+    settings = Settings(role="buyer", login_free_failures=2, hash_queue=20, hash_queue_per_address=20)
     with running_market(database, settings) as market:
         name = new_account(market.connect("buyer"))
         guessers = [market.connect("buyer") for _ in range(20)]
@@ -316,7 +316,7 @@ def test_right_logins_sent_at_once_are_never_told_of_failures(database: Database
     """Attempts in flight count against the free ones (a right password looks like a guess
     until its hash is checked): past them, a right login is told to wait, not that logins
     failed (six right logins at once, with none failed, got 'too many failed logins')."""
-    settings = Settings(role="buyer", login_free_failures=2, hash_queue=6)
+    settings = Settings(role="buyer", login_free_failures=2, hash_queue=6, hash_queue_per_address=6)
     with running_market(database, settings) as market:
         name = new_account(market.connect("buyer"))
         users = [market.connect("buyer") for _ in range(6)]
