@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from support import Market
 
 from db.audit import audit
-from db.schema import item_keywords, items, users
+from db.schema import item_keywords, item_words, items, users
 from db.seed import SEED_PASSWORD, seed
 
 
@@ -29,6 +29,21 @@ def test_seeded_items_are_consistent_and_searchable(market: Market) -> None:
                                          "password": SEED_PASSWORD})["token"]
     assert seller.call("display_items")["items"]
     market.item(seller)  # ids keep counting after the seeded ones
+
+
+def test_seeded_items_are_found_by_the_words_of_their_names(market: Market) -> None:
+    seed(market.db, sellers=3, items_count=600)
+    seed(market.db, sellers=2, items_count=500)  # a second seed adds to the first, its ids after
+    words = market.db.run(lambda tx: tx.execute(select(func.count()).select_from(item_words)).scalar())
+    assert words >= 1100 and audit(market.db) == []  # the audit: every index row, and only those
+    buyer = market.user("buyer")
+    for item_id in (1, 600, 601, 1100):
+        item = buyer.call("get_item", {"item_id": item_id})
+        found = buyer.call("search_items", {"query": item["name"].upper(), "limit": 1})["items"]
+        assert found[0]["item_id"] == item_id  # its every word: the best match is the item itself
+        for keyword in item["keywords"]:
+            by_keyword = buyer.call("search_items", {"keywords": [keyword], "limit": 500})["items"]
+            assert item_id in [found["item_id"] for found in by_keyword]
 
 
 def test_the_seed_command(tmp_path: object) -> None:
