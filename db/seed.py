@@ -3,8 +3,9 @@
 Sellers and items go in with multi-row INSERTs in batches, with ids chosen here
 (after the current largest), so keywords can be written without a round trip per
 item; each index table's rows of a batch go in key order, so that each of its pages
-is visited once per batch rather than once per row. Seed an idle database: ids are taken as max + 1 without a lock. Seeded sellers
-all share one password (hashing 100,000 passwords would take most of an hour).
+is visited once per batch rather than once per row. Seed an idle database: ids are taken
+as max + 1 without a lock. Seeded sellers all share one password (hashing 100,000
+passwords would take most of an hour).
 """
 from __future__ import annotations
 

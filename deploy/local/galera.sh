@@ -136,6 +136,7 @@ CFG
 start() {
   [ -x "$PROVIDER" ] || [ -f "$PROVIDER" ] || die "galera is not installed ($PROVIDER; apt-get install galera-4)"
   command -v rsync >/dev/null || die "rsync is not installed (needed for state transfer)"
+  admin_socket_fits "$DIR"
   mkdir -p "$DIR" && chmod 755 "$DIR"  # the nodes run as mysql
   alive "$DIR/haproxy.pid" && die "already running in $DIR (stop it first)"
   local first n

@@ -4,6 +4,13 @@ set -euo pipefail
 
 die() { echo "$(basename "$0"): $*" >&2; exit 1; }
 
+# admin_socket_fits DIR: HAProxy takes an admin socket path (DIR/haproxy.sock) of at most 97
+# characters and refuses its whole configuration otherwise: say so before anything starts.
+admin_socket_fits() {
+  local path="$1/haproxy.sock"
+  [ ${#path} -le 97 ] || die "--dir $1 is too long for HAProxy's admin socket ($path: ${#path} characters, at most 97): choose a shorter one"
+}
+
 # wait_for SECONDS COMMAND...: run COMMAND every 0.2 s until it succeeds; fail after SECONDS.
 wait_for() {
   local deadline=$((SECONDS + $1)); shift

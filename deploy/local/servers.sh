@@ -108,6 +108,7 @@ undo_failed_start() {
 }
 
 start() {
+  admin_socket_fits "$DIR"
   mkdir -p "$DIR"
   local file
   for file in "$DIR"/haproxy.pid "$DIR"/buyer-*.pid "$DIR"/seller-*.pid; do

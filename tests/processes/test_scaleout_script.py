@@ -10,6 +10,8 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -102,7 +104,16 @@ def test_the_standalone_server_gets_a_galera_nodes_settings_without_replication(
     assert "wsrep" not in config
 
 
-def test_a_tiny_run_through_servers_sh_writes_its_results(mysql_server: str, tmp_path: Path) -> None:
+@pytest.fixture
+def short_path() -> Iterator[Path]:
+    """A folder of a short path: HAProxy's admin socket under it must fit in 97 characters."""
+    folder = Path(tempfile.mkdtemp(prefix="scaleout-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_tiny_run_through_servers_sh_writes_its_results(mysql_server: str, short_path: Path) -> None:
+    tmp_path = short_path
     if not shutil.which("haproxy"):
         unavailable("haproxy is not installed (apt-get install haproxy)")
     name = f"scaleout_test_{secrets.token_hex(4)}"
@@ -122,3 +133,13 @@ def test_a_tiny_run_through_servers_sh_writes_its_results(mysql_server: str, tmp
     servers_dir = tmp_path / "one-mariadb-1" / "servers"
     assert not list(servers_dir.glob("*.pid")), "servers.sh stop left a process behind"
 
+
+
+
+def test_servers_sh_refuses_a_folder_too_long_for_the_admin_socket(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 100)
+    script = ROOT / "deploy" / "local" / "servers.sh"
+    done = subprocess.run(["bash", str(script), "start", "--dir", str(deep)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "too long for HAProxy's admin socket" in done.stderr and not deep.exists()
