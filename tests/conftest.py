@@ -15,9 +15,18 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
-from support import MYSQL_ADMIN_URL, Market, fresh_mysql_database, missing, running_market
+from support import (
+    MYSQL_ADMIN_URL,
+    Market,
+    copy_mysql_database,
+    copy_sqlite_database,
+    fresh_mysql_database,
+    missing,
+    running_market,
+)
 
 from db import Database
+from db.migrations import make_current
 
 # A suite started in the background by a shell without job control (`cmd &` in a script)
 # inherits Ctrl-C ignored, and so would every shell and server it starts: the Ctrl-C tests
@@ -57,9 +66,31 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
         yield from fresh_mysql_database(request.getfixturevalue("mysql_server"))
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An SQLite file the migrations made current, once per test process, to copy."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('template') / 'market.db'}"
+    make_current(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def mysql_template(mysql_server: str) -> Iterator[str]:
+    """A MariaDB database the migrations made current, once per test process, to copy."""
+    for url in fresh_mysql_database(mysql_server, "market_template"):
+        make_current(url)
+        yield url
+
+
 @pytest.fixture
-def database(db_url: str) -> Iterator[Database]:
-    """The data layer over a fresh database, schema created."""
+def database(request: pytest.FixtureRequest, db_url: str) -> Iterator[Database]:
+    """The data layer over a fresh database, schema created: a copy of a template the migrations
+    made current (create_schema then finds it so)."""
+    if db_url.startswith("sqlite"):
+        copy_sqlite_database(request.getfixturevalue("sqlite_template").removeprefix("sqlite:///"),
+                             db_url.removeprefix("sqlite:///"))
+    else:
+        copy_mysql_database(request.getfixturevalue("mysql_template"), db_url)
     db = Database(db_url, pool_size=8)
     db.create_schema()
     yield db

@@ -13,6 +13,7 @@ import secrets
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-from sqlalchemy import bindparam, create_engine, insert, select, text, update
+from sqlalchemy import bindparam, create_engine, insert, make_url, select, text, update
+from sqlalchemy.pool import NullPool
 
 from buyer_server.ops import build_app as build_buyer_app
 from db import Database
@@ -81,6 +83,32 @@ def fresh_mysql_database(admin_url: str, prefix: str = "market_test") -> Iterato
         with admin.connect() as conn:
             conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
         admin.dispose()
+
+
+# -- Databases at this code's schema, copied from one made current once -----------------------
+# Running the eight migrations on MariaDB creates the tables and then ALTERs several (a rebuild
+# each); copying the tables they made is one CREATE TABLE apiece. The `database` fixture copies a
+# template that the migrations themselves made current, once per test process.
+
+def copy_sqlite_database(source: str, target: str) -> None:
+    """SQLite's online backup of the file at `source` into the (new) file at `target`."""
+    with contextlib.closing(sqlite3.connect(source)) as src, \
+            contextlib.closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
+def copy_mysql_database(source_url: str, target_url: str) -> None:
+    """Every table of `source_url`'s database, as SHOW CREATE TABLE gives it (indexes, foreign
+    keys, collations), and its rows, into the empty database of `target_url`."""
+    source, target = make_url(source_url).database, make_url(target_url).database
+    engine = create_engine(target_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET SESSION foreign_key_checks = 0")
+        tables = conn.exec_driver_sql(f"SHOW FULL TABLES FROM `{source}` WHERE Table_type = 'BASE TABLE'")
+        for table in [row[0] for row in tables]:
+            conn.exec_driver_sql(conn.exec_driver_sql(f"SHOW CREATE TABLE `{source}`.`{table}`").one()[1])
+            conn.exec_driver_sql(f"INSERT INTO `{target}`.`{table}` SELECT * FROM `{source}`.`{table}`")
+    engine.dispose()
 
 
 @dataclass

@@ -33,6 +33,9 @@ from db.purchases import CART_LINES, DUE_ORDERS
 from db.schema import cart_lines, items, login_failures, metadata, sessions
 from db.seed import seed
 
+# Run in parallel (scripts/test.sh), the module stays on one worker: its seeded database is made once.
+pytestmark = pytest.mark.xdist_group("explain")
+
 PARAMS: dict[str, Any] = {
     "item_id": 1500, "seller_id": 3, "after": 0, "limit": 51, "category": 4,
     "keyword0": "lamp", "keyword1": "desk", "keyword2": "chair", "last_matches": 2,

@@ -787,12 +787,28 @@ def test_more_after_the_session_expired_asks_to_log_in_again(tmp_path: Path, hom
 
 @contextlib.contextmanager
 def frozen(server: subprocess.Popen[str]) -> Iterator[None]:
-    """The server stopped by SIGSTOP: it holds its connections and answers nothing."""
+    """The server stopped by SIGSTOP: it holds its connections and answers nothing. kill()
+    returns before the process stops (one thread takes the signal and then stops the others),
+    so this waits until /proc shows every thread stopped: before, under load, a request sent
+    at once was now and then still answered."""
     server.send_signal(signal.SIGSTOP)
     try:
+        deadline = time.monotonic() + 10
+        while not all_threads_stopped(server.pid):
+            assert time.monotonic() < deadline, "SIGSTOP did not stop the server within 10 s"
+            time.sleep(0.01)
         yield
     finally:
         server.send_signal(signal.SIGCONT)
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Every thread of the process in state T (stopped by a signal), as /proc says."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that has just ended
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state == "T" for state in states)
 
 
 def test_ctrl_c_while_a_write_waits_says_it_may_have_been_done(tmp_path: Path, home: Path) -> None:

@@ -50,6 +50,10 @@ from wire import Connection
 from wire.errors import UnavailableError
 from wire.ops import READ_ONLY_OPS
 
+# Run in parallel (scripts/test.sh), these tests stay on one worker: the cluster and the
+# balanced servers are started once per worker process that needs them.
+pytestmark = pytest.mark.xdist_group("scaleout")
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "deploy" / "local"
 
