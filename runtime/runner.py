@@ -38,6 +38,7 @@ _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.5, 30.0  # before restarting a worker that died
 _HEALTHY_AFTER_S = 10.0  # a worker that lived this long: the next pause is the first again
 _GIVE_UP_AFTER = 5  # workers started in a row that died before they listened
+_SIGNAL_CHECK_S = 0.1  # how often the supervisor looks for a signal to handle, while it waits
 
 
 class CannotListen(OSError):
@@ -235,7 +236,7 @@ class _Supervisor:
         """Wait for the workers; replace those that die, until stopped."""
         failed = False
         while self.workers:
-            pid, status = os.wait()
+            pid, status = _next_ended()
             lived = time.monotonic() - self.workers.pop(pid)
             self.observe.worker_ended(pid)
             if self.stopping:
@@ -259,6 +260,20 @@ class _Supervisor:
             return True
         self.failed_starts = 0 if self.start_worker() else self.failed_starts + 1
         return self.failed_starts < _GIVE_UP_AFTER
+
+
+def _next_ended() -> tuple[int, int]:
+    """The pid and wait status of the next child to end, waited for in short naps.
+
+    Not a blocking os.wait(): Python runs signal handlers on the main thread between its own
+    steps, so a SIGTERM that came just before the wait began, or that the kernel handed to
+    another thread (a health check's), would be handled only once a worker ended, and none
+    would: the supervisor never stopped."""
+    while True:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            return pid, status
+        time.sleep(_SIGNAL_CHECK_S)
 
 
 def _how_it_ended(status: int) -> str:

@@ -3,8 +3,10 @@
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import platform
 import re
 import signal
 import socket
@@ -236,6 +238,29 @@ def test_workers_share_the_port_and_a_dead_worker_is_replaced(spawn) -> None:  #
     assert all(server.connect().call("ping")["server"] == "buyer" for _ in range(10))
     assert server.stop() == 0
     assert _children(server.proc.pid) == []
+
+
+def test_a_supervisor_stops_on_a_sigterm_that_lands_on_another_of_its_threads(spawn) -> None:  # type: ignore[no-untyped-def]
+    # before: the supervisor waited for its workers in a blocking os.wait() on its main thread;
+    # a SIGTERM the kernel handed to one of its other threads (or one that came just before
+    # the wait) was handled only once a worker ended, which none did: a CI run's stop hung
+    server = spawn("buyer", 0, True, "--workers", "2")
+    assert server.connect().call("ping")["server"] == "buyer"
+    others = [tid for tid in os.listdir(f"/proc/{server.proc.pid}/task") if int(tid) != server.proc.pid]
+    assert others, "the supervisor runs its health checks on threads of their own"
+    _signal_thread(server.proc.pid, int(others[0]), signal.SIGTERM)
+    assert server.proc.wait(timeout=10) == 0
+    assert _children(server.proc.pid) == []
+
+
+def _signal_thread(pid: int, tid: int, signum: int) -> None:
+    """tgkill(2): a signal to one thread of a process, as the kernel may deliver one."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_TGKILL, pid, tid, signum) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill {pid} {tid}")
+
+
+_SYS_TGKILL = {"x86_64": 234, "aarch64": 131}[platform.machine()]
 
 
 def _children(pid: int) -> list[int]:
