@@ -154,18 +154,10 @@ class Database:
             conn.info[PROGRESS_KEY] = progress
             conn.info[UNIT_KEY] = True
             tx = UnitOfWork(conn, write, hold, token)
-            with self._turn_to_write(write):
-                try:
-                    tx.begin()
-                    result = work(tx)
-                    tx.commit()
-                    return result
-                except CommitUnanswered as lost:
-                    _quietly_roll_back(tx)
-                    raise _Unanswered(lost.token, result) from lost
-                except BaseException:
-                    _quietly_roll_back(tx)
-                    raise
+            if write and self._writers is not None:
+                with self._turn_to_write(self._writers):
+                    return _transaction(tx, work)
+            return _transaction(tx, work)
         except DBAPIError as exc:
             if _is_unavailable(exc) and not conn.invalidated:
                 conn.invalidate()  # say, a node out of its cluster: the next call connects anew
@@ -176,26 +168,24 @@ class Database:
             self._connections.give(conn)
             events.db_connections_in_use(-1)
 
+    @staticmethod
     @contextmanager
-    def _turn_to_write(self, write: bool) -> Iterator[None]:
+    def _turn_to_write(writers: threading.Lock) -> Iterator[None]:
         """SQLite: one write transaction of this process at a time, the others waiting here.
 
         SQLite lets one writer in at a time, and a writer waiting for it asks again every
         0.1-1 ms (engine.begin_immediate). With every request thread of a process asking,
-        the writer inside waited for the GIL between its statements and held the lock
-        longer: at 100 + 100 the lock was taken all the time, and the threads waiting in
-        turn here instead made a write transaction hold it about a third less
-        (docs/benchmarks.md). Only the other processes' writers are asked against. The wait
-        for a turn and BEGIN IMMEDIATE's own (LOCK_WAIT_S) stay inside the client's 30 s."""
-        if not write or self._writers is None:
-            yield
-            return
-        if not self._writers.acquire(timeout=_TURN_WAIT_S):
+        the writer inside shared the GIL with them between its statements; waiting in turn
+        here, only the other processes' writers are asked against (at 100 + 100, instrumented:
+        a write transaction held the lock about a third less time; the throughput did not
+        change beyond the noise, docs/benchmarks.md). The wait for a turn and BEGIN
+        IMMEDIATE's own (LOCK_WAIT_S) stay inside the client's 30 s."""
+        if not writers.acquire(timeout=_TURN_WAIT_S):
             raise BusyError(_LOCK_WAITED)
         try:
             yield
         finally:
-            self._writers.release()
+            writers.release()
 
     def _writes_tokens(self) -> bool:
         """Whether write transactions write a commit token: on MySQL/MariaDB, once the
@@ -252,6 +242,21 @@ class Database:
     def is_sqlite(self) -> bool:
         """True for the embedded SQLite database."""
         return is_sqlite(self.engine)
+
+
+def _transaction(tx: UnitOfWork, work: Callable[[Any], T]) -> T:
+    """BEGIN, `work(tx)`, COMMIT; a failure rolls back (a lost COMMIT says which token to ask about)."""
+    try:
+        tx.begin()
+        result = work(tx)
+        tx.commit()
+        return result
+    except CommitUnanswered as lost:
+        _quietly_roll_back(tx)
+        raise _Unanswered(lost.token, result) from lost
+    except BaseException:
+        _quietly_roll_back(tx)
+        raise
 
 
 def _quietly_roll_back(tx: UnitOfWork) -> None:

@@ -218,6 +218,7 @@ class UnitOfWork:
     def __init__(self, conn: Connection, write: bool, hold: bool = True,
                  token: CommitToken | None = None) -> None:
         self.core = conn  # the SQLAlchemy Connection underneath: for DDL and inspection
+        self._sqlite = conn.dialect.name == "sqlite"
         self.write = write
         self.token = token  # written with START TRANSACTION (MySQL), if given
         self._token_sent = False
@@ -245,9 +246,13 @@ class UnitOfWork:
             self.flush()
             return self.core.execute(statement, params)
         result = Result(self)
-        self._held.append((compiled, params or {}, result))
-        if not (compiled.writes and self.write and self._batches):
+        if compiled.writes and self.write and self._batches:
+            self._held.append((compiled, params or {}, result))
+        elif self._held or self._begin_pending:
+            self._held.append((compiled, params or {}, result))
             self.flush(demanded=result)
+        else:  # most reads: nothing to send before it
+            self._send_alone(compiled, params or {}, result)
         return result
 
     def flush(self, demanded: Result | None = None) -> None:
@@ -315,7 +320,7 @@ class UnitOfWork:
         if self._begin_pending:
             statements[:0], results[:0] = self._opening()
             self._begin_pending = False
-        if self.core.dialect.name == "sqlite":
+        if self._sqlite:
             cursor = self._cursor()
             outcomes = [self._guarded(sql, partial(_run_sqlite, cursor, sql, values))
                         for sql, values in statements]
@@ -326,6 +331,18 @@ class UnitOfWork:
             result.fill(compiled.rows(rows) if compiled.row is not None else [], rowcount, lastrowid)
         for _ in statements:
             count_statement(self.core.info)
+
+    def _send_alone(self, compiled: _Compiled, params: dict[str, Any], result: Result) -> None:
+        """One statement with nothing held: what flush and _send do, for a batch of one."""
+        values = compiled.parameters(params)
+        if self._sqlite:
+            rows, rowcount, lastrowid = self._guarded(
+                compiled.sql, partial(_run_sqlite, self._cursor(), compiled.sql, values))
+        else:
+            [(rows, rowcount, lastrowid)] = self._guarded(
+                compiled.sql, partial(_run_mysql, self._driver_connection, [(compiled.sql, values)]))
+        result.fill(compiled.rows(rows) if compiled.row is not None else [], rowcount, lastrowid)
+        count_statement(self.core.info)
 
     def _opening(self) -> tuple[list[tuple[str, Any]], list[tuple[Any, Result]]]:
         """START TRANSACTION, and the commit token if there is one."""

@@ -49,4 +49,5 @@ def payment(outcome: str) -> None:
 
 def db_connections_in_use(delta: int) -> None:
     """A database connection was taken (+1) for a transaction or given back (-1)."""
-    metrics.DB_CONNECTIONS_IN_USE.inc(delta)
+    if metrics.served:
+        metrics.DB_CONNECTIONS_IN_USE.inc(delta)

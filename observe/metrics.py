@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+# Set at start (observe.serving.prepare) when /metrics is served: gauges changed on every
+# call (DB_CONNECTIONS_IN_USE) are kept only then; nobody could read them otherwise.
+served = False
+
 # 0.1 ms to 10 s: a cached read answers in a fraction of a millisecond, a login hashes for tens
 DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

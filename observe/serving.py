@@ -26,15 +26,17 @@ def prepare(settings: Any) -> None:
     """Set up logging; with metrics on and several workers, an empty multiprocess folder."""
     global _made_folder
     logs.configure(settings.role, settings.log_level, settings.log_format)
-    if settings.metrics_port is None or settings.workers <= 1:
-        return
-    folder = os.environ.get(MULTIPROC_VARIABLE)
-    if folder:  # the operator's: left over files of an earlier run would be summed too
-        for stale in Path(folder).glob("*.db"):
-            stale.unlink()
-    else:
-        folder = _made_folder = tempfile.mkdtemp(prefix="market-metrics-")
-        os.environ[MULTIPROC_VARIABLE] = folder
+    if settings.metrics_port is not None and settings.workers > 1:
+        folder = os.environ.get(MULTIPROC_VARIABLE)
+        if folder:  # the operator's: left over files of an earlier run would be summed too
+            for stale in Path(folder).glob("*.db"):
+                stale.unlink()
+        else:
+            folder = _made_folder = tempfile.mkdtemp(prefix="market-metrics-")
+            os.environ[MULTIPROC_VARIABLE] = folder
+    from . import metrics  # once the folder is known
+
+    metrics.served = settings.metrics_port is not None
 
 
 def serve_metrics(settings: Any) -> None:

@@ -27,6 +27,7 @@ from buyer_server.ops import build_app as build_buyer_app
 from db import Database, RetryTransaction, accounts
 from db.accounts import SessionPolicy
 from db.address_limits import AccountGuards
+from observe import metrics
 from observe.server import LogObserver, MarketObserver
 from runtime.config import Settings
 from simulation import server_latency
@@ -241,7 +242,9 @@ def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def test_a_transaction_run_again_is_counted_by_cause_and_holds_one_connection(database: Database) -> None:
+def test_a_transaction_run_again_is_counted_by_cause_and_holds_one_connection(
+        database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "served", True)  # as --metrics-port sets it
     before = sample("market_db_retries_total", cause="conflict")
     in_use: list[float] = []
 
@@ -255,6 +258,14 @@ def test_a_transaction_run_again_is_counted_by_cause_and_holds_one_connection(da
     assert database.run(work) == 1
     assert sample("market_db_retries_total", cause="conflict") == before + 1
     assert in_use == [idle + 1, idle + 1] and sample("market_db_connections_in_use") == idle
+
+
+def test_connections_in_use_are_not_counted_when_no_metrics_are_served(
+        database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "served", False)  # no --metrics-port: a gauge nobody reads
+    idle = sample("market_db_connections_in_use")
+    seen = database.run(lambda tx: sample("market_db_connections_in_use"))
+    assert seen == idle
 
 
 def test_refused_logins_and_sign_ups_are_counted_by_reason(database: Database) -> None:
