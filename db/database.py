@@ -19,10 +19,8 @@ import logging
 import queue
 import random
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, CursorResult, inspect
@@ -60,7 +58,6 @@ _OPENED_KEY = "market_opened"  # connection info: when its Connection was opened
 # How long a COMMIT whose answer was lost is asked about while the database is away: a
 # restart takes a few seconds, and the answer must reach the client within its 30 s.
 _ASK_FOR_S = 6.5
-_TURN_WAIT_S = LOCK_WAIT_S / 2  # SQLite: for this process's other writers (_turn_to_write)
 _OUTCOME_UNKNOWN = ("the database went away while the change was being committed, and has not come back "
                     "to say whether it was made: look before making it again")
 
@@ -94,8 +91,6 @@ class Database:
         self._wal = WalKeeper.for_engine(self.engine)
         self._connections = _Connections(self.engine, pool_size)
         self._has_tokens: bool | None = None  # the commit_tokens table exists (None: not looked yet)
-        # SQLite: this process's write transactions take turns here before BEGIN IMMEDIATE
-        self._writers = threading.Lock() if is_sqlite(self.engine) else None
 
     def close(self) -> None:
         """Close every pooled connection."""
@@ -154,9 +149,6 @@ class Database:
             conn.info[PROGRESS_KEY] = progress
             conn.info[UNIT_KEY] = True
             tx = UnitOfWork(conn, write, hold, token)
-            if write and self._writers is not None:
-                with self._turn_to_write(self._writers):
-                    return _transaction(tx, work)
             return _transaction(tx, work)
         except DBAPIError as exc:
             if _is_unavailable(exc) and not conn.invalidated:
@@ -167,25 +159,6 @@ class Database:
                 conn.info.pop(UNIT_KEY, None)
             self._connections.give(conn)
             events.db_connections_in_use(-1)
-
-    @staticmethod
-    @contextmanager
-    def _turn_to_write(writers: threading.Lock) -> Iterator[None]:
-        """SQLite: one write transaction of this process at a time, the others waiting here.
-
-        SQLite lets one writer in at a time, and a writer waiting for it asks again every
-        0.1-1 ms (engine.begin_immediate). With every request thread of a process asking,
-        the writer inside shared the GIL with them between its statements; waiting in turn
-        here, only the other processes' writers are asked against (at 100 + 100, instrumented:
-        a write transaction held the lock about a third less time; the throughput did not
-        change beyond the noise, docs/benchmarks.md). The wait for a turn and BEGIN
-        IMMEDIATE's own (LOCK_WAIT_S) stay inside the client's 30 s."""
-        if not writers.acquire(timeout=_TURN_WAIT_S):
-            raise BusyError(_LOCK_WAITED)
-        try:
-            yield
-        finally:
-            writers.release()
 
     def _writes_tokens(self) -> bool:
         """Whether write transactions write a commit token: on MySQL/MariaDB, once the

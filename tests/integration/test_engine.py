@@ -14,11 +14,10 @@ from typing import Any
 import mysql.connector
 import pytest
 from mysql.connector.connection_cext import CMySQLConnection
-from sqlalchemy import bindparam, event, insert, select, text, update
+from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from support import BUMP, FAILURE_OF, LOGIN_FAILURE, fresh_mysql_database
 
-import db.database as database_module
 import db.engine as engine_module
 from db import Database, DatabaseUnusable
 from db.engine import driver_url
@@ -333,71 +332,6 @@ def test_a_sqlite_writer_waits_for_the_write_lock_then_writes(tmp_path: Any, mon
             engine_module.SQLITE_BUSY_TIMEOUT_MS
     finally:
         holder.close()
-        database.close()
-
-
-def test_a_processs_sqlite_writers_take_turns_instead_of_asking_sqlite_for_its_lock(tmp_path: Any) -> None:
-    # before: every thread with a write to make asked SQLite for its write lock every
-    # 0.1-1 ms while one of them held it: hundreds of BEGIN IMMEDIATEs for nine transactions
-    path = tmp_path / "turns.db"
-    database = Database(f"sqlite:///{path}", pool_size=9)
-    begins: list[str] = []
-
-    @event.listens_for(database.engine, "connect")
-    def _trace(dbapi_conn: Any, _record: Any) -> None:  # connections are opened when first used
-        dbapi_conn.set_trace_callback(lambda sql: begins.append(sql) if sql == "BEGIN IMMEDIATE" else None)
-
-    database.create_schema()
-    begins.clear()
-    slow_write_in = threading.Event()
-
-    def slow_write(tx: Any) -> None:
-        tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "slow", "n": 1})
-        tx.flush()  # sent now: the write lock is taken
-        slow_write_in.set()
-        time.sleep(0.3)
-
-    def write(n: int) -> None:
-        database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": f"w{n}", "n": 1}))
-
-    try:
-        slow = threading.Thread(target=database.run, args=(slow_write,))
-        slow.start()
-        assert slow_write_in.wait(10)
-        writers = [threading.Thread(target=write, args=(n,)) for n in range(8)]
-        for thread in writers:
-            thread.start()
-        for thread in [slow, *writers]:
-            thread.join(20)
-        assert all(_failures_of(database, name) == 1 for name in ["slow", *(f"w{n}" for n in range(8))])
-        assert len(begins) == 9, f"{len(begins)} BEGIN IMMEDIATEs for 9 write transactions"
-    finally:
-        database.close()
-
-
-def test_a_sqlite_writer_whose_turn_does_not_come_answers_busy(tmp_path: Any, monkeypatch: Any) -> None:
-    monkeypatch.setattr(database_module, "_TURN_WAIT_S", 0.2)
-    database = Database(f"sqlite:///{tmp_path / 'turn.db'}", pool_size=2)
-    database.create_schema()
-    holding, done = threading.Event(), threading.Event()
-
-    def long_write(tx: Any) -> None:
-        tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "long", "n": 1})
-        tx.flush()  # sent now: the write lock is taken
-        holding.set()
-        done.wait(10)
-
-    holder = threading.Thread(target=database.run, args=(long_write,))
-    try:
-        holder.start()
-        assert holding.wait(10)
-        with pytest.raises(BusyError, match="nothing was changed"):
-            database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "late", "n": 1}))
-        done.set()
-        holder.join(10)
-        assert _failures_of(database, "late") is None and _failures_of(database, "long") == 1
-    finally:
-        done.set()
         database.close()
 
 
