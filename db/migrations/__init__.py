@@ -29,7 +29,9 @@ from ..schema import schema_info
 log = logging.getLogger("market.db")
 # How long an upgrade waits for another's to finish (a million items took 66 s to index)
 LOCK_WAIT_S = 600.0
-_LOCK_NAME = "market_schema_upgrade"
+# MariaDB's named locks are the server's: the name carries the database's (hashed: names are
+# at most 64 characters), so upgrades of other databases on one server do not wait for it
+_LOCK_NAME = "CONCAT('market_schema_upgrade:', MD5(DATABASE()))"
 
 
 @dataclass(frozen=True)
@@ -197,14 +199,14 @@ def _sqlite_path(database: Database) -> str | None:
 @contextmanager
 def _named_lock(conn: Connection, database: Database, wait_s: float) -> Iterator[None]:
     """MariaDB's GET_LOCK: the session's, so it outlasts the commits DDL makes."""
-    got = conn.execute(text("SELECT GET_LOCK(:name, :wait)"), {"name": _LOCK_NAME, "wait": wait_s}).scalar()
+    got = conn.execute(text(f"SELECT GET_LOCK({_LOCK_NAME}, :wait)"), {"wait": wait_s}).scalar()
     conn.commit()
     if got != 1:
         raise DatabaseUnusable(_locked_message(database, wait_s))
     try:
         yield
     finally:
-        conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": _LOCK_NAME})
+        conn.execute(text(f"SELECT RELEASE_LOCK({_LOCK_NAME})"))
         conn.commit()
 
 

@@ -9,12 +9,14 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, insert, inspect, select, text, update
+from support import fresh_mysql_database
 
 from db import Database, DatabaseUnusable
 from db.audit import audit
@@ -281,6 +283,34 @@ def test_an_upgrade_waits_for_another_holding_the_lock(db_url: str) -> None:
         thread.join()
         holder.close()
         waiter.close()
+
+
+def test_an_upgrade_of_another_database_on_the_same_server_does_not_wait(mysql_server: str) -> None:
+    # before: MariaDB's GET_LOCK name was one for the whole server, so upgrading one database
+    # waited for (or, past its wait, failed on) another database's upgrade
+    fresh = contextmanager(fresh_mysql_database)
+    with fresh(mysql_server) as one_url, fresh(mysql_server) as other_url:
+        holder, other, same = (Database(url, pool_size=1) for url in (one_url, other_url, one_url))
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with holder.engine.connect() as conn, _upgrade_lock(conn, holder, 10):
+                held.set()
+                release.wait(20)
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        try:
+            assert held.wait(10)
+            upgrade(other, wait_s=1)
+            assert revision_of(other).is_head
+            with pytest.raises(DatabaseUnusable, match="held its lock"):  # the same database still waits
+                upgrade(same, wait_s=1)
+        finally:
+            release.set()
+            thread.join()
+            for database in (holder, other, same):
+                database.close()
 
 
 def _serve(db_url: str) -> subprocess.CompletedProcess[str]:
