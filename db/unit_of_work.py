@@ -283,7 +283,7 @@ class UnitOfWork:
         if not self.write:
             return
         self._open = True
-        if self.core.dialect.name == "sqlite":
+        if self._sqlite:
             self._guarded("BEGIN IMMEDIATE", partial(begin_immediate, self._driver_connection))
         else:  # even on Galera: nothing can be aborted before the first statement
             self._begin_pending = True

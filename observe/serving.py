@@ -23,7 +23,8 @@ _http: Any = None  # the /metrics server of this process
 
 
 def prepare(settings: Any) -> None:
-    """Set up logging; with metrics on and several workers, an empty multiprocess folder."""
+    """Set up logging; with metrics on and several workers, an empty multiprocess folder;
+    metrics.served, so that the per-call gauges are kept only when /metrics is served."""
     global _made_folder
     logs.configure(settings.role, settings.log_level, settings.log_format)
     if settings.metrics_port is not None and settings.workers > 1:

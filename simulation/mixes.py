@@ -2,7 +2,8 @@
 
 `default` covers every op of the protocol in shopping-like proportions (searches and
 reads dominate; carts, purchases and feedback follow; sign-ups and logouts are rare
-because each costs an Argon2 hash). `classic` is the historic four-op benchmark.
+because each costs an Argon2 hash). `classic` is the historic four-op benchmark; `ping`
+measures the server loop alone.
 """
 from __future__ import annotations
 
@@ -57,7 +58,14 @@ CHECKOUT = Mix(
     description="write-heavy: carts, purchases and feedback",
 )
 
-MIXES: dict[str, Mix] = {mix.name: mix for mix in (DEFAULT, CLASSIC, BROWSE, CHECKOUT)}
+PING = Mix(
+    "ping",
+    seller={"ping": 1},
+    buyer={"ping": 1},
+    description="ping alone: the server loop, framing and dispatch, no database",
+)
+
+MIXES: dict[str, Mix] = {mix.name: mix for mix in (DEFAULT, CLASSIC, BROWSE, CHECKOUT, PING)}
 
 
 def mix_list(text: str) -> list[str]:

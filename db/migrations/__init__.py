@@ -31,7 +31,7 @@ log = logging.getLogger("market.db")
 LOCK_WAIT_S = 600.0
 # MariaDB's named locks are the server's: the name carries the database's (hashed: names are
 # at most 64 characters), so upgrades of other databases on one server do not wait for it
-_LOCK_NAME = "CONCAT('market_schema_upgrade:', MD5(DATABASE()))"
+_LOCK_NAME = "CONCAT('market_schema_upgrade:', MD5(COALESCE(DATABASE(), '')))"
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,16 @@ def test_market_sim_drives_running_servers_with_the_classic_mix(
     assert items and all(name.startswith("loadtest-") for name in items)
 
 
+def test_market_sim_ping_mix_calls_ping_alone(market: Market, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    buyer, seller = (":".join(map(str, s.address)) for s in (market.buyer_server, market.seller_server))
+    code = sim.main([*SMALL, "--mix", "ping", "--buyer", buyer, "--seller", seller,
+                     "--db-url", market.db.url, "--out", str(tmp_path), "--allow-live"])
+    assert code == 0
+    assert "consistency: OK" in capsys.readouterr().out
+    assert set(_csv_rows(tmp_path)) == {"ping", "ALL"}
+
+
 def test_market_sim_refuses_servers_it_did_not_start_without_allow_live(
         market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     buyer, seller = (":".join(map(str, s.address)) for s in (market.buyer_server, market.seller_server))
