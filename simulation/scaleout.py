@@ -286,8 +286,12 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def _install_db(node: Path) -> None:
+    # its bootstrap server's tmpdir too (at start mariadbd deletes every #sql* file there),
+    # which the bootstrap server, running as mysql, writes
+    subprocess.run(["chown", "mysql:mysql", str(node / "tmp")], check=True)
     done = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={node / 'data'}",
-                           "--user=mysql", "--auth-root-authentication-method=normal", "--skip-test-db"],
+                           f"--tmpdir={node / 'tmp'}", "--user=mysql",
+                           "--auth-root-authentication-method=normal", "--skip-test-db"],
                           capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise StartError(f"mariadb-install-db failed: {done.stderr.strip()[-800:]}")

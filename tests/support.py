@@ -216,9 +216,10 @@ class PrivateMariaDB:
     def __init__(self, root: Path) -> None:
         self.root, self.port = root, free_port()
         self.proc: subprocess.Popen[bytes] | None = None
-        install = subprocess.run(
+        (root / "tmp").mkdir(parents=True, exist_ok=True)
+        install = subprocess.run(  # the bootstrap server in our tmpdir too (see start)
             ["mariadb-install-db", "--no-defaults", f"--datadir={root / 'data'}", "--user=root",
-             "--auth-root-authentication-method=normal", "--skip-test-db"],
+             f"--tmpdir={root / 'tmp'}", "--auth-root-authentication-method=normal", "--skip-test-db"],
             capture_output=True, timeout=120)
         if install.returncode != 0:
             raise RuntimeError(install.stderr.decode(errors="replace")[-500:])
@@ -232,7 +233,8 @@ class PrivateMariaDB:
         (self.root / "tmp").mkdir(exist_ok=True)
         self.proc = subprocess.Popen(
             # a tmpdir of its own: mariadbd deletes every #sql* file in its tmpdir at start,
-            # and in /tmp those are the temporary tables of the machine's own MariaDB
+            # and in /tmp those are the temporary tables of the machine's own MariaDB and of
+            # other tests' servers being installed (one of those failed a CI run so)
             [MARIADBD, "--no-defaults", f"--datadir={self.root / 'data'}", f"--port={self.port}",
              f"--tmpdir={self.root / 'tmp'}",
              "--bind-address=127.0.0.1", f"--socket={self.root / 'sock'}", "--user=root",

@@ -142,7 +142,10 @@ start() {
   local first n
   first=$(bootstrap_node)
   if [ ! -d "$DIR/node$first/data/mysql" ]; then
+    # the bootstrap server's tmpdir too: at start mariadbd deletes every #sql* file there
+    mkdir -p "$DIR/node$first/tmp" && chown mysql:mysql "$DIR/node$first/tmp"
     mariadb-install-db --no-defaults --datadir="$DIR/node$first/data" --user=mysql \
+      --tmpdir="$DIR/node$first/tmp" \
       --auth-root-authentication-method=normal --skip-test-db >"$DIR/install.log" 2>&1 \
       || die "mariadb-install-db failed; see $DIR/install.log"
   fi

@@ -8,13 +8,16 @@ kill it and start it again on the same data directory and port.
 from __future__ import annotations
 
 import random
+import secrets
 import socket
 import struct
+import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import func, select
@@ -262,6 +265,20 @@ class Recorder:
                 n += 1
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.shopper.unexpected.append(exc)
+
+
+def test_installing_a_private_mariadb_leaves_the_machines_temporary_tables_alone(
+        private_mariadb: PrivateMariaDB, tmp_path: Path) -> None:
+    # before: the install's bootstrap server had /tmp for its tmpdir and, starting, deleted
+    # every #sql* file there: the temporary tables of the machine's MariaDB and of other tests'
+    # servers being installed (a CI run failed on 'Unknown table mysql.tmp_proxies_priv')
+    planted = Path(tempfile.gettempdir()) / f"#sql-market-test-{secrets.token_hex(6)}.MAI"
+    planted.write_bytes(b"a temporary table's file")
+    try:
+        PrivateMariaDB(tmp_path / "another")
+        assert planted.exists()
+    finally:
+        planted.unlink(missing_ok=True)
 
 
 def test_a_database_outage_answers_unavailable_and_loses_nothing(private_mariadb: PrivateMariaDB) -> None:
