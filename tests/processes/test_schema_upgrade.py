@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -258,29 +259,39 @@ def test_two_market_db_upgrade_processes_racing_both_succeed(db_url: str) -> Non
         database.close()
 
 
-def test_an_upgrade_waits_for_another_holding_the_lock(db_url: str) -> None:
-    holder, waiter = Database(db_url, pool_size=1), Database(db_url, pool_size=1)
+@contextmanager
+def _lock_held_elsewhere(database: Database) -> Iterator[threading.Event]:
+    """The database's upgrade lock, held by another thread until the block ends or the event
+    it yields is set."""
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with holder.engine.connect() as conn, _upgrade_lock(conn, holder, 10):
+        with database.engine.connect() as conn, _upgrade_lock(conn, database, 10):
             held.set()
-            release.wait(10)
+            release.wait(30)
 
     thread = threading.Thread(target=hold)
     thread.start()
     try:
         assert held.wait(10)
-        with pytest.raises(DatabaseUnusable, match=r"held its lock for over 1 s; nothing was"):
-            upgrade(waiter, wait_s=1)
-        assert revision_of(waiter).current is None
-        threading.Timer(1.0, release.set).start()
-        began = time.monotonic()
-        upgrade(waiter, wait_s=10)
-        assert time.monotonic() - began > 0.5 and revision_of(waiter).is_head
+        yield release
     finally:
         release.set()
         thread.join()
+
+
+def test_an_upgrade_waits_for_another_holding_the_lock(db_url: str) -> None:
+    holder, waiter = Database(db_url, pool_size=1), Database(db_url, pool_size=1)
+    try:
+        with _lock_held_elsewhere(holder) as release:
+            with pytest.raises(DatabaseUnusable, match=r"held its lock for over 1 s; nothing was"):
+                upgrade(waiter, wait_s=1)
+            assert revision_of(waiter).current is None
+            threading.Timer(1.0, release.set).start()
+            began = time.monotonic()
+            upgrade(waiter, wait_s=10)
+            assert time.monotonic() - began > 0.5 and revision_of(waiter).is_head
+    finally:
         holder.close()
         waiter.close()
 
@@ -291,24 +302,13 @@ def test_an_upgrade_of_another_database_on_the_same_server_does_not_wait(mysql_s
     fresh = contextmanager(fresh_mysql_database)
     with fresh(mysql_server) as one_url, fresh(mysql_server) as other_url:
         holder, other, same = (Database(url, pool_size=1) for url in (one_url, other_url, one_url))
-        held, release = threading.Event(), threading.Event()
-
-        def hold() -> None:
-            with holder.engine.connect() as conn, _upgrade_lock(conn, holder, 10):
-                held.set()
-                release.wait(20)
-
-        thread = threading.Thread(target=hold)
-        thread.start()
         try:
-            assert held.wait(10)
-            upgrade(other, wait_s=1)
-            assert revision_of(other).is_head
-            with pytest.raises(DatabaseUnusable, match="held its lock"):  # the same database still waits
-                upgrade(same, wait_s=1)
+            with _lock_held_elsewhere(holder):
+                upgrade(other, wait_s=1)
+                assert revision_of(other).is_head
+                with pytest.raises(DatabaseUnusable, match="held its lock"):  # the same one still waits
+                    upgrade(same, wait_s=1)
         finally:
-            release.set()
-            thread.join()
             for database in (holder, other, same):
                 database.close()
 
