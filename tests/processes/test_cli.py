@@ -539,7 +539,11 @@ def _answers(port: int) -> bool:
 def _wait_until_both_answer(serve: subprocess.Popen[str], buyer_port: int, seller_port: int) -> None:
     deadline = time.monotonic() + 30
     while not (_answers(buyer_port) and _answers(seller_port)):
-        assert serve.poll() is None and time.monotonic() < deadline, serve.stderr
+        if serve.poll() is not None or time.monotonic() >= deadline:
+            serve.kill()
+            _, err = serve.communicate(timeout=30)
+            raise AssertionError(f"market serve exited {serve.returncode} before both servers answered: "
+                                 f"{err[-3000:]}")
         time.sleep(0.1)
 
 
