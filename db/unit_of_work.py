@@ -333,16 +333,8 @@ class UnitOfWork:
             count_statement(self.core.info)
 
     def _send_alone(self, compiled: _Compiled, params: dict[str, Any], result: Result) -> None:
-        """One statement with nothing held: what flush and _send do, for a batch of one."""
-        values = compiled.parameters(params)
-        if self._sqlite:
-            rows, rowcount, lastrowid = self._guarded(
-                compiled.sql, partial(_run_sqlite, self._cursor(), compiled.sql, values))
-        else:
-            [(rows, rowcount, lastrowid)] = self._guarded(
-                compiled.sql, partial(_run_mysql, self._driver_connection, [(compiled.sql, values)]))
-        result.fill(compiled.rows(rows) if compiled.row is not None else [], rowcount, lastrowid)
-        count_statement(self.core.info)
+        """One statement with nothing held: sent without flush's batch bookkeeping."""
+        self._send([(compiled.sql, compiled.parameters(params))], [(compiled, result)])
 
     def _opening(self) -> tuple[list[tuple[str, Any]], list[tuple[Any, Result]]]:
         """START TRANSACTION, and the commit token if there is one."""
