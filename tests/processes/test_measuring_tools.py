@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
-from support import Market
+from support import Market, fresh_mysql_database
 
-from simulation import catalogue, idle, idle_cost, targets
+from simulation import catalogue, idle, idle_cost, opcost, targets
 from simulation.scaleout import admin_url
 
 
@@ -246,3 +246,26 @@ def test_targets_alternate_the_databases_and_drop_the_mariadb_ones(mysql_server:
     finally:
         engine.dispose()
     assert left == []
+
+
+def test_opcost_reports_every_op_and_the_mix_average(tmp_path: Path, capsys: Any) -> None:
+    assert opcost.main(["--calls", "3", "--rounds", "2", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "opcost.md").read_text()
+    assert capsys.readouterr().out == table
+    assert "on a fresh SQLite file, one thread" in table
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    for op in ("ping", "put_item", "change_price", "remove_item", "display_items", "get_seller_rating",
+               "search_items", "get_item", "add_to_cart", "display_cart", "get_purchase_history",
+               "make_purchase", "default mix, average call"):
+        cpu = rows[op].split(" | ")[1]
+        assert float(cpu.replace(",", "")) > 0, rows[op]
+        assert rows[op].endswith(" |  |")  # SQLite: no database process to read the CPU of
+
+
+def test_opcost_reads_a_local_mariadbs_cpu(mysql_server: str, tmp_path: Path, capsys: Any) -> None:
+    for url in fresh_mysql_database(mysql_server):
+        assert opcost.main(["--db-url", url, "--calls", "2", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    rows = [line for line in (tmp_path / "opcost.md").read_text().splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 13
+    assert all(row.split(" | ")[3].rstrip(" |").replace(",", "").isdigit() for row in rows)
+    assert "root@127.0.0.1" in capsys.readouterr().out  # the database named, its password hidden
