@@ -8,6 +8,10 @@ wall time, and, when the database is a MariaDB on this machine, the CPU mariadbd
 (10 ms ticks spread over the calls). Last, the default mix's average call, weighted as market-sim
 draws it. Run it in two checkouts to compare two releases op by op.
 
+With --driver (MariaDB) it measures instead what the data layer's use of the driver's public
+API costs: one SELECT of 16 columns (1 row, then 50) through the connection's `cmd_query` and
+`get_rows`, against the C extension's documented `MySQL.query` and `fetch_row` underneath.
+
 Writes opcost.md to --out. Exits 2 on bad arguments.
 """
 from __future__ import annotations
@@ -22,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +183,62 @@ def mix_average(costs: list[Cost]) -> Cost:
                 average(lambda c: c.wall_us) or 0.0, average(lambda c: c.database_us))
 
 
+_ITEM_COLUMNS = ("item_id, seller_id, name, category, keywords, item_condition, price_cents, quantity, "
+                 "listed, sold, removed, thumbs_up, thumbs_down, created_ms, item_id + 1, price_cents + 1")
+
+
+def driver_costs(db_url: str, calls: int, rounds: int) -> list[str]:
+    """Client CPU per query, public path against the C API, for a 1-row and a 50-row SELECT."""
+    db = Database(db_url, pool_size=1)
+    try:
+        db.create_schema()
+        Market(db, 60)  # rows to read
+        with db.engine.connect() as conn:
+            connection: Any = conn.connection.driver_connection
+            c_api = connection._cmysql  # to measure it only: the servers never reach inside the driver
+            lines = []
+            for rows in (1, 50):
+                query = f"SELECT {_ITEM_COLUMNS} FROM items ORDER BY item_id LIMIT {rows}".encode()
+                public, direct = _best_of(rounds, calls, partial(_public, connection, query),
+                                          partial(_direct, c_api, query))
+                lines.append(f"| {rows} | {public:,.0f} | {direct:,.0f} | {public - direct:,.0f} |")
+    finally:
+        db.close()
+    return lines
+
+
+def _public(connection: Any, query: bytes) -> None:
+    connection.cmd_query(query)
+    connection.get_rows()
+
+
+def _direct(c_api: Any, query: bytes) -> None:
+    c_api.query(query)
+    while c_api.fetch_row():
+        pass
+    c_api.free_result()
+
+
+def _best_of(rounds: int, calls: int, *ways: Callable[[], None]) -> list[float]:
+    """Each way's least thread CPU per call (µs) over `rounds` rounds, the ways taking turns."""
+    best = [float("inf")] * len(ways)
+    for _ in range(rounds):
+        for n, way in enumerate(ways):
+            started = time.thread_time()
+            for _ in range(calls):
+                way()
+            best[n] = min(best[n], 1e6 * (time.thread_time() - started) / calls)
+    return best
+
+
+def driver_report(lines: list[str], argv: list[str], where: str) -> str:
+    """opcost.md for --driver."""
+    return "\n".join([f"# The driver's public API against its C API\n\n`python -m simulation.opcost "
+                      f"{' '.join(argv)}` on {where}, client CPU per query, best round\n",
+                      "| rows | cmd_query + get_rows µs | MySQL.query + fetch_row µs | difference µs |",
+                      "|---:|---:|---:|---:|", *lines]) + "\n"
+
+
 def report(costs: list[Cost], argv: list[str], where: str) -> str:
     """opcost.md: the command, then one row per op and the mix's average."""
     lines = [f"# Cost per op\n\n`python -m simulation.opcost {' '.join(argv)}` on {where}, one thread, "
@@ -197,7 +258,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="calls per op per round (default 300)")
     parser.add_argument("--rounds", type=positive_int, default=3, help="rounds, medians taken (default 3)")
     parser.add_argument("--out", type=Path, default=Path("sim-results"), help="folder of opcost.md")
-    return parser.parse_args(argv)
+    parser.add_argument("--driver", action="store_true",
+                        help="MariaDB: the driver's public API against its C API, instead of the ops")
+    args = parser.parse_args(argv)
+    if args.driver and not (args.db_url or "").startswith(("mysql", "mariadb")):
+        parser.error("--driver measures the MySQL/MariaDB driver: give --db-url mysql://...")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         db_url = args.db_url or f"sqlite:///{Path(scratch) / 'opcost.db'}"
         where = (make_url(args.db_url).render_as_string(hide_password=True) if args.db_url
                  else "a fresh SQLite file")
-        text = report(measure_all(db_url, args.calls, args.rounds), argv, where)
+        if args.driver:
+            text = driver_report(driver_costs(db_url, args.calls, args.rounds), argv, where)
+        else:
+            text = report(measure_all(db_url, args.calls, args.rounds), argv, where)
     (args.out / "opcost.md").write_text(text)
     print(text, end="")
     return 0

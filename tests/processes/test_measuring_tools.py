@@ -269,3 +269,22 @@ def test_opcost_reads_a_local_mariadbs_cpu(mysql_server: str, tmp_path: Path, ca
     assert len(rows) == 13
     assert all(row.split(" | ")[3].rstrip(" |").replace(",", "").isdigit() for row in rows)
     assert "root@127.0.0.1" in capsys.readouterr().out  # the database named, its password hidden
+
+
+def test_opcost_driver_compares_the_public_api_with_the_c_api(mysql_server: str, tmp_path: Path) -> None:
+    for url in fresh_mysql_database(mysql_server):
+        assert opcost.main(["--db-url", url, "--driver", "--calls", "200", "--rounds", "2",
+                            "--out", str(tmp_path)]) == 0
+    rows = [line.strip("| ").split(" | ") for line in (tmp_path / "opcost.md").read_text().splitlines()
+            if line.startswith("| ") and line[2].isdigit()]
+    assert [row[0] for row in rows] == ["1", "50"]
+    for _, public, direct, difference in rows:
+        assert float(public.replace(",", "")) > float(direct.replace(",", "")) > 0  # public does more
+        assert float(difference.replace(",", "")) > 0
+
+
+def test_opcost_driver_needs_a_mysql_url(tmp_path: Path, capsys: Any) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        opcost.main(["--driver", "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "--driver measures the MySQL/MariaDB driver" in capsys.readouterr().err
