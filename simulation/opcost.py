@@ -10,7 +10,8 @@ draws it. Run it in two checkouts to compare two releases op by op.
 
 With --driver (MariaDB) it measures instead what the data layer's use of the driver's public
 API costs: one SELECT of 16 columns (1 row, then 50) through the connection's `cmd_query` and
-`get_rows`, against the C extension's documented `MySQL.query` and `fetch_row` underneath.
+`get_rows`, against `query` and `fetch_row` on a connection of the C extension's documented API
+(`_mysql_connector.MySQL`, which the driver's connection wraps).
 
 Writes opcost.md to --out. Exits 2 on bad arguments.
 """
@@ -190,12 +191,12 @@ _ITEM_COLUMNS = ("item_id, seller_id, name, category, keywords, item_condition, 
 def driver_costs(db_url: str, calls: int, rounds: int) -> list[str]:
     """Client CPU per query, public path against the C API, for a 1-row and a 50-row SELECT."""
     db = Database(db_url, pool_size=1)
+    c_api = _c_api_connection(db.engine.url)
     try:
         db.create_schema()
         Market(db, 60)  # rows to read
         with db.engine.connect() as conn:
             connection: Any = conn.connection.driver_connection
-            c_api = connection._cmysql  # to measure it only: the servers never reach inside the driver
             lines = []
             for rows in (1, 50):
                 query = f"SELECT {_ITEM_COLUMNS} FROM items ORDER BY item_id LIMIT {rows}".encode()
@@ -203,8 +204,19 @@ def driver_costs(db_url: str, calls: int, rounds: int) -> list[str]:
                                           partial(_direct, c_api, query))
                 lines.append(f"| {rows} | {public:,.0f} | {direct:,.0f} | {public - direct:,.0f} |")
     finally:
+        c_api.close()
         db.close()
     return lines
+
+
+def _c_api_connection(url: Any) -> Any:
+    """A connection of the C extension's documented API (_mysql_connector.MySQL), opened on its own."""
+    import _mysql_connector  # the C extension's module, documented as such by the driver
+
+    c_api = _mysql_connector.MySQL()
+    c_api.connect(host=url.host, user=url.username, password=url.password or "", database=url.database,
+                  port=url.port or 3306)
+    return c_api
 
 
 def _public(connection: Any, query: bytes) -> None:
