@@ -1,19 +1,22 @@
 """`python -m simulation.opcost`: what each op costs the server, one call at a time.
 
-Builds both servers' apps in this process over one database (no sockets: the server loop is
-left out, `--mix ping` of market-sim measures that) and calls every op of the default mix
---calls times per round, on one thread. For each op it reports the median over the rounds of
-the CPU the call took on that thread (framing aside, everything the server does for it), its
-wall time, and, when the database is a MariaDB on this machine, the CPU mariadbd used meanwhile
-(10 ms ticks spread over the calls). Last, the default mix's average call, weighted as market-sim
-draws it. Run it in two checkouts to compare two releases op by op.
+Builds both servers' apps in this process over an empty database of its own (no sockets: the
+server loop is left out, `--mix ping` of market-sim measures that) and calls each op --calls
+times per round, on one thread, the ops taking turns. For each op it reports the median over
+the rounds of the CPU a call took on that thread (everything the server does for it but the
+framing), its wall time, and, when the database is a MariaDB on this machine, the CPU that
+mariadbd used meanwhile (10 ms ticks, spread over the calls). Carts hold three lines when shown
+or bought, as a shopper's do. Last, the default mix's average call over the ops measured (all
+but sign-ups, logouts, feedback and the cart edits other than add), weighted as market-sim
+draws them. Run it in two checkouts to compare two releases op by op.
 
 With --driver (MariaDB) it measures instead what the data layer's use of the driver's public
 API costs: one SELECT of 16 columns (1 row, then 50) through the connection's `cmd_query` and
 `get_rows`, against `query` and `fetch_row` on a connection of the C extension's documented API
-(`_mysql_connector.MySQL`, which the driver's connection wraps).
+(`_mysql_connector.MySQL`, which the driver's connection wraps), set up alike.
 
-Writes opcost.md to --out. Exits 2 on bad arguments.
+Writes opcost.md to --out. Exits 2 on bad arguments or a database that is not empty, 3 when
+the database cannot be used (one line saying why).
 """
 from __future__ import annotations
 
@@ -21,20 +24,23 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from buyer_server.ops import build_app as buyer_app
 from db import Database
+from db.schema import items as items_table
 from runtime.config import Settings, positive_int
 from seller_server.ops import build_app as seller_app
 from wire.app import App
@@ -42,12 +48,13 @@ from wire.app import App
 from .behaviour import CARD, KEYWORDS, LOAD_TEST_PREFIX
 from .mixes import DEFAULT
 
-Plan = Callable[[random.Random], dict[str, Any]]
+STOCK = 1_000_000  # units of each listed item: no run buys them all
+CART_LINES = 3  # lines in the cart that display_cart shows and make_purchase buys
 
 
 @dataclass(frozen=True)
 class Cost:
-    """One op's median costs per call, in microseconds (database None: not measured)."""
+    """One op's costs per call, in microseconds (database None: not measured)."""
 
     op: str
     cpu_us: float
@@ -56,7 +63,8 @@ class Cost:
 
 
 class Market:
-    """Both apps over one database, a seller and a buyer logged in, `items` listed."""
+    """Both apps over one database, a seller and a buyer logged in, `items` listed, and a few
+    purchases made (so that the history has some)."""
 
     def __init__(self, db: Database, items: int) -> None:
         self.seller = seller_app(Settings(role="seller"), db)
@@ -64,11 +72,14 @@ class Market:
         self.seller_token = self._account(self.seller, "opcost-seller")
         self.buyer_token = self._account(self.buyer, "opcost-buyer")
         rng = random.Random(0)
-        self.items = [self.call(self.seller, "put_item", **_new_item(rng, 1000))["item_id"]
+        self.items = [self.call(self.seller, "put_item", **new_item(rng, STOCK))["item_id"]
                       for _ in range(items)]
+        for _ in range(5):
+            self.fill_cart(rng)
+            self.call(self.buyer, "make_purchase", **CARD)
 
     def _account(self, app: App, name: str) -> str:
-        username, password = f"{LOAD_TEST_PREFIX}{name}-{os.getpid()}", "opcost-password"
+        username, password = f"{LOAD_TEST_PREFIX}{name}", "opcost-password"
         app.handle({"id": 0, "op": "create_account",
                     "args": {"username": username, "password": password, "name": name}}, "127.0.0.1")
         reply = app.handle({"id": 0, "op": "login", "args": {"username": username, "password": password}},
@@ -80,44 +91,71 @@ class Market:
         token = self.seller_token if app is self.seller else self.buyer_token
         return app.handle({"id": 1, "op": op, "token": token, "args": args})["result"]  # type: ignore[no-any-return]
 
+    def empty_cart(self, rng: random.Random) -> None:
+        """The buyer's cart emptied."""
+        self.call(self.buyer, "clear_cart")
 
-def _new_item(rng: random.Random, quantity: int) -> dict[str, Any]:
+    def fill_cart(self, rng: random.Random) -> None:
+        """The buyer's cart holding CART_LINES lines."""
+        self.empty_cart(rng)
+        for item_id in rng.sample(self.items, CART_LINES):
+            self.call(self.buyer, "add_to_cart", item_id=item_id, quantity=1)
+
+
+def new_item(rng: random.Random, quantity: int) -> dict[str, Any]:
+    """put_item's arguments, as market-sim's sellers make them."""
     return {"name": f"{LOAD_TEST_PREFIX}{rng.choice(KEYWORDS)} {rng.randrange(10**6)}",
             "category": rng.randrange(10), "keywords": rng.sample(KEYWORDS, rng.randint(1, 3)),
             "condition": "new", "price": "9.99", "quantity": quantity}
 
 
-def plans(market: Market) -> dict[str, tuple[App, Plan]]:
-    """Each op measured: its app and the arguments of one call (a purchase buys two items,
-    put in the cart before the clock starts)."""
+@dataclass(frozen=True)
+class Plan:
+    """One op measured: its app, the arguments of a call, and what is done before each call
+    outside the clock."""
+
+    app: App
+    args: Callable[[random.Random], dict[str, Any]]
+    before: Callable[[random.Random], None] = lambda rng: None
+
+
+def plans(market: Market) -> dict[str, Plan]:
+    """Every op measured, by name."""
     seller, buyer, items = market.seller, market.buyer, market.items
     return {
-        "ping": (seller, lambda rng: {}),
-        "put_item": (seller, lambda rng: _new_item(rng, 50)),
-        "change_price": (seller, lambda rng: {"item_id": rng.choice(items), "price": "7.50"}),
-        "remove_item": (seller, lambda rng: {"item_id": rng.choice(items), "quantity": 1}),
-        "display_items": (seller, lambda rng: {"limit": 50}),
-        "get_seller_rating": (seller, lambda rng: {}),
-        "search_items": (buyer, lambda rng: {"limit": 20, "category": rng.randrange(10),
-                                             "keywords": rng.sample(KEYWORDS, 1)}),
-        "get_item": (buyer, lambda rng: {"item_id": rng.choice(items)}),
-        "add_to_cart": (buyer, lambda rng: {"item_id": rng.choice(items[:50]), "quantity": 1}),
-        "display_cart": (buyer, lambda rng: {}),
-        "get_purchase_history": (buyer, lambda rng: {"limit": 20}),
-        "make_purchase": (buyer, lambda rng: dict(CARD)),
+        "ping": Plan(seller, lambda rng: {}),
+        "put_item": Plan(seller, lambda rng: new_item(rng, 50)),
+        "change_price": Plan(seller, lambda rng: {"item_id": rng.choice(items), "price": "7.50"}),
+        "remove_item": Plan(seller, lambda rng: {"item_id": rng.choice(items), "quantity": 1}),
+        "display_items": Plan(seller, lambda rng: {"limit": 50}),
+        "get_seller_rating": Plan(seller, lambda rng: {}),
+        "search_items": Plan(buyer, lambda rng: {"limit": 20, "category": rng.randrange(10),
+                                                 "keywords": rng.sample(KEYWORDS, 1)}),
+        "get_item": Plan(buyer, lambda rng: {"item_id": rng.choice(items)}),
+        "add_to_cart": Plan(buyer, lambda rng: {"item_id": rng.choice(items), "quantity": 1},
+                            market.empty_cart),
+        "display_cart": Plan(buyer, lambda rng: {}, market.fill_cart),
+        "get_purchase_history": Plan(buyer, lambda rng: {"limit": 20}),
+        "make_purchase": Plan(buyer, lambda rng: dict(CARD), market.fill_cart),
     }
 
 
 class DatabaseClock:
-    """CPU seconds of the local mariadbd, when the database is one (else always 0 and off)."""
+    """CPU seconds of the MariaDB the engine talks to, when it runs on this machine and its pid
+    file can be read here (else `pid` is None and the clock always reads 0)."""
 
-    def __init__(self, url: str) -> None:
-        parsed = make_url(url)
+    def __init__(self, db: Database) -> None:
         self.pid: int | None = None
-        if parsed.get_backend_name() in ("mysql", "mariadb") and parsed.host in ("127.0.0.1", "localhost"):
-            found = subprocess.run(["pgrep", "-o", "-x", "mariadbd"], capture_output=True, text=True).stdout
-            self.pid = int(found.split()[0]) if found.strip() else None
         self._tick = os.sysconf("SC_CLK_TCK")
+        if db.is_sqlite or make_url(db.url).host not in ("127.0.0.1", "localhost"):
+            return
+        with db.engine.connect() as conn:
+            pid_file = conn.execute(text("SELECT @@pid_file")).scalar_one()
+        try:
+            self.pid = int(Path(pid_file).read_text().split()[0])
+            self.seconds()
+        except (OSError, ValueError, IndexError):  # not readable from here
+            self.pid = None
 
     def seconds(self) -> float:
         """The process's user + system CPU so far."""
@@ -127,95 +165,101 @@ class DatabaseClock:
         return (int(fields[11]) + int(fields[12])) / self._tick
 
 
-def measure(market: Market, op: str, app: App, plan: Plan, calls: int, clock: DatabaseClock,
-            rng: random.Random) -> tuple[float, float, float]:
-    """CPU, wall and database CPU of `calls` calls of `op`, each per call in microseconds."""
+def measure(market: Market, op: str, plan: Plan, calls: int, clock: DatabaseClock,
+            rng: random.Random) -> Cost:
+    """`calls` calls of `op`; each cost per call, in microseconds."""
     cpu = wall = database = 0.0
     for _ in range(calls):
-        args = plan(rng)
-        if op == "make_purchase":
-            for item_id in rng.sample(market.items[:50], 2):
-                market.call(market.buyer, "add_to_cart", item_id=item_id, quantity=1)
-        started = (time.thread_time(), time.perf_counter(), clock.seconds())
-        market.call(app, op, **args)
-        ended = (time.thread_time(), time.perf_counter(), clock.seconds())
-        cpu, wall, database = (cpu + ended[0] - started[0], wall + ended[1] - started[1],
-                               database + ended[2] - started[2])
-    if op in ("add_to_cart", "make_purchase"):
-        market.call(market.buyer, "clear_cart")  # the next round starts from an empty cart
-    return 1e6 * cpu / calls, 1e6 * wall / calls, 1e6 * database / calls
+        args = plan.args(rng)
+        plan.before(rng)
+        database -= clock.seconds()  # read outside the CPU and wall clocks, before and after
+        started_cpu, started_wall = time.thread_time(), time.perf_counter()
+        market.call(plan.app, op, **args)
+        cpu += time.thread_time() - started_cpu
+        wall += time.perf_counter() - started_wall
+        database += clock.seconds()
+    return Cost(op, 1e6 * cpu / calls, 1e6 * wall / calls, 1e6 * database / calls)
 
 
-def measure_all(db_url: str, calls: int, rounds: int) -> list[Cost]:
-    """Every op, `rounds` rounds of `calls` calls each, taking turns; medians of the rounds."""
-    db = Database(db_url, pool_size=4)
-    try:
-        db.create_schema()
-        market, clock, rng = Market(db, 200), DatabaseClock(db_url), random.Random(1)
-        runs: dict[str, list[tuple[float, float, float]]] = {}
-        for _ in range(rounds):
-            for op, (app, plan) in plans(market).items():
-                runs.setdefault(op, []).append(measure(market, op, app, plan, calls, clock, rng))
-    finally:
-        db.close()
-    return [Cost(op, statistics.median(run[0] for run in each), statistics.median(run[1] for run in each),
-                 statistics.median(run[2] for run in each) if clock.pid else None)
+def empty_database(db: Database) -> str | None:
+    """Why the tool must not write into this database (it holds items), or None."""
+    with db.engine.connect() as conn:
+        held = conn.execute(select(func.count()).select_from(items_table)).scalar_one()
+    return f"{db.where} holds {held:,} items: give an empty database of its own" if held else None
+
+
+def measure_all(db: Database, calls: int, rounds: int) -> list[Cost]:
+    """Every op, `rounds` rounds of `calls` calls each, the ops taking turns; medians of the rounds."""
+    market, clock, rng = Market(db, 200), DatabaseClock(db), random.Random(1)
+    runs: dict[str, list[Cost]] = {}
+    for _ in range(rounds):
+        for op, plan in plans(market).items():
+            runs.setdefault(op, []).append(measure(market, op, plan, calls, clock, rng))
+    return [Cost(op, statistics.median(c.cpu_us for c in each), statistics.median(c.wall_us for c in each),
+                 statistics.median(c.database_us or 0.0 for c in each) if clock.pid else None)
             for op, each in runs.items()]
 
 
-def mix_average(costs: list[Cost]) -> Cost:
-    """The default mix's average call: each op weighted as market-sim draws it (both roles
-    alike), over the ops measured here."""
+def mix_weights(measured: set[str]) -> dict[str, float]:
+    """Each measured op's share of the default mix's calls (both roles alike, each role's ops
+    not measured left out): they add up to 1."""
     weights: dict[str, float] = {}
     for role in ("seller", "buyer"):
-        role_weights = DEFAULT.weights(role)
-        total = sum(w for op, w in role_weights.items() if any(c.op == op for c in costs))
+        role_weights = {op: w for op, w in DEFAULT.weights(role).items() if op in measured}
+        total = sum(role_weights.values())
         for op, weight in role_weights.items():
             weights[op] = weights.get(op, 0.0) + weight / total / 2
+    return weights
+
+
+def mix_average(costs: list[Cost]) -> Cost:
+    """The default mix's average call over the ops measured."""
+    weights = mix_weights({c.op for c in costs})
     measured = [c for c in costs if c.op in weights]
-
-    def average(value: Callable[[Cost], float | None]) -> float | None:
-        values = [value(c) for c in measured]
-        if any(v is None for v in values):
-            return None
-        return sum(weights[c.op] * v for c, v in zip(measured, values, strict=True) if v is not None)
-
-    return Cost("default mix, average call", average(lambda c: c.cpu_us) or 0.0,
-                average(lambda c: c.wall_us) or 0.0, average(lambda c: c.database_us))
+    databases = [c.database_us for c in measured]
+    database = (None if None in databases
+                else sum(weights[c.op] * (c.database_us or 0.0) for c in measured))
+    return Cost("default mix, average call (ops measured)", sum(weights[c.op] * c.cpu_us for c in measured),
+                sum(weights[c.op] * c.wall_us for c in measured), database)
 
 
 _ITEM_COLUMNS = ("item_id, seller_id, name, category, keywords, item_condition, price_cents, quantity, "
                  "listed, sold, removed, thumbs_up, thumbs_down, created_ms, item_id + 1, price_cents + 1")
 
 
-def driver_costs(db_url: str, calls: int, rounds: int) -> list[str]:
-    """Client CPU per query, public path against the C API, for a 1-row and a 50-row SELECT."""
-    db = Database(db_url, pool_size=1)
-    c_api = _c_api_connection(db.engine.url)
-    try:
-        db.create_schema()
-        Market(db, 60)  # rows to read
-        with db.engine.connect() as conn:
-            connection: Any = conn.connection.driver_connection
-            lines = []
-            for rows in (1, 50):
-                query = f"SELECT {_ITEM_COLUMNS} FROM items ORDER BY item_id LIMIT {rows}".encode()
-                public, direct = _best_of(rounds, calls, partial(_public, connection, query),
-                                          partial(_direct, c_api, query))
-                lines.append(f"| {rows} | {public:,.0f} | {direct:,.0f} | {public - direct:,.0f} |")
-    finally:
-        c_api.close()
-        db.close()
-    return lines
+@dataclass(frozen=True)
+class DriverCost:
+    """Client CPU per query (µs): the driver's public path and the C API beneath it."""
+
+    rows: int
+    public_us: float
+    c_api_us: float
+
+
+def driver_costs(db: Database, calls: int, rounds: int) -> list[DriverCost]:
+    """A 1-row and a 50-row SELECT, each way's best round."""
+    Market(db, 60)  # rows to read
+    costs = []
+    with db.engine.connect() as conn, closing(_c_api_connection(db.engine.url)) as c_api:
+        connection: Any = conn.connection.driver_connection
+        for rows in (1, 50):
+            query = f"SELECT {_ITEM_COLUMNS} FROM items ORDER BY item_id LIMIT {rows}".encode()
+            public, direct = _best_of(rounds, calls, partial(_public, connection, query),
+                                      partial(_direct, c_api, query))
+            costs.append(DriverCost(rows, public, direct))
+    return costs
 
 
 def _c_api_connection(url: Any) -> Any:
-    """A connection of the C extension's documented API (_mysql_connector.MySQL), opened on its own."""
-    import _mysql_connector  # the C extension's module, documented as such by the driver
+    """A connection of the C extension's documented API (_mysql_connector.MySQL), set up as the
+    engine's: utf8mb4, multi-statements, found rows."""
+    import _mysql_connector  # the driver's C extension module, documented as such
+    from mysql.connector.constants import ClientFlag
 
     c_api = _mysql_connector.MySQL()
     c_api.connect(host=url.host, user=url.username, password=url.password or "", database=url.database,
-                  port=url.port or 3306)
+                  port=url.port or 3306, client_flags=ClientFlag.get_default() | ClientFlag.MULTI_STATEMENTS)
+    c_api.set_character_set("utf8mb4")
     return c_api
 
 
@@ -243,8 +287,10 @@ def _best_of(rounds: int, calls: int, *ways: Callable[[], None]) -> list[float]:
     return best
 
 
-def driver_report(lines: list[str], argv: list[str], where: str) -> str:
+def driver_report(costs: list[DriverCost], argv: list[str], where: str) -> str:
     """opcost.md for --driver."""
+    lines = [f"| {c.rows} | {c.public_us:,.0f} | {c.c_api_us:,.0f} | {c.public_us - c.c_api_us:,.0f} |"
+             for c in costs]
     return "\n".join([f"# The driver's public API against its C API\n\n`python -m simulation.opcost "
                       f"{' '.join(argv)}` on {where}, client CPU per query, best round\n",
                       "| rows | cmd_query + get_rows µs | MySQL.query + fetch_row µs | difference µs |",
@@ -265,7 +311,7 @@ def report(costs: list[Cost], argv: list[str], where: str) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(prog="python -m simulation.opcost", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db-url", help="the database (default: a fresh SQLite file)")
+    parser.add_argument("--db-url", help="an empty database of its own (default: a fresh SQLite file)")
     parser.add_argument("--calls", type=positive_int, default=300,
                         help="calls per op per round (default 300)")
     parser.add_argument("--rounds", type=positive_int, default=3, help="rounds, medians taken (default 3)")
@@ -278,21 +324,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def measured_text(args: argparse.Namespace, argv: list[str], db_url: str) -> str:
+    """The report of what the arguments ask for, over `db_url` (made current first)."""
+    db = Database(db_url, pool_size=4)
+    try:
+        db.create_schema()
+        refusal = empty_database(db)
+        if refusal:
+            raise ValueError(refusal)
+        where = db.where if args.db_url else "a fresh SQLite file"
+        if args.driver:
+            return driver_report(driver_costs(db, args.calls, args.rounds), argv, where)
+        return report(measure_all(db, args.calls, args.rounds), argv, where)
+    finally:
+        db.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: measure, print and write opcost.md."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
-        db_url = args.db_url or f"sqlite:///{Path(scratch) / 'opcost.db'}"
-        where = (make_url(args.db_url).render_as_string(hide_password=True) if args.db_url
-                 else "a fresh SQLite file")
-        if args.driver:
-            text = driver_report(driver_costs(db_url, args.calls, args.rounds), argv, where)
-        else:
-            text = report(measure_all(db_url, args.calls, args.rounds), argv, where)
-    (args.out / "opcost.md").write_text(text)
-    print(text, end="")
+        try:
+            text_ = measured_text(args, argv, args.db_url or f"sqlite:///{Path(scratch) / 'opcost.db'}")
+        except ValueError as refused:
+            print(f"python -m simulation.opcost: {refused}", file=sys.stderr)
+            return 2
+        except DBAPIError as exc:
+            print(f"python -m simulation.opcost: cannot use the database: {' '.join(str(exc.orig).split())}",
+                  file=sys.stderr)
+            return 3
+    (args.out / "opcost.md").write_text(text_)
+    print(text_, end="")
     return 0
 
 
