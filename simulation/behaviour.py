@@ -170,12 +170,7 @@ class Seller(Actor):
 
     def _plan_put_item(self, low: int = 10, high: int = 100) -> Call:
         self._listed += 1
-        word = self.rng.choice(KEYWORDS)
-        return Call("put_item", {
-            "name": f"{LOAD_TEST_PREFIX}{word} {self._listed}", "category": self.rng.randrange(10),
-            "keywords": self.rng.sample(KEYWORDS, self.rng.randint(1, 3)),
-            "condition": self.rng.choice(("new", "used")), "price": _price(self.rng),
-            "quantity": self.rng.randint(low, high)})
+        return Call("put_item", new_item(self.rng, self._listed, low, high))
 
     def _plan_change_price(self) -> Call:
         if not self.items:
@@ -334,6 +329,15 @@ class Buyer(Actor):
             self.pending.append(Call("display_cart"))
         elif call.op == "provide_feedback" and isinstance(error, ConflictError):
             self.rated.add(call.args["item_id"])
+
+
+def new_item(rng: random.Random, number: int, low: int, high: int) -> dict[str, Any]:
+    """put_item's arguments for a seller's `number`th item, with `low` to `high` units."""
+    word = rng.choice(KEYWORDS)
+    return {"name": f"{LOAD_TEST_PREFIX}{word} {number}", "category": rng.randrange(10),
+            "keywords": rng.sample(KEYWORDS, rng.randint(1, 3)),
+            "condition": rng.choice(("new", "used")), "price": _price(rng),
+            "quantity": rng.randint(low, high)}
 
 
 def _price(rng: random.Random) -> str:

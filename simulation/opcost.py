@@ -45,7 +45,7 @@ from runtime.config import Settings, positive_int
 from seller_server.ops import build_app as seller_app
 from wire.app import App
 
-from .behaviour import CARD, KEYWORDS, LOAD_TEST_PREFIX
+from .behaviour import CARD, KEYWORDS, LOAD_TEST_PREFIX, new_item
 from .mixes import DEFAULT
 
 STOCK = 1_000_000  # units of each listed item: no run buys them all
@@ -72,8 +72,8 @@ class Market:
         self.seller_token = self._account(self.seller, "opcost-seller")
         self.buyer_token = self._account(self.buyer, "opcost-buyer")
         rng = random.Random(0)
-        self.items = [self.call(self.seller, "put_item", **new_item(rng, STOCK))["item_id"]
-                      for _ in range(items)]
+        self.items = [self.call(self.seller, "put_item", **new_item(rng, n, STOCK, STOCK))["item_id"]
+                      for n in range(items)]
         for _ in range(5):
             self.fill_cart(rng)
             self.call(self.buyer, "make_purchase", **CARD)
@@ -102,13 +102,6 @@ class Market:
             self.call(self.buyer, "add_to_cart", item_id=item_id, quantity=1)
 
 
-def new_item(rng: random.Random, quantity: int) -> dict[str, Any]:
-    """put_item's arguments, as market-sim's sellers make them."""
-    return {"name": f"{LOAD_TEST_PREFIX}{rng.choice(KEYWORDS)} {rng.randrange(10**6)}",
-            "category": rng.randrange(10), "keywords": rng.sample(KEYWORDS, rng.randint(1, 3)),
-            "condition": "new", "price": "9.99", "quantity": quantity}
-
-
 @dataclass(frozen=True)
 class Plan:
     """One op measured: its app, the arguments of a call, and what is done before each call
@@ -124,7 +117,7 @@ def plans(market: Market) -> dict[str, Plan]:
     seller, buyer, items = market.seller, market.buyer, market.items
     return {
         "ping": Plan(seller, lambda rng: {}),
-        "put_item": Plan(seller, lambda rng: new_item(rng, 50)),
+        "put_item": Plan(seller, lambda rng: new_item(rng, rng.randrange(10**6), 50, 50)),
         "change_price": Plan(seller, lambda rng: {"item_id": rng.choice(items), "price": "7.50"}),
         "remove_item": Plan(seller, lambda rng: {"item_id": rng.choice(items), "quantity": 1}),
         "display_items": Plan(seller, lambda rng: {"limit": 50}),

@@ -230,7 +230,6 @@ class PrivateMariaDB:
 
     def start(self) -> None:
         log = (self.root / "mariadbd.log").open("ab")
-        (self.root / "tmp").mkdir(exist_ok=True)
         self.proc = subprocess.Popen(
             # a tmpdir of its own: mariadbd deletes every #sql* file in its tmpdir at start,
             # and in /tmp those are the temporary tables of the machine's own MariaDB and of
