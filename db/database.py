@@ -7,7 +7,8 @@ statements like a SQLAlchemy Connection); `Database.run` calls it inside BEGIN .
 times) when the database asks for a retry, so the function must do all its work through `tx`.
 A MySQL transaction whose connection is lost at its COMMIT is never simply run again: its
 commit token (db.commit_tokens) says whether it committed (then its answer stands) or not
-(then it runs again).
+(then it runs again). Work that may run twice with the same outcome (`idempotent=True`: the
+payment ledger's calls, each keyed) writes no token and simply runs again.
 
 The Connections themselves stay open between calls (`_Connections`): opening one per
 call (a pool checkout, its events and a return) cost about 100 Python function calls,
@@ -99,15 +100,17 @@ class Database:
         self._connections.close()
         self.engine.dispose()
 
-    def run(self, work: Callable[[Any], T], *, write: bool = True) -> T:
+    def run(self, work: Callable[[Any], T], *, write: bool = True, idempotent: bool = False) -> T:
         """Run `work(tx)` in one transaction, retrying what the database says to retry.
 
-        `tx` is a UnitOfWork; a function typed for a SQLAlchemy Connection works too (Any)."""
+        `tx` is a UnitOfWork; a function typed for a SQLAlchemy Connection works too (Any).
+        `idempotent`: running the work twice ends as running it once, so a transaction whose
+        connection was lost, even at its COMMIT, runs again (it writes no commit token)."""
         hold = True  # the unit of work holds writes back, until one fails (ReplayUnheld)
         for attempt in range(MAX_ATTEMPTS):
             progress = [0]  # statements that reached the database in this attempt
             try:
-                return self._run_once(work, write, progress, hold)
+                return self._run_once(work, write and not idempotent, write, progress, hold)
             except ReplayUnheld:
                 hold = False
                 continue
@@ -125,9 +128,9 @@ class Database:
             except DBAPIError as exc:
                 if exc.connection_invalidated:  # the database restarted, most likely: all died
                     self._connections.retire_all()
-                    if progress[0] == 0 and attempt == 0:
+                    if idempotent or progress[0] == 0 and attempt == 0:
                         events.transaction_retried("reconnect")
-                        continue  # nothing ran yet: run it on a fresh connection
+                        continue  # nothing ran yet, or it may run twice: on a fresh connection
                 if _is_unavailable(exc):
                     log.warning("database unavailable: %s", exc.orig)
                     raise UnavailableError("the database cannot be reached; nothing was changed") from None
@@ -141,8 +144,9 @@ class Database:
             time.sleep(random.uniform(0, 0.002 * 2**attempt))
         raise BusyError("the database is too busy to finish this; nothing was changed")
 
-    def _run_once(self, work: Callable[[Any], T], write: bool, progress: list[int], hold: bool = True) -> T:
-        token = CommitToken.new() if write and self._writes_tokens() else None
+    def _run_once(self, work: Callable[[Any], T], tokened: bool, write: bool, progress: list[int],
+                  hold: bool = True) -> T:
+        token = CommitToken.new() if tokened and self._writes_tokens() else None
         conn = self._connections.take()
         events.db_connections_in_use(1)
         try:

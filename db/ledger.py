@@ -4,7 +4,8 @@ times), in a table of its own that the marketplace's transactions never touch.
 Every call is its own committed transaction on the ledger's Database (by default the
 marketplace's database, through a connection of its own; MARKET_PAYMENTS_URL moves it),
 so what the processor did survives a kill -9 of any server. Calls are idempotent per
-key, and each state change is a conditional UPDATE, so racing callers cannot both act.
+key, and each state change is a conditional UPDATE, so racing callers cannot both act; so
+a call whose connection is lost, even at its COMMIT, is simply made again (no commit token).
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ class Ledger:
     def _run(self, work: Callable[[Any], T], write: bool = True) -> T:
         if not self._created:
             self.create_table()
-        return self.database.run(work, write=write)
+        return self.database.run(work, write=write, idempotent=True)
 
     def record(self, key: str, buyer_id: int, amount_cents: int, state: str) -> Payment:
         """A new entry for `key` in `state`, or the entry the key has already (never two)."""

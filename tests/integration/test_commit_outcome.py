@@ -26,6 +26,7 @@ from db.accounts import SessionPolicy
 from db.commit_tokens import KEEP_MS, CommitToken, committed, forget_old_tokens
 from db.database import now_ms
 from db.housekeeping import sweep
+from db.ledger import AUTHORISED, CAPTURED, Ledger
 from db.migrations import make_current
 from db.schema import commit_tokens, login_failures
 from wire.errors import UnavailableError
@@ -216,6 +217,25 @@ def test_a_purchase_whose_commit_lost_its_answer_is_bought_once(proxied: Databas
         assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 8
         history = buyer.call("get_purchase_history")["purchases"]
         assert [p["order_id"] for p in history] == [receipt["order_id"]]
+
+
+@pytest.mark.parametrize("mode", ["answered", "unsent"])
+def test_a_ledger_call_cut_at_its_commit_is_made_again_and_counts_once(proxied: Database, cutter: CommitCutter,
+                                                                       mode: str) -> None:
+    """The payment ledger's calls are idempotent per key, so they write no commit token: one
+    whose COMMIT is cut runs again on a fresh connection, and the key's entry says what
+    happened once (one authorisation, one capture)."""
+    ledger = Ledger(proxied)
+    ledger.create_table()
+    tokens = select(func.count()).select_from(commit_tokens)
+    before = proxied.run(lambda tx: tx.execute(tokens).scalar_one(), write=False)
+    cutter.arm(mode)
+    assert ledger.record("key", 7, 125, AUTHORISED).state == AUTHORISED
+    cutter.arm(mode)
+    assert ledger.move("key", AUTHORISED, CAPTURED) == CAPTURED
+    assert cutter.cuts == 2
+    assert [(p.state, p.captures, p.amount_cents) for p in ledger.entries()] == [(CAPTURED, 1, 125)]
+    assert proxied.run(lambda tx: tx.execute(tokens).scalar_one(), write=False) == before
 
 
 def test_a_commit_unanswered_while_the_database_stays_away_says_so(proxied: Database, cutter: CommitCutter,
