@@ -220,8 +220,8 @@ def test_a_purchase_whose_commit_lost_its_answer_is_bought_once(proxied: Databas
 
 
 @pytest.mark.parametrize("mode", ["answered", "unsent"])
-def test_a_ledger_call_cut_at_its_commit_is_made_again_and_counts_once(proxied: Database, cutter: CommitCutter,
-                                                                       mode: str) -> None:
+def test_a_ledger_call_cut_at_its_commit_is_made_again_and_counts_once(
+        proxied: Database, cutter: CommitCutter, mode: str) -> None:
     """The payment ledger's calls are idempotent per key, so they write no commit token: one
     whose COMMIT is cut runs again on a fresh connection, and the key's entry says what
     happened once (one authorisation, one capture)."""
