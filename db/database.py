@@ -8,7 +8,7 @@ times) when the database asks for a retry, so the function must do all its work 
 A MySQL transaction whose connection is lost at its COMMIT is never simply run again: its
 commit token (db.commit_tokens) says whether it committed (then its answer stands) or not
 (then it runs again). Work that may run twice with the same outcome (`idempotent=True`: the
-payment ledger's calls, each keyed) writes no token and simply runs again.
+payment ledger's calls, each keyed) writes no token and runs again while the database is away.
 
 The Connections themselves stay open between calls (`_Connections`): opening one per
 call (a pool checkout, its events and a return) cost about 100 Python function calls,
@@ -61,6 +61,8 @@ _OPENED_KEY = "market_opened"  # connection info: when its Connection was opened
 _ASK_FOR_S = 6.5
 _OUTCOME_UNKNOWN = ("the database went away while the change was being committed, and has not come back "
                     "to say whether it was made: look before making it again")
+_MAYBE_MADE = ("the database cannot be reached, and may have gone away after making the change: "
+               "look before making it again")
 
 
 class RetryTransaction(Exception):
@@ -104,13 +106,36 @@ class Database:
         """Run `work(tx)` in one transaction, retrying what the database says to retry.
 
         `tx` is a UnitOfWork; a function typed for a SQLAlchemy Connection works too (Any).
-        `idempotent`: running the work twice ends as running it once, so a transaction whose
-        connection was lost, even at its COMMIT, runs again (it writes no commit token)."""
+        `idempotent`: running the work twice ends as running it once. It writes no commit
+        token: while the database is away (its connection lost, at the COMMIT too, or none to
+        be had) it runs again, for up to _ASK_FOR_S, then UNAVAILABLE saying that whether it
+        was made is not known."""
+        if idempotent and not self.is_sqlite:  # SQLite: in the process, nothing to lose on the way
+            return self._run_while_away(work, write)
+        return self._run(work, write, tokened=write)
+
+    def _run_while_away(self, work: Callable[[Any], T], write: bool) -> T:
+        """Idempotent work, run again on a fresh connection while the database is away."""
+        deadline = time.monotonic() + _ASK_FOR_S
+        pause = 0.1
+        while True:
+            try:
+                return self._run(work, write, tokened=False)
+            except (UnavailableError, DBAPIError) as exc:
+                if isinstance(exc, DBAPIError) and not exc.connection_invalidated:
+                    raise
+                if time.monotonic() + pause > deadline:
+                    raise UnavailableError(_MAYBE_MADE) from None
+            events.transaction_retried("reconnect")
+            time.sleep(pause)
+            pause *= 2
+
+    def _run(self, work: Callable[[Any], T], write: bool, tokened: bool) -> T:
         hold = True  # the unit of work holds writes back, until one fails (ReplayUnheld)
         for attempt in range(MAX_ATTEMPTS):
             progress = [0]  # statements that reached the database in this attempt
             try:
-                return self._run_once(work, write and not idempotent, write, progress, hold)
+                return self._run_once(work, tokened, write, progress, hold)
             except ReplayUnheld:
                 hold = False
                 continue
@@ -128,9 +153,9 @@ class Database:
             except DBAPIError as exc:
                 if exc.connection_invalidated:  # the database restarted, most likely: all died
                     self._connections.retire_all()
-                    if idempotent or progress[0] == 0 and attempt == 0:
+                    if progress[0] == 0 and attempt == 0:
                         events.transaction_retried("reconnect")
-                        continue  # nothing ran yet, or it may run twice: on a fresh connection
+                        continue  # nothing ran yet: run it on a fresh connection
                 if _is_unavailable(exc):
                     log.warning("database unavailable: %s", exc.orig)
                     raise UnavailableError("the database cannot be reached; nothing was changed") from None

@@ -238,6 +238,43 @@ def test_a_ledger_call_cut_at_its_commit_is_made_again_and_counts_once(
     assert proxied.run(lambda tx: tx.execute(tokens).scalar_one(), write=False) == before
 
 
+def test_a_ledger_capture_cut_while_it_waits_for_a_lock_captures_once(proxied: Database, cutter: CommitCutter,
+                                                                      mariadb_url: str) -> None:
+    """The capture's UPDATE waits for the entry's row lock when its connection is cut: the call
+    made again waits too, then finds the entry captured or captures it; either way once."""
+    ledger = Ledger(proxied)
+    ledger.create_table()
+    ledger.record("key", 7, 125, AUTHORISED)
+    other = create_engine(mariadb_url.replace("mysql://", "mysql+mysqlconnector://"))
+    with other.connect() as holder:
+        holder.execute(text("UPDATE payments SET updated_ms = updated_ms WHERE payment_key = 'key'"))
+        releaser = threading.Timer(1.0, holder.rollback)
+        releaser.start()
+        cutter.arm("running")
+        assert ledger.move("key", AUTHORISED, CAPTURED) == CAPTURED
+        releaser.join()
+    other.dispose()
+    assert cutter.cuts == 1
+    assert [(p.state, p.captures) for p in ledger.entries()] == [(CAPTURED, 1)]
+
+
+def test_a_ledger_call_cut_while_the_database_stays_away_says_it_may_be_made(
+        proxied: Database, cutter: CommitCutter, mariadb_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made, its answer lost, and no connection to be had after: tried again for a while, then
+    UNAVAILABLE saying the change may have been made (it was: the entry is there, once)."""
+    monkeypatch.setattr(database_module, "_ASK_FOR_S", 0.5)
+    ledger = Ledger(proxied)
+    ledger.create_table()
+    cutter.down_after_cut = True
+    cutter.arm("answered")
+    started = time.monotonic()
+    with pytest.raises(UnavailableError, match="may have gone away after making the change"):
+        ledger.record("key", 7, 125, AUTHORISED)
+    assert time.monotonic() - started >= 0.3  # it did try again before giving up
+    with closing(Database(mariadb_url, pool_size=1)) as direct:
+        assert [(p.state, p.amount_cents) for p in Ledger(direct).entries()] == [(AUTHORISED, 125)]
+
+
 def test_a_commit_unanswered_while_the_database_stays_away_says_so(proxied: Database, cutter: CommitCutter,
                                                                    mariadb_url: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:

@@ -362,7 +362,7 @@ def test_the_port_stays_the_servers_while_its_workers_are_replaced(spawn) -> Non
     while not _answers(server.port):
         assert time.monotonic() < deadline, server.stderr()
         time.sleep(0.1)
-    assert server.stop() == 0
+    assert server.stop() == 0, server.stderr()
     assert re.search(r"worker \d+ was killed by SIGKILL after [\d.]+ s; starting another in 0\.5 s",
                      server.stderr()), server.stderr()  # before: "exited (status 9)"
 
