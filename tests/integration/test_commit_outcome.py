@@ -79,17 +79,16 @@ class CommitCutter:
         while data := _received(client):
             mode = self._take_mode() if b"COMMIT" in data else ""
             link["cutting"] = link["cutting"] or mode == "answered"  # set before the answer can come
-            if mode != "unsent":
-                server.sendall(data)
+            if mode != "unsent" and not _sent(server, data):
+                break  # the other direction cut the link meanwhile
             if mode in ("unsent", "running"):
                 return _cut(client, server)
         _cut(client, server)
 
     def _to_client(self, server: socket.socket, client: socket.socket, link: dict[str, bool]) -> None:
         while data := _received(server):
-            if link["cutting"]:
+            if link["cutting"] or not _sent(client, data):
                 return _cut(client, server)
-            client.sendall(data)
         _cut(client, server)
 
     def _take_mode(self) -> str:
@@ -104,6 +103,15 @@ def _received(sock: socket.socket) -> bytes:
         return sock.recv(65536)
     except OSError:
         return b""
+
+
+def _sent(sock: socket.socket, data: bytes) -> bool:
+    """Whether `data` went; False when the link was cut meanwhile (by the other direction)."""
+    try:
+        sock.sendall(data)
+        return True
+    except OSError:
+        return False
 
 
 def _cut(*socks: socket.socket) -> None:
