@@ -116,19 +116,10 @@ class Database:
 
     def _run_while_away(self, work: Callable[[Any], T], write: bool) -> T:
         """Idempotent work, run again on a fresh connection while the database is away."""
-        deadline = time.monotonic() + _ASK_FOR_S
-        pause = 0.1
-        while True:
-            try:
-                return self._run(work, write, tokened=False)
-            except (UnavailableError, DBAPIError) as exc:
-                if isinstance(exc, DBAPIError) and not exc.connection_invalidated:
-                    raise
-                if time.monotonic() + pause > deadline:
-                    raise UnavailableError(_MAYBE_MADE) from None
-            events.transaction_retried("reconnect")
-            time.sleep(pause)
-            pause *= 2
+        return _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE,
+                           away=lambda exc: isinstance(exc, UnavailableError) or (
+                               isinstance(exc, DBAPIError) and exc.connection_invalidated),
+                           retrying=lambda: events.transaction_retried("reconnect"))
 
     def _run(self, work: Callable[[Any], T], write: bool, tokened: bool) -> T:
         hold = True  # the unit of work holds writes back, until one fails (ReplayUnheld)
@@ -203,17 +194,10 @@ class Database:
         """Whether the transaction that wrote `token` committed, asked on a fresh connection
         for a few seconds while the database is away; UNAVAILABLE, saying so, if it stays away."""
         self._connections.retire_all()  # the lost connection's siblings are suspect too
-        deadline = time.monotonic() + _ASK_FOR_S
-        pause = 0.1
-        while True:
-            try:
-                return commit_tokens.committed(self.engine, token)
-            except (DBAPIError, PoolTimeoutError) as exc:
-                log.warning("could not ask whether a commit went through: %s", getattr(exc, "orig", exc))
-            if time.monotonic() + pause > deadline:
-                raise UnavailableError(_OUTCOME_UNKNOWN)
-            time.sleep(pause)
-            pause *= 2
+        return _while_away(lambda: commit_tokens.committed(self.engine, token), _OUTCOME_UNKNOWN,
+                           away=lambda exc: isinstance(exc, DBAPIError | PoolTimeoutError),
+                           noticed=lambda exc: log.warning("could not ask whether a commit went through: %s",
+                                                           getattr(exc, "orig", exc)))
 
     def schema_changed(self) -> None:
         """The schema was upgraded: look again for the tables this class uses."""
@@ -244,6 +228,27 @@ class Database:
     def is_sqlite(self) -> bool:
         """True for the embedded SQLite database."""
         return is_sqlite(self.engine)
+
+
+def _while_away(call: Callable[[], T], gave_up: str, away: Callable[[Exception], bool],
+                noticed: Callable[[Exception], None] = lambda exc: None,
+                retrying: Callable[[], None] = lambda: None) -> T:
+    """`call()`, made again after pauses (0.1 s, doubling) while it fails as `away` says the
+    database is, for up to _ASK_FOR_S; then UNAVAILABLE saying `gave_up`."""
+    deadline = time.monotonic() + _ASK_FOR_S
+    pause = 0.1
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not away(exc):
+                raise
+            noticed(exc)
+        if time.monotonic() + pause > deadline:
+            raise UnavailableError(gave_up) from None
+        retrying()
+        time.sleep(pause)
+        pause *= 2
 
 
 def _transaction(tx: UnitOfWork, work: Callable[[Any], T]) -> T:

@@ -184,9 +184,10 @@ def empty_database(db: Database) -> str | None:
 def measure_all(db: Database, calls: int, rounds: int) -> list[Cost]:
     """Every op, `rounds` rounds of `calls` calls each, the ops taking turns; medians of the rounds."""
     market, clock, rng = Market(db, 200), DatabaseClock(db), random.Random(1)
+    ops = plans(market)
     runs: dict[str, list[Cost]] = {}
     for _ in range(rounds):
-        for op, plan in plans(market).items():
+        for op, plan in ops.items():
             runs.setdefault(op, []).append(measure(market, op, plan, calls, clock, rng))
     return [Cost(op, statistics.median(c.cpu_us for c in each), statistics.median(c.wall_us for c in each),
                  statistics.median(c.database_us or 0.0 for c in each) if clock.pid else None)
