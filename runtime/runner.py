@@ -195,6 +195,7 @@ class _Supervisor:
         self.port = self.reserved.getsockname()[1]
         self.workers: dict[int, float] = {}  # pid: when it started
         self.stopping = False
+        self.ended_before_stop: set[int] = set()
         self.pause_s = _FIRST_PAUSE_S
         self.failed_starts = 0  # in a row
         self.health = HealthWatch(settings.worker_timeout_s, tls is not None, lambda: self.stopping)
@@ -220,6 +221,8 @@ class _Supervisor:
     def stop(self, signum: int, _frame: Any) -> None:
         if not self.stopping:
             log.info("signal %d: stopping %d workers", signum, len(self.workers))
+            # ended already, not yet waited for (a replacement was starting): no failure of the stop
+            self.ended_before_stop = {pid for pid in self.workers if _has_ended(pid)}
         self.stopping = True
         for pid in self.workers:
             _signal(pid, signal.SIGTERM)
@@ -240,7 +243,8 @@ class _Supervisor:
             lived = time.monotonic() - self.workers.pop(pid)
             self.observe.worker_ended(pid)
             if self.stopping:
-                failed = failed or os.waitstatus_to_exitcode(status) != 0
+                ended_badly = os.waitstatus_to_exitcode(status) != 0
+                failed = failed or (ended_badly and pid not in self.ended_before_stop)
             elif not self.replace(pid, status, lived):
                 raise WorkerFailed(f"{_GIVE_UP_AFTER} workers started in a row died before they listened "
                                    "(their errors are above)")
@@ -274,6 +278,14 @@ def _next_ended() -> tuple[int, int]:
         if pid:
             return pid, status
         time.sleep(_SIGNAL_CHECK_S)
+
+
+def _has_ended(pid: int) -> bool:
+    """Whether the child has ended, leaving it to be waited for (WNOWAIT)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return False
 
 
 def _how_it_ended(status: int) -> str:
