@@ -3,8 +3,9 @@
 SQLite: WAL, a busy timeout, and transactions begun by us so that writers take the
 write lock up front (BEGIN IMMEDIATE) instead of failing to upgrade half-way, asking
 for it again every 0.1-1 ms while another writer holds it (_begin_immediate).
-MySQL/MariaDB: mysql-connector-python's C extension with its documented multi-statement
-flag, utf8mb4 with binary collation (text comes back exactly as sent), autocommit reads
+MySQL/MariaDB: mysql-connector-python's C extension, through the project's small DB-API
+module over its documented C API (db.mysql_dbapi), with the multi-statement flag, utf8mb4
+with binary collation (text comes back exactly as sent), autocommit reads
 and READ COMMITTED write transactions begun by the unit of work, a pool the size of the
 worker pool (Database keeps that many open between calls; the overflow serves anything
 else using the engine), and recycling; a restarted database is survived by retrying a
@@ -24,7 +25,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
-try:  # mysql-connector-python; its C extension is asked for (use_pure=False)
+try:  # mysql-connector-python
     from mysql.connector.constants import ClientFlag
     _MULTI_STATEMENTS = [ClientFlag.MULTI_STATEMENTS]
 except ImportError:  # pragma: no cover - then MySQL URLs fail at connect with a clear error
@@ -220,8 +221,14 @@ def begin_immediate(raw: sqlite3.Connection) -> None:
 
 
 def _mysql_engine(url: Any, pool_size: int) -> Engine:
+    try:
+        from . import mysql_dbapi
+    except ImportError as exc:
+        raise ImportError("MySQL/MariaDB needs mysql-connector-python's C extension, which does not "
+                          f"load here ({exc}): pip install -r requirements/runtime.txt") from exc
     engine = create_engine(
         url,
+        module=mysql_dbapi,  # the dialect stays mysqlconnector's; the connections are ours
         pool_size=pool_size, max_overflow=pool_size, pool_timeout=10, pool_recycle=RECYCLE_S,
         # No pre-ping: a ping is a round trip per call. A connection found dead by a call's
         # first statement (nothing has run yet) is retried once on a fresh one instead.
@@ -236,7 +243,7 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
         # in the query of the statement that follows them (one round trip). It would let an
         # injected "; DROP ..." run: nothing puts a value into SQL text unquoted (the driver
         # quotes every bound value), and tests/test_engine.py checks such values come back as data.
-        connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin", "use_pure": False,
+        connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin",
                       "connection_timeout": 5,
                       "client_flags": _MULTI_STATEMENTS},
     )

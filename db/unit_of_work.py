@@ -8,9 +8,10 @@ On MySQL/MariaDB what is held travels in the same query as the statement that fo
 (START TRANSACTION and COMMIT too), through the driver's documented multi-statement support:
 one round trip instead of several. A write transaction given a commit token writes it in the
 query of its START TRANSACTION (db.commit_tokens), so that a COMMIT whose answer is lost can
-be asked about. Statements are compiled once per dialect (StatementCache) and run on one
-driver cursor per connection, skipping SQLAlchemy's per-execution machinery; anything else
-(DDL, text(), executemany) goes through SQLAlchemy, after a flush.
+be asked about. Statements are compiled once per dialect (StatementCache) and run straight on
+the driver's connection (SQLite: one cursor per connection; MySQL: db.mysql_dbapi's `run`),
+skipping SQLAlchemy's per-execution machinery; anything else (DDL, text(), executemany) goes
+through SQLAlchemy, after a flush.
 """
 from __future__ import annotations
 
@@ -24,12 +25,6 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Delete, Dialect, Insert, Select, Update, bindparam, insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql import ClauseElement
-
-try:
-    from mysql.connector.errors import Error as DriverError
-    from mysql.connector.errors import get_mysql_exception
-except ImportError:  # pragma: no cover - SQLite only
-    DriverError = Exception  # type: ignore[assignment,misc]
 
 from .commit_tokens import WRITE_TOKEN, CommitToken
 from .engine import BATCHES_KEY, begin_immediate, count_statement
@@ -414,36 +409,9 @@ def _run_mysql(driver: Any, statements: list[tuple[str, Any]]) -> list[tuple[lis
     """The statements in one query, each one's outcome; every result is read, so that an
     error of a later statement (after which MariaDB runs nothing more) is raised here.
 
-    The query goes to the connection's `cmd_query` with its values already quoted by the
-    connection's `prepare_for_mysql` into a template made once per statement: a cursor's
-    `execute` would format them with a regular expression and scan the whole query for
-    DELIMITER lines on every call (benchmarks.md#round-trips)."""
-    query = b";".join(_rendered(sql, values, driver) for sql, values in statements)
-    result = driver.cmd_query(query)
-    outcomes: list[tuple[list[Any], int, int | None]] = []
-    while True:
-        if "columns" in result:
-            rows = driver.get_rows()[0]
-            outcomes.append((rows, len(rows), None))
-        else:
-            outcomes.append(([], result["affected_rows"], result["insert_id"]))
-        if len(outcomes) == len(statements) or not _next_result(driver):
-            if not driver.more_results:
-                driver.free_result()
-            return outcomes
-        result = driver.fetch_eof_columns() if driver.result_set_available else driver.fetch_eof_status()
-
-
-def _next_result(driver: Any) -> bool:
-    """The connection on the query's next result; the C extension raises its own error class
-    there, made here into the driver's DB-API one (IntegrityError ...) as cmd_query does."""
-    try:
-        return bool(driver.next_result())
-    except Exception as exc:
-        if isinstance(exc, DriverError) or getattr(exc, "errno", None) is None:
-            raise
-        raise get_mysql_exception(getattr(exc, "errno", 0), msg=getattr(exc, "msg", str(exc)),
-                                  sqlstate=getattr(exc, "sqlstate", None)) from exc
+    The connection is db.mysql_dbapi's, over the driver's C API; the values are quoted by it
+    into a template made once per statement (benchmarks.md#c-extension)."""
+    return driver.run(b";".join(_rendered(sql, values, driver) for sql, values in statements))  # type: ignore[no-any-return]
 
 
 _TEMPLATES: dict[str, tuple[list[bytes], list[str]]] = {}
@@ -461,7 +429,7 @@ def _rendered(sql: str, values: dict[str, Any], driver: Any) -> bytes:
     texts, names = template
     if not names:
         return texts[0]
-    quoted = driver.prepare_for_mysql([values[name] for name in names])
+    quoted = driver.quote([values[name] for name in names])
     out = [texts[0]]
     for value, text in zip(quoted, texts[1:], strict=True):
         out += (value, text)

@@ -11,15 +11,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import _mysql_connector
 import mysql.connector
 import pytest
-from mysql.connector.connection_cext import CMySQLConnection
 from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from support import BUMP, FAILURE_OF, LOGIN_FAILURE, fresh_mysql_database
 
 import db.engine as engine_module
-from db import Database, DatabaseUnusable
+from db import Database, DatabaseUnusable, mysql_dbapi
 from db.engine import driver_url
 from db.schema import login_failures
 from wire.errors import BusyError, UnavailableError
@@ -32,7 +32,8 @@ def test_mysql_runs_on_the_c_extension(database: Database) -> None:
     assert mysql.connector.HAVE_CEXT
     with database.engine.connect() as conn:
         raw = conn.connection.driver_connection
-        assert isinstance(raw, CMySQLConnection)  # the C extension's connection
+        assert isinstance(raw, mysql_dbapi.Connection)  # the connection over the C API
+        assert isinstance(raw.c_api, _mysql_connector.MySQL)
         isolation = conn.exec_driver_sql("SELECT @@session.tx_isolation").scalar()
         assert isolation == "READ-COMMITTED"
         assert conn.exec_driver_sql("SELECT @@character_set_connection").scalar() == "utf8mb4"
