@@ -281,11 +281,20 @@ def _next_ended() -> tuple[int, int]:
 
 
 def _has_ended(pid: int) -> bool:
-    """Whether the child has ended, leaving it to be waited for (WNOWAIT)."""
+    """Whether the child has ended, leaving it to be waited for (WNOWAIT), or is ending: on
+    Linux, its main thread a zombie already while its other threads finish dying (a few ms
+    after a SIGKILL, when no wait finds it yet). A worker's main thread ends last of its
+    threads unless the process dies."""
     try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
     except ChildProcessError:
         return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False  # no /proc, or gone meanwhile
 
 
 def _how_it_ended(status: int) -> str:

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 from support import LISTENING, PASSWORD, ServerProcess, free_port, unique_name
@@ -424,6 +426,106 @@ def test_a_stop_during_a_workers_restart_pause_starts_no_worker(tmp_path: Path) 
     assert proc.returncode == 0, err[-3000:]
     stopped = set(re.findall(r"buyer (\d+) INFO market.server: signal 15: stopping", err))
     assert stopped == {str(second)}, err[-3000:]  # the worker left, and no new one
+
+
+HELD_REPLACEMENT = """
+import os, sys, time
+from buyer_server.ops import build_app as buyer_app
+from runtime import runner
+
+runner._FIRST_PAUSE_S = 0.1
+
+def build_app(settings, database):
+    if os.path.exists({hold!r}):  # a replacement: it starts once the test lets it
+        open({held!r}, "w").close()
+        while not os.path.exists({release!r}):
+            time.sleep(0.02)
+    return buyer_app(settings, database)
+
+sys.exit(runner.main("buyer", build_app, sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("refuses", "dying", "status"),
+                         [(False, False, 0), (False, True, 0), (True, False, 1)],
+                         ids=["all-stop", "still-dying", "one-refuses"])
+def test_a_worker_already_dead_but_not_waited_for_at_a_stop_does_not_fail_it(
+        refuses: bool, dying: bool, status: int, tmp_path: Path) -> None:
+    # before: a worker killed just before the stop, while the supervisor waited for a replacement
+    # to listen (so could not wait for the dead one), was counted as failing to stop: exit 1.
+    # Here the replacement is held in its start until the stop has come; a worker that was
+    # alive at the stop and then does not stop (frozen, killed later) still fails it.
+    hold, held, release = (tmp_path / name for name in ("hold", "held", "release"))
+    script = HELD_REPLACEMENT.format(hold=str(hold), held=str(held), release=str(release))
+    log = (tmp_path / "stderr.log").open("w+")
+    proc = subprocess.Popen([sys.executable, "-c", script, "--port", "0", "--workers", "3",
+                             "--db-url", f"sqlite:///{tmp_path / 'market.db'}"],
+                            stdout=subprocess.PIPE, stderr=log, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None and LISTENING.match(proc.stdout.readline().strip())
+        first, dead, other = _children(proc.pid)
+        hold.touch()
+        os.kill(first, signal.SIGKILL)
+        _wait_for(held.exists, log)  # the replacement starts: the supervisor waits for it to listen
+        if refuses:
+            os.kill(other, signal.SIGSTOP)  # it will not act on a SIGTERM
+        os.kill(dead, signal.SIGKILL)
+        # dead, and not waited for: the supervisor is busy; or still dying (its main thread a
+        # zombie, its other threads not yet gone: no wait would find it for a few ms)
+        _wait_for(lambda: _main_thread_ended(dead) if dying else _ended(dead), log)
+        proc.send_signal(signal.SIGTERM)
+        _wait_for(lambda: not _signal_pending(proc.pid, signal.SIGTERM), log)
+        release.touch()  # the stop's handler runs before the supervisor waits for the dead worker
+        if refuses:
+            _wait_for(lambda: "signal 15: stopping 2 workers" in _read(log), log)
+            _wait_for(lambda: _children(proc.pid) == [other], log)  # the others have stopped
+            os.kill(other, signal.SIGKILL)  # as a stop's timeout would (systemd's, say)
+        assert proc.wait(timeout=20) == status, _read(log)[-3000:]
+    finally:
+        release.touch()
+        for pid in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+        err = _read(log)
+        log.close()
+    assert "signal 15: stopping 2 workers" in err, err[-3000:]  # the dead one among them
+    assert f"worker {first} was killed by SIGKILL" in err, err[-3000:]
+    assert f"worker {dead} was killed" not in err, err[-3000:]  # waited for only after the stop
+    assert "Traceback" not in err
+
+
+def _wait_for(condition: Callable[[], bool], log: IO[str]) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, _read(log)[-3000:]
+        time.sleep(0.02)
+
+
+def _read(log: IO[str]) -> str:
+    log.seek(0)
+    return log.read()
+
+
+def _ended(pid: int) -> bool:
+    """Whether the process has ended and can be waited for: its main thread a zombie (there
+    until its parent waits for it), and its other threads gone (they take a few ms more after
+    a SIGKILL, during which its parent's wait finds nothing yet)."""
+    return _main_thread_ended(pid) and os.listdir(f"/proc/{pid}/task") == [str(pid)]
+
+
+def _main_thread_ended(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(")")[-1].split()[0] == "Z"
+
+
+def _signal_pending(pid: int, signum: int) -> bool:
+    """Whether a signal sent to the process has reached none of its threads yet."""
+    with open(f"/proc/{pid}/status") as status:
+        pending = next(line.split()[1] for line in status if line.startswith("ShdPnd:"))
+    return bool(int(pending, 16) & (1 << (signum - 1)))
 
 
 @pytest.mark.parametrize("role", ["buyer", "seller"])
