@@ -72,14 +72,34 @@ _OPTIONS = frozenset({
     "ssl_verify_identity", "ssl_disabled", "read_timeout", "write_timeout"})
 
 
+_FLAGS = frozenset({"compress", "ssl_verify_cert", "ssl_verify_identity", "ssl_disabled", "autocommit",
+                    "buffered", "use_pure", "use_unicode"})
+_NUMBERS = frozenset({"port", "connection_timeout", "connect_timeout", "read_timeout", "write_timeout"})
+
+
 def connect(**options: Any) -> Connection:
-    """A connection (the DB-API's `connect`), with the driver's names for the options."""
+    """A connection (the DB-API's `connect`), with the driver's names for the options; those
+    of a URL's query string arrive as text (`?ssl_disabled=true&read_timeout=30`)."""
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise InterfaceError(f"connection options not supported here: {', '.join(unknown)}")
+    options = {name: _typed(name, value) for name, value in options.items()}
     if options.get("use_pure") or options.get("use_unicode") is False or options.get("buffered") is False:
         raise InterfaceError("this connection is the C extension's, buffered, returning str")
     return Connection(**options)
+
+
+def _typed(name: str, value: Any) -> Any:
+    """An option given as text made the type it has (yes/no, a number); InterfaceError if not."""
+    if not isinstance(value, str) or name not in _FLAGS | _NUMBERS:
+        return value
+    if name in _NUMBERS and value.strip().isdigit():
+        return int(value)
+    word = value.strip().lower()
+    if name in _FLAGS and word in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return word in ("1", "true", "yes", "on")
+    kind = "number" if name in _NUMBERS else "yes/no"
+    raise InterfaceError(f"connection option {name}={value!r}: not a {kind}")
 
 
 @contextmanager

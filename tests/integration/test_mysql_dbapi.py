@@ -159,6 +159,20 @@ def test_unknown_options_are_refused_by_name() -> None:
         mysql_dbapi.connect(host="127.0.0.1", use_pure=True)
 
 
+def test_options_from_a_urls_query_string_arrive_as_text(url: str) -> None:
+    parsed = make_url(url)
+    conn = mysql_dbapi.connect(host=parsed.host, port=str(parsed.port or 3306), user=parsed.username,
+                               ssl_disabled="true", read_timeout="30", compress="no")
+    assert conn.run(b"SELECT 1")[0][0] == [(1,)]
+    conn.close()
+    with pytest.raises(errors.InterfaceError, match="read_timeout='soon': not a number"):
+        mysql_dbapi.connect(host="127.0.0.1", read_timeout="soon")
+    engine = make_engine(url + "?ssl_disabled=true&read_timeout=30")
+    with engine.connect() as c:
+        assert c.exec_driver_sql("SELECT 2").scalar() == 2
+    engine.dispose()
+
+
 def test_an_unreachable_server_is_the_drivers_error() -> None:
     with pytest.raises(errors.DatabaseError) as raised:
         mysql_dbapi.connect(host="127.0.0.1", port=1, connection_timeout=2)
