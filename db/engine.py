@@ -241,8 +241,10 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
         isolation_level="AUTOCOMMIT",
         # MULTI_STATEMENTS: the unit of work sends held writes, START TRANSACTION and COMMIT
         # in the query of the statement that follows them (one round trip). It would let an
-        # injected "; DROP ..." run: nothing puts a value into SQL text unquoted (the driver
-        # quotes every bound value), and tests/test_engine.py checks such values come back as data.
+        # injected "; DROP ..." run: nothing puts a value into SQL text unquoted (every bound
+        # value is quoted by the C API), and tests/integration/test_engine.py and
+        # test_mysql_dbapi.py check such values come back as data. The flags given as a list
+        # replace SQLAlchemy's FOUND_ROWS: an UPDATE's rowcount is the rows it changed.
         connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin",
                       "connection_timeout": 5,
                       "client_flags": _MULTI_STATEMENTS},

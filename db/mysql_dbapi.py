@@ -61,9 +61,14 @@ __all__ = [  # a DB-API module's names: the driver's, but for `connect`
     "TimestampFromTicks", "Warning", "__version__", "apilevel", "connect", "paramstyle", "threadsafety"]
 
 Outcome = tuple[list[Any], int, int]  # one statement's rows, rowcount, last insert id
-_PARAMETER = re.compile(rb"%\((\w+)\)s|%s|%%")
-_INSERT_VALUES = re.compile(rb"\A(\s*INSERT\s.*?\sVALUES\s*)(\(.*\))\s*\Z", re.I | re.S)
+_NAMED = re.compile(rb"%\(([^)]+)\)s")  # the driver's forms: %(name)s for a dict of values,
+_POSITIONAL = re.compile(rb"%s")  # %s for a sequence; any other % stays as written
+_INSERT_VALUES = re.compile(rb"\A(\s*INSERT\s.*?\sVALUES\s*)(\(.*\))\s*;?\s*\Z", re.I | re.S)
+_ON_DUPLICATE = re.compile(rb"\sON\s+DUPLICATE\s+KEY\s", re.I)
 _MANY_BYTES = 1 << 20  # executemany's INSERT of many rows: at most this much a query
+# Errors of a connection that is gone, raised as OperationalError whatever the driver's table
+# says (2006 and 2014 would be DatabaseError): SQLAlchemy then discards the connection.
+_CONNECTION_LOST = frozenset({2006, 2013, 2014, 2045, 2048, 2055})
 _GONE = "MySQL Connection not available."  # SQLAlchemy's is_disconnect knows these words
 _OPTIONS = frozenset({
     "host", "port", "user", "password", "database", "unix_socket", "client_flags", "charset",
@@ -72,7 +77,7 @@ _OPTIONS = frozenset({
     "ssl_verify_identity", "ssl_disabled", "read_timeout", "write_timeout"})
 
 
-_FLAGS = frozenset({"compress", "ssl_verify_cert", "ssl_verify_identity", "ssl_disabled", "autocommit",
+_YES_NO = frozenset({"compress", "ssl_verify_cert", "ssl_verify_identity", "ssl_disabled", "autocommit",
                     "buffered", "use_pure", "use_unicode"})
 _NUMBERS = frozenset({"port", "connection_timeout", "connect_timeout", "read_timeout", "write_timeout"})
 
@@ -91,12 +96,12 @@ def connect(**options: Any) -> Connection:
 
 def _typed(name: str, value: Any) -> Any:
     """An option given as text made the type it has (yes/no, a number); InterfaceError if not."""
-    if not isinstance(value, str) or name not in _FLAGS | _NUMBERS:
+    if not isinstance(value, str) or name not in _YES_NO | _NUMBERS:
         return value
     if name in _NUMBERS and value.strip().isdigit():
         return int(value)
     word = value.strip().lower()
-    if name in _FLAGS and word in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+    if name in _YES_NO and word in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         return word in ("1", "true", "yes", "on")
     kind = "number" if name in _NUMBERS else "yes/no"
     raise InterfaceError(f"connection option {name}={value!r}: not a {kind}")
@@ -109,10 +114,12 @@ def _translated() -> Iterator[None]:
         yield
     except _mysql_connector.MySQLInterfaceError as exc:
         errno = getattr(exc, "errno", None)
+        msg, sqlstate = getattr(exc, "msg", str(exc)), getattr(exc, "sqlstate", None)
         if not errno:
             raise InterfaceError(str(exc)) from exc
-        raise get_mysql_exception(errno, msg=getattr(exc, "msg", str(exc)),
-                                  sqlstate=getattr(exc, "sqlstate", None)) from exc
+        if errno in _CONNECTION_LOST:
+            raise OperationalError(msg=msg, errno=errno, sqlstate=sqlstate) from exc
+        raise get_mysql_exception(errno, msg=msg, sqlstate=sqlstate) from exc
 
 
 class Connection:
@@ -133,18 +140,21 @@ class Connection:
         self._c: Any = _mysql_connector.MySQL(
             buffered=True, raw=False, charset_name=charset, use_unicode=True,
             connection_timeout=connection_timeout or connect_timeout or 0, plugin_dir=plugin_dir())
+        ssl_disabled = ssl_disabled or bool(unix_socket)  # as the driver: no TLS over a local socket
         tls = {} if ssl_disabled else {
             "ssl_ca": ssl_ca, "ssl_cert": ssl_cert, "ssl_key": ssl_key,
             "ssl_verify_cert": ssl_verify_cert, "ssl_verify_identity": ssl_verify_identity}
         with _translated():
             self._c.connect(host=host, user=user, password=password, database=database, port=int(port),
                             unix_socket=unix_socket, compress=compress,
-                            client_flags=_flags(client_flags),
+                            client_flags=_client_flags(client_flags),
                             ssl_disabled=ssl_disabled, read_timeout=read_timeout or 0,
                             write_timeout=write_timeout or 0, **tls)
             self._c.set_character_set(charset)
         if collation:
-            self.run(f"SET NAMES {charset} COLLATE {collation}".encode())
+            if not (charset.isidentifier() and collation.isidentifier()):
+                raise InterfaceError(f"charset {charset!r}, collation {collation!r}: not names")
+            self.run(f"SET NAMES '{charset}' COLLATE '{collation}'".encode())
         self._autocommit = not autocommit  # so that the next line tells the server
         self.autocommit = autocommit
 
@@ -152,7 +162,7 @@ class Connection:
 
     def quote(self, values: Sequence[Any]) -> Sequence[bytes]:
         """Each value as an SQL literal (strings quoted and escaped), as the driver quotes it."""
-        return self._c.convert_to_mysql(*values)  # type: ignore[no-any-return]
+        return self._live().convert_to_mysql(*values)  # type: ignore[no-any-return]
 
     def run(self, query: bytes) -> list[Outcome]:
         """Send `query` (one statement or several) and read every result: the rows, rowcount
@@ -209,7 +219,8 @@ class Connection:
         return int(self._live().thread_id())
 
     def ping(self, reconnect: bool = False, attempts: int = 1, delay: int = 0) -> None:
-        """Raise, as the driver does, unless the server answers."""
+        """Raise, as the driver does, unless the server answers. It never reconnects (the
+        pool replaces a connection found dead), whatever `reconnect` says."""
         with _translated():
             if not self._live().ping():
                 raise InterfaceError(_GONE)
@@ -259,9 +270,11 @@ class Cursor:
         self._read(query)
 
     def executemany(self, operation: str | bytes, seq_of_params: Sequence[Any]) -> None:
-        """Each parameter set; an INSERT ... VALUES (...) as INSERTs of many rows each."""
+        """Each parameter set; an INSERT ... VALUES (...) as INSERTs of many rows each, of at
+        most _MANY_BYTES (the driver's is one INSERT of them all); one with ON DUPLICATE KEY
+        UPDATE, or any other statement, run once per set."""
         query = operation.encode(self.connection.encoding) if isinstance(operation, str) else operation
-        insert = _INSERT_VALUES.match(query)
+        insert = None if _ON_DUPLICATE.search(query) else _INSERT_VALUES.match(query)
         total = 0
         if insert is None or not seq_of_params:
             for params in seq_of_params:
@@ -315,24 +328,27 @@ class Cursor:
 
 
 def _bound(query: bytes, params: Sequence[Any] | dict[str, Any], connection: Connection) -> bytes:
-    """`query` with its %(name)s or %s parameters replaced by quoted values, %% by %."""
+    """`query` with the driver's placeholders replaced by quoted values: %(name)s from a dict,
+    %s from a sequence (all of it used); every other % stays as written, as the driver leaves it."""
     if isinstance(params, dict):
         names = list(params)
         quoted = dict(zip(names, connection.quote([params[n] for n in names]), strict=True))
-    else:
-        positional = iter(connection.quote(list(params)))
-
-    def value(match: re.Match[bytes]) -> bytes:
-        if match.group(0) == b"%%":
-            return b"%"
-        if match.group(1) is not None:
-            return quoted[match.group(1).decode()]  # type: ignore[no-any-return]
         try:
-            return next(positional)  # type: ignore[no-any-return]
+            return _NAMED.sub(lambda m: quoted[m.group(1).decode()], query)  # type: ignore[no-any-return]
+        except KeyError as exc:
+            raise ProgrammingError(f"no value for the parameter {exc.args[0]}") from None
+    values = iter(connection.quote(list(params)))
+
+    def value(_match: re.Match[bytes]) -> bytes:
+        try:
+            return next(values)  # type: ignore[no-any-return]
         except StopIteration:
             raise ProgrammingError("Not enough parameters for the SQL statement") from None
 
-    return _PARAMETER.sub(value, query)
+    bound = _POSITIONAL.sub(value, query)
+    if next(values, None) is not None:
+        raise ProgrammingError("Not all parameters were used in the SQL statement")
+    return bound
 
 
 def _chunks(rows: list[bytes]) -> Iterator[list[bytes]]:
@@ -349,7 +365,7 @@ def _chunks(rows: list[bytes]) -> Iterator[list[bytes]]:
         yield chunk
 
 
-def _flags(given: int | Sequence[int] | None) -> int:
+def _client_flags(given: int | Sequence[int] | None) -> int:
     """The client flags: a number, or the driver's form, a list of flags set (or unset if
     negative) over its defaults."""
     if isinstance(given, int):

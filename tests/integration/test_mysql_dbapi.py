@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import time
 from collections.abc import Iterator
+from typing import Any
 
+import mysql.connector
 import pytest
 from mysql.connector import errors
 from mysql.connector.constants import ClientFlag
@@ -20,7 +23,9 @@ from sqlalchemy import (
     Table,
     insert,
     select,
+    text,
 )
+from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.engine import make_url
 from support import fresh_mysql_database
 
@@ -61,11 +66,51 @@ def test_values_travel_as_data_named_and_positional(conn: mysql_dbapi.Connection
     cursor = conn.cursor()
     cursor.execute("INSERT INTO t (s) VALUES (%(s)s)", {"s": value})
     assert cursor.rowcount == 1 and cursor.lastrowid > 0
-    cursor.execute("SELECT s, '50%%' FROM t WHERE s = %s", (value,))
-    assert cursor.fetchall() == [(value, "50%")]
-    assert [d[0] for d in cursor.description or []] == ["s", "50%"]
+    cursor.execute("SELECT s, '5%' AS pct FROM t WHERE s = %s", (value,))
+    assert cursor.fetchall() == [(value, "5%")]
+    assert [d[0] for d in cursor.description or []] == ["s", "pct"]
     cursor.execute("SELECT COUNT(*) FROM t")
     assert cursor.fetchone() == (1,)  # the "DROP TABLE" value dropped nothing
+
+
+def _drivers_connection(url: str) -> Any:
+    parsed = make_url(url)
+    return mysql.connector.connect(host=parsed.host, port=parsed.port or 3306, user=parsed.username,
+                                   password=parsed.password or "", database=parsed.database, use_pure=False,
+                                   autocommit=True)
+
+
+AS_THE_DRIVER_READS = [  # (statement, parameters): this module and the driver's cursor agree
+    ("SELECT %s, '50%%', '5%'", ("v",)),  # any % but the placeholders stays as written
+    ("SELECT DATE_FORMAT('2026-01-02 03:04:05', '%H:%i:%s'), %(x)s", {"x": "it's"}),
+    ("SELECT %(x)s, %(x)s, '%%(x)s'", {"x": 1}),
+    ("SELECT 'no parameters: %s %%'", None),
+    ("INSERT INTO t (s) VALUES (%s), (%s)", ("a2", "b")),
+    ("UPDATE t SET price = %(p)s WHERE s IN (%(a)s, %(b)s)", {"p": 1, "a": "a", "b": "zzz"}),
+    ("UPDATE t SET price = NULL WHERE s = 'a'", None),  # changes nothing: 0 rows, as the driver says
+]
+
+
+@pytest.mark.parametrize(("statement", "params"), AS_THE_DRIVER_READS)
+def test_statements_read_as_the_drivers_cursor_reads_them(url: str, conn: mysql_dbapi.Connection,
+                                                          statement: str, params: Any) -> None:
+    drivers = _drivers_connection(url)
+    ours, theirs = conn.cursor(), drivers.cursor()
+    for cursor in (ours, theirs):
+        cursor.execute("DELETE FROM t")
+        cursor.execute("INSERT INTO t (s) VALUES ('a')")
+        cursor.execute(statement, params)
+        if cursor is ours:
+            mine = (ours.fetchall() if ours.description else None), ours.rowcount
+    assert mine == ((theirs.fetchall() if theirs.description else None), theirs.rowcount)
+    drivers.close()
+
+
+def test_parameters_left_over_or_missing_are_refused(conn: mysql_dbapi.Connection) -> None:
+    with pytest.raises(errors.ProgrammingError, match="Not all parameters were used"):
+        conn.cursor().execute("SELECT %s", (1, 2))
+    with pytest.raises(errors.ProgrammingError, match="no value for the parameter y"):
+        conn.cursor().execute("SELECT %(x)s, %(y)s", {"x": 1})
 
 
 def test_types_come_back_as_python_values(conn: mysql_dbapi.Connection) -> None:
@@ -117,6 +162,19 @@ def test_many_rows_go_in_few_queries_of_bounded_size(conn: mysql_dbapi.Connectio
     assert cursor.fetchone() == (3000, rows[0][0], rows[-1][0])
 
 
+def test_executemany_with_on_duplicate_key_update_runs_each_row(url: str) -> None:
+    engine = make_engine(url)
+    table = Table("counts", MetaData(), Column("name", String(20), primary_key=True), Column("n", Integer))
+    table.metadata.create_all(engine)
+    upsert = mysql_insert(table)
+    upsert = upsert.on_duplicate_key_update(n=table.c.n + upsert.inserted.n)
+    with engine.begin() as c:
+        c.execute(upsert, [{"name": "a", "n": 1}, {"name": "b", "n": 2}, {"name": "a", "n": 10}])
+    with engine.connect() as c:
+        assert c.execute(select(table).order_by(table.c.name)).all() == [("a", 11), ("b", 2)]
+    engine.dispose()
+
+
 def test_executemany_of_other_statements_runs_each_adding_counts(conn: mysql_dbapi.Connection) -> None:
     cursor = conn.cursor()
     cursor.executemany("INSERT INTO t (s) VALUES (%(s)s)", [{"s": v} for v in AWKWARD])
@@ -152,6 +210,15 @@ def test_a_killed_connection_is_a_disconnect_to_sqlalchemy(url: str, conn: mysql
     assert dialect.is_disconnect(closed.value, conn, None)  # type: ignore[arg-type]
 
 
+def test_a_connection_the_server_timed_out_is_a_disconnect(url: str, conn: mysql_dbapi.Connection) -> None:
+    conn.run(b"SET SESSION wait_timeout = 1")
+    time.sleep(2.5)
+    with pytest.raises(errors.OperationalError) as raised:  # 2006 or 2013: both a lost connection
+        conn.run(b"SELECT 1")
+    assert raised.value.errno in (2006, 2013)
+    assert make_engine(url).dialect.is_disconnect(raised.value, conn, None)  # type: ignore[arg-type]
+
+
 def test_unknown_options_are_refused_by_name() -> None:
     with pytest.raises(errors.InterfaceError, match="not supported here: pool_size"):
         mysql_dbapi.connect(host="127.0.0.1", pool_size=3)
@@ -182,17 +249,22 @@ def test_an_unreachable_server_is_the_drivers_error() -> None:
 def test_sqlalchemy_core_runs_on_it(url: str) -> None:
     engine = make_engine(url)
     assert engine.dialect.name == "mysql" and driver_url(url).drivername == "mysql+mysqlconnector"
-    table = Table("things", MetaData(), Column("id", Integer, primary_key=True), Column("name", String(40)),
-                  Column("price", Numeric(10, 2)), Column("at", DateTime), Column("data", LargeBinary))
+    table = Table("things", MetaData(), Column("id", Integer, primary_key=True),
+                  Column("unit-name", String(40)), Column("price", Numeric(10, 2)), Column("at", DateTime),
+                  Column("data", LargeBinary))
     table.metadata.create_all(engine)
     at = datetime.datetime(2026, 1, 2, 3, 4, 5)
     with engine.begin() as c:
-        first = c.execute(insert(table).values(name="it's", price=decimal.Decimal("1.50"), at=at,
-                                               data=b"\x00"))
-        c.execute(insert(table), [{"name": f"n{i}", "price": i, "at": at, "data": b""} for i in range(100)])
+        first = c.execute(insert(table).values({"unit-name": "it's", "price": decimal.Decimal("1.50"),
+                                                "at": at, "data": b"\x00"}))
+        c.execute(insert(table), [{"unit-name": f"n{i}", "price": i, "at": at, "data": b""}
+                                  for i in range(100)])
     assert first.inserted_primary_key == (1,)
     with engine.connect() as c:
-        rows = c.execute(select(table).where(table.c.name.in_(["it's", "n7"])).order_by(table.c.id)).all()
+        name = table.c["unit-name"]  # a column whose name is no Python name: its parameter neither
+        rows = c.execute(select(table).where(name.in_(["it's", "n7"])).order_by(table.c.id)).all()
+        assert c.execute(text("SELECT DATE_FORMAT(at, '%H:%i:%s') FROM things WHERE id = :id"),
+                         {"id": 1}).scalar() == "03:04:05"
     assert [tuple(r) for r in rows] == [(1, "it's", decimal.Decimal("1.50"), at, b"\x00"),
                                         (9, "n7", decimal.Decimal("7.00"), at, b"")]
     engine.dispose()
