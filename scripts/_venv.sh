@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Sourced by start.sh and test.sh: make .venv (once) and install into it the lock file of the
 # set asked for (requirements/runtime.txt or dev.txt: exact versions, every file's hash checked)
-# and of the build backend (build.txt), then this checkout, editable. Installs again only when pyproject.toml or a lock file changed.
+# and of the build backend (build.txt), then this checkout, editable. Installs again only when
+# pyproject.toml, a lock file or the version (wire/__init__.py, the package's metadata) changed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
@@ -15,7 +16,7 @@ if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/pip ]; then
     exit 1
   fi
 fi
-project=$(cat pyproject.toml requirements/*.txt | sha256sum | cut -c1-16)
+project=$({ cat pyproject.toml requirements/*.txt; grep '^__version__' wire/__init__.py; } | sha256sum | cut -c1-16)
 stamp=.venv/.installed-$project-$1
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --require-hashes --no-deps -r "requirements/$1.txt" \

@@ -1,13 +1,23 @@
 """Value rules of PROTOCOL.md, checked without a server."""
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+import wire
 from wire import BUYER_OPS, SELLER_OPS
 from wire import values as v
 from wire.errors import BadRequestError
+
+
+def test_the_protocol_version_is_the_contracts() -> None:
+    title = (Path(__file__).parents[2] / "docs" / "PROTOCOL.md").read_text().splitlines()[0]
+    contract = re.fullmatch(r"# Marketplace wire protocol, version (\d+\.\d+)", title)
+    assert contract is not None, title
+    assert wire.PROTOCOL_VERSION == contract.group(1)  # what `market --version` says it speaks
 
 
 @pytest.mark.parametrize("text,cents", [("12.5", 1250), ("12.50", 1250), ("0.01", 1), ("7", 700),
