@@ -46,26 +46,27 @@ def text(low: int, high: int, *, printable: bool = False, pattern: re.Pattern[st
             raise BadRequestError(f"{name}: must be a string")
         if not low <= len(value) <= high:
             raise BadRequestError(f"{name}: must be {low} to {high} characters")
-        if printable and not _printable(value):
-            raise BadRequestError(f"{name}: must be printable text, not only spaces")
+        if printable and (why := _unprintable(value)):
+            raise BadRequestError(f"{name}: must be printable text, {why}")
         if pattern is not None and not pattern.fullmatch(value):
             raise BadRequestError(f"{name}: must be {what}")
         return value
     return check
 
 
-def _printable(value: str) -> bool:
-    """Text a person would write: no control or invisible format characters but the two
-    joiners (U+200C in Persian, U+200D in emoji sequences), no line or paragraph separators,
-    and something visible (not only spaces and joiners). Unlike str.isprintable, spaces such
-    as U+00A0 are text; bidirectional overrides are not (they make a name read as another)."""
+def _unprintable(value: str) -> str | None:
+    """Why `value` is not text a person would write, or None if it is. Text has no control or
+    invisible format characters but the two joiners (U+200C in Persian, U+200D in emoji
+    sequences), no line or paragraph separators, and something visible (not only spaces and
+    joiners). Unlike str.isprintable, spaces such as U+00A0 are text; bidirectional overrides
+    are not (they make a name read as another)."""
     visible = False
-    for char in value:
+    for at, char in enumerate(value, 1):
         kind = unicodedata.category(char)
         if kind in _NOT_TEXT or (kind == "Cf" and char not in _JOINERS):
-            return False
+            return f"without U+{ord(char):04X} (character {at})"
         visible = visible or kind not in ("Zs", "Cf")
-    return visible
+    return None if visible else "not only spaces"
 
 
 def choice(*options: str) -> Validator:
@@ -99,8 +100,8 @@ def keywords(name: str, value: Any) -> list[str]:
         lowered = word.lower() if isinstance(word, str) else ""
         if not 1 <= len(lowered) <= 8:  # lower-cased, as stored: "İ" is two characters then
             raise BadRequestError(f"{name}: each keyword must be a string of 1 to 8 characters")
-        if not _printable(lowered):
-            raise BadRequestError(f"{name}: keyword {word!r} must be printable text, not only spaces")
+        if why := _unprintable(lowered):
+            raise BadRequestError(f"{name}: keyword {word!r} must be printable text, {why}")
         if lowered in out:
             raise BadRequestError(f"{name}: keyword {word!r} is given twice")
         out.append(lowered)

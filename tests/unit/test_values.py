@@ -91,6 +91,15 @@ def test_person_names_must_be_printable() -> None:
             v.person_name("name", bad)
 
 
+@pytest.mark.parametrize(("value", "why"), [
+    ("a\u200bb", "without U+200B (character 2)"), ("Lamp\nFREE", "without U+000A (character 5)"),
+    ("\u00a0 ", "not only spaces")])
+def test_an_unprintable_name_is_told_what_is_wrong(value: str, why: str) -> None:
+    with pytest.raises(BadRequestError) as refused:
+        v.person_name("name", value)
+    assert str(refused.value) == f"name: must be printable text, {why}"
+
+
 def test_luhn() -> None:
     assert v.card_number("card_number", "4111111111111111") == "4111111111111111"
     for bad in ("4111111111111112", "41111111111", "4" * 20, "4111-1111-1111-1111", "٤١١١١١١١١١١١١١١١"):
