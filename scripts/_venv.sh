@@ -16,7 +16,8 @@ if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/pip ]; then
     exit 1
   fi
 fi
-project=$({ cat pyproject.toml requirements/*.txt; grep '^__version__' wire/__init__.py; } | sha256sum | cut -c1-16)
+project=$({ cat pyproject.toml requirements/*.txt; grep -s '^__version__' wire/__init__.py || true; } \
+  | sha256sum | cut -c1-16)
 stamp=.venv/.installed-$project-$1
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --require-hashes --no-deps -r "requirements/$1.txt" \

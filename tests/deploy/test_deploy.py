@@ -521,6 +521,12 @@ def test_start_and_test_scripts_taking_turns_install_once_each(tmp_path: Path) -
     assert len(venv("dev")) == 6  # a refreshed lock file installs again
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")
     assert len(venv("dev")) == 8  # a changed pyproject.toml installs again
+    (tmp_path / "wire").mkdir()
+    (tmp_path / "wire" / "__init__.py").write_text('__version__ = "1.1.0"\n')
+    assert len(venv("dev")) == 10  # so does a version (the package's metadata carries it)
+    assert len(venv("dev")) == 10
+    (tmp_path / "wire" / "__init__.py").write_text('"""The protocol."""\n__version__ = "1.1.0"\n')
+    assert len(venv("dev")) == 10  # the rest of the file is not the metadata's
     assert sorted(p.name.rsplit("-", 1)[1] for p in (tmp_path / ".venv").glob(".installed-*")) == ["dev"]
 
 
