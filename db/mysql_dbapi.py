@@ -8,8 +8,8 @@ the driver quotes them, rows come converted by the C API as the driver returns t
 adds is `Connection.run`: a query of several statements and each one's rows, read straight
 from the C API. The driver's public connection does the same through `cmd_query` and
 `get_rows`, building each result's column descriptions twice and looking at every value of
-every row in Python: 20-55 µs more a query, a tenth of a server's CPU
-(benchmarks.md#c-extension). Only what this project asks of a connection is offered;
+every row in Python: 15-48 µs more a query than `run`, about a tenth of a server's CPU per
+call (benchmarks.md#c-extension). Only what this project asks of a connection is offered;
 any other connection option is refused by name at connect.
 """
 from __future__ import annotations
