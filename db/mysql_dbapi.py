@@ -66,6 +66,8 @@ _POSITIONAL = re.compile(rb"%s")  # %s for a sequence; any other % stays as writ
 _INSERT_VALUES = re.compile(rb"\A(\s*INSERT\s.*?\sVALUES\s*)(\(.*\))\s*;?\s*\Z", re.I | re.S)
 _ON_DUPLICATE = re.compile(rb"\sON\s+DUPLICATE\s+KEY\s", re.I)
 _MANY_BYTES = 1 << 20  # executemany's INSERT of many rows: at most this much a query
+_TEMPLATES: dict[str | bytes, tuple[list[bytes], list[str]]] = {}  # statement: texts, names
+_MAX_TEMPLATES = 4096  # statements made per call (rare) must not grow it without end
 # Errors of a connection that is gone, raised as OperationalError whatever the driver's table
 # says (2006 and 2014 would be DatabaseError): SQLAlchemy then discards the connection.
 _CONNECTION_LOST = frozenset({2006, 2013, 2014, 2045, 2048, 2055})
@@ -159,6 +161,21 @@ class Connection:
         self.autocommit = autocommit
 
     # -- the unit of work's two calls ---------------------------------------------------------
+
+    def fill(self, sql: str | bytes, values: dict[str, Any]) -> bytes:
+        """`sql` with its %(name)s placeholders replaced by the quoted `values`, every other %
+        as written; the statement is cut at its placeholders once (_TEMPLATES)."""
+        texts, names = _template(sql)
+        if not names:
+            return texts[0]
+        try:
+            quoted = self.quote([values[name] for name in names])
+        except KeyError as exc:
+            raise ProgrammingError(f"no value for the parameter {exc.args[0]}") from None
+        out = [texts[0]]
+        for value, text in zip(quoted, texts[1:], strict=True):
+            out += (value, text)
+        return b"".join(out)
 
     def quote(self, values: Sequence[Any]) -> Sequence[bytes]:
         """Each value as an SQL literal (strings quoted and escaped), as the driver quotes it."""
@@ -331,12 +348,7 @@ def _bound(query: bytes, params: Sequence[Any] | dict[str, Any], connection: Con
     """`query` with the driver's placeholders replaced by quoted values: %(name)s from a dict,
     %s from a sequence (all of it used); every other % stays as written, as the driver leaves it."""
     if isinstance(params, dict):
-        names = list(params)
-        quoted = dict(zip(names, connection.quote([params[n] for n in names]), strict=True))
-        try:
-            return _NAMED.sub(lambda m: quoted[m.group(1).decode()], query)  # type: ignore[no-any-return]
-        except KeyError as exc:
-            raise ProgrammingError(f"no value for the parameter {exc.args[0]}") from None
+        return connection.fill(query, params)
     values = iter(connection.quote(list(params)))
 
     def value(_match: re.Match[bytes]) -> bytes:
@@ -349,6 +361,17 @@ def _bound(query: bytes, params: Sequence[Any] | dict[str, Any], connection: Con
     if next(values, None) is not None:
         raise ProgrammingError("Not all parameters were used in the SQL statement")
     return bound
+
+
+def _template(sql: str | bytes) -> tuple[list[bytes], list[str]]:
+    """`sql` cut at its %(name)s placeholders: the texts around them (UTF-8) and their names."""
+    found = _TEMPLATES.get(sql)
+    if found is None:
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            _TEMPLATES.clear()
+        pieces = _NAMED.split(sql if isinstance(sql, bytes) else sql.encode())  # text, name, ..., text
+        found = _TEMPLATES[sql] = (pieces[::2], [name.decode() for name in pieces[1::2]])
+    return found
 
 
 def _chunks(rows: list[bytes]) -> Iterator[list[bytes]]:

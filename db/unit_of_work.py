@@ -15,7 +15,6 @@ through SQLAlchemy, after a flush.
 """
 from __future__ import annotations
 
-import re
 import weakref
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +30,6 @@ from .engine import BATCHES_KEY, begin_immediate, count_statement
 
 T = TypeVar("T")
 _CURSOR_KEY = "market_cursor"  # connection info: the driver cursor statements run on
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 ROW_CHUNK = 20  # rows per INSERT of many rows: few statements are ever compiled
 
 
@@ -409,28 +407,6 @@ def _run_mysql(driver: Any, statements: list[tuple[str, Any]]) -> list[tuple[lis
     """The statements in one query, each one's outcome; every result is read, so that an
     error of a later statement (after which MariaDB runs nothing more) is raised here.
 
-    The connection is db.mysql_dbapi's, over the driver's C API; the values are quoted by it
-    into a template made once per statement (benchmarks.md#c-extension)."""
-    return driver.run(b";".join(_rendered(sql, values, driver) for sql, values in statements))  # type: ignore[no-any-return]
-
-
-_TEMPLATES: dict[str, tuple[list[bytes], list[str]]] = {}
-_MAX_TEMPLATES = 4096  # statements made per call (rare) must not grow it without end
-
-
-def _rendered(sql: str, values: dict[str, Any], driver: Any) -> bytes:
-    """The statement with its %(name)s parameters replaced by their quoted values."""
-    template = _TEMPLATES.get(sql)
-    if template is None:
-        if len(_TEMPLATES) >= _MAX_TEMPLATES:
-            _TEMPLATES.clear()
-        pieces = _PLACEHOLDER.split(sql)  # text, name, text, name, ..., text
-        template = _TEMPLATES[sql] = ([p.replace("%%", "%").encode() for p in pieces[::2]], pieces[1::2])
-    texts, names = template
-    if not names:
-        return texts[0]
-    quoted = driver.quote([values[name] for name in names])
-    out = [texts[0]]
-    for value, text in zip(quoted, texts[1:], strict=True):
-        out += (value, text)
-    return b"".join(out)
+    The connection is db.mysql_dbapi's, over the driver's C API; it fills each statement's
+    values into a template made once per statement (benchmarks.md#c-extension)."""
+    return driver.run(b";".join(driver.fill(sql, values) for sql, values in statements))  # type: ignore[no-any-return]
