@@ -1,9 +1,14 @@
 """python -m buyer_server: serve the buyer ops until SIGTERM or Ctrl-C."""
 from __future__ import annotations
 
+import signal
 import sys
 
-from runtime.runner import main as run
+# Until the runner's handlers are in place, Ctrl-C ends the process as SIGTERM does: quietly,
+# not with a traceback of whatever Python was importing.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+from runtime.runner import main as run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

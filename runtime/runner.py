@@ -82,13 +82,15 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
     `build_app` defaults to ROLE_server.ops.build_app, imported only once SIGTERM and Ctrl-C
     stop the server cleanly: that import (SQLAlchemy and the ops) takes most of a start."""
     stops = StopSignals()  # from here on SIGTERM and Ctrl-C stop the server cleanly, even mid-start
-    settings = server_settings(role, argv)
-    from observe import serving  # before anything imports prometheus_client (see observe.serving)
-
-    serving.prepare(settings)
-    # the migrations library logs each plugin and step; db.migrations says what it did in one line
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
+        settings = server_settings(role, argv)
+        from observe import serving  # before anything imports prometheus_client (see observe.serving)
+    except StopRequested:  # before logging is set up: nothing to say
+        return 0
+    try:
+        serving.prepare(settings)
+        # the migrations library logs each plugin and step; db.migrations says what it did in one line
+        logging.getLogger("alembic").setLevel(logging.WARNING)
         if build_app is None:
             build_app = importlib.import_module(f"{role}_server.ops").build_app
         return _start(role, build_app, settings, stops)

@@ -576,19 +576,28 @@ def test_serve_stops_the_other_server_when_one_cannot_start(tmp_path: Path) -> N
 
 
 def test_serve_and_its_servers_log_json_lines_with_one_setting(tmp_path: Path) -> None:
-    seller_port = free_port()
+    json_logs = {"MARKET_LOG_FORMAT": "json"}
+    buyer_port, seller_port = free_port(), free_port()
+    serve = _serve(tmp_path, buyer_port, seller_port, env=json_logs)
+    try:  # both servers started (a server stopped while Python starts has nothing to log)
+        _wait_until_both_answer(serve, buyer_port, seller_port)
+        serve.send_signal(signal.SIGINT)
+        _, err = serve.communicate(timeout=30)
+    finally:
+        serve.kill()
+    logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert {(line["server"], line["logger"]) for line in logged} >= {("buyer", "market.runner"),
+                                                                     ("seller", "market.runner")}
     with socket.create_server(("127.0.0.1", 0)) as taken:
-        buyer_port = taken.getsockname()[1]
-        serve = _serve(tmp_path, buyer_port, seller_port, env={"MARKET_LOG_FORMAT": "json"})
+        serve = _serve(tmp_path, taken.getsockname()[1], seller_port, env=json_logs)
         try:
             _, err = serve.communicate(timeout=60)
         finally:
             serve.kill()
     logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    assert {(line["server"], line["logger"]) for line in logged} >= {("serve", "market.serve"),
-                                                                     ("seller", "market.runner")}
     stopped = next(line for line in logged if line["logger"] == "market.serve")
-    assert stopped["level"] == "ERROR" and "the buyer server stopped" in stopped["message"]
+    assert stopped["server"] == "serve" and stopped["level"] == "ERROR"
+    assert "the buyer server stopped" in stopped["message"]
 
 
 def test_serve_fails_when_one_server_stops_cleanly_on_its_own(tmp_path: Path) -> None:
