@@ -15,7 +15,7 @@ from wire.values import format_money
 
 from .accounts import Session, with_session
 from .schema import cart_lines, items, saved_cart_lines, sessions, users
-from .unit_of_work import UnitOfWork
+from .unit_of_work import Answer, UnitOfWork
 
 _SESSION = cart_lines.c.session_id == bindparam("session_id")
 _LINE = _SESSION & (cart_lines.c.item_id == bindparam("item_id"))
@@ -47,9 +47,12 @@ _SAVE = (insert(saved_cart_lines).from_select(
     select(bindparam("buyer_id"), cart_lines.c.item_id, cart_lines.c.quantity).where(_SESSION)))
 
 
-def cart_to_wire(tx: UnitOfWork, session: Session) -> dict[str, Any]:
-    """The session's cart as the protocol's cart object."""
-    rows = tx.execute(_CART, {"session_id": session.session_id}).all()
+def cart_to_wire(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
+    """The session's cart as the protocol's cart object, read last (with the COMMIT)."""
+    return tx.answer(_CART, {"session_id": session.session_id}, _cart_object)
+
+
+def _cart_object(rows: list[Any]) -> dict[str, Any]:
     lines = [{"item_id": r.item_id, "name": r.name, "price": format_money(r.price_cents),
               "quantity": r.quantity, "available": r.available} for r in rows]
     total = sum(r.price_cents * r.quantity for r in rows)
@@ -74,7 +77,7 @@ _STOCK_AND_HELD = (
                & (cart_lines.c.item_id == items.c.item_id)).with_for_update())
 
 
-def add_to_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
+def add_to_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> Answer[dict[str, Any]]:
     """Add units of an item; CONFLICT when the cart would hold more than is on sale."""
     params = {**session.check_params, "item_id": item_id}
     rows = session.accept_rows(tx.execute(_STOCK_AND_HELD, params).all())
@@ -92,7 +95,7 @@ def add_to_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
     return cart_to_wire(tx, session)
 
 
-def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
+def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> Answer[dict[str, Any]]:
     """Take units out of the cart; removing all or more removes the line."""
     held = _in_cart(tx, session, item_id)
     line = {"session_id": session.session_id, "item_id": item_id, "quantity": held - quantity}
@@ -103,7 +106,7 @@ def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: i
     return cart_to_wire(tx, session)
 
 
-def display_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
+def display_cart(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
     """The session's cart."""
     return cart_to_wire(tx, session)
 
@@ -114,7 +117,7 @@ def clear_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
     return {"cart": {"items": [], "total": "0.00"}}
 
 
-def save_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
+def save_cart(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
     """Make the session's cart the buyer's saved cart."""
     live = session.lock()  # a logout in flight cannot empty the cart under the copy
     who = {"buyer_id": live.user_id, "session_id": live.session_id}

@@ -149,8 +149,11 @@ def change_price(tx: UnitOfWork, session: Session, item_id: int, price: int) -> 
 def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
     """Take units of one of the seller's items off sale."""
     row = _own_item(tx, session, item_id)
-    if row.quantity < quantity or tx.execute(_REMOVE, {"item_id": item_id, "n": quantity}).rowcount != 1:
+    if row.quantity < quantity:
         raise ConflictError(f"item {item_id}: only {row.quantity} on sale, cannot remove {quantity}")
+    # The row is locked: its quantity is the one read (the UPDATE's condition says so again),
+    # so its row count need not be read, and the UPDATE goes with the COMMIT.
+    tx.execute(_REMOVE, {"item_id": item_id, "n": quantity})
     if row.quantity == quantity:
         unlist(tx, [item_id])
     return {**item_to_wire(row), "quantity": row.quantity - quantity}

@@ -35,7 +35,7 @@ from wire.errors import BusyError, UnavailableError
 from . import commit_tokens
 from .commit_tokens import CommitToken
 from .engine import LOCK_WAIT_S, PROGRESS_KEY, RECYCLE_S, UNIT_KEY, WalKeeper, is_sqlite, make_engine
-from .unit_of_work import CommitUnanswered, ReplayUnheld, UnitOfWork
+from .unit_of_work import Answer, CommitUnanswered, ReplayUnheld, UnitOfWork
 
 T = TypeVar("T")
 log = logging.getLogger("market.db")
@@ -102,10 +102,11 @@ class Database:
         self._connections.close()
         self.engine.dispose()
 
-    def run(self, work: Callable[[Any], T], *, write: bool = True, idempotent: bool = False) -> T:
+    def run(self, work: Callable[[Any], T | Answer[T]], *, write: bool = True, idempotent: bool = False) -> T:
         """Run `work(tx)` in one transaction, retrying what the database says to retry.
 
         `tx` is a UnitOfWork; a function typed for a SQLAlchemy Connection works too (Any).
+        A function that returns `tx.answer(...)` gets back that answer's shaped rows.
         `idempotent`: running the work twice ends as running it once. It writes no commit
         token: while the database is away (its connection lost, at the COMMIT too, or none to
         be had) it runs again, for up to _ASK_FOR_S, then UNAVAILABLE saying that whether it
@@ -114,25 +115,25 @@ class Database:
             return self._run_while_away(work, write)
         return self._run(work, write, tokened=write)
 
-    def _run_while_away(self, work: Callable[[Any], T], write: bool) -> T:
+    def _run_while_away(self, work: Callable[[Any], T | Answer[T]], write: bool) -> T:
         """Idempotent work, run again on a fresh connection while the database is away."""
         return _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE,
                            away=lambda exc: isinstance(exc, UnavailableError) or (
                                isinstance(exc, DBAPIError) and exc.connection_invalidated),
                            retrying=lambda: events.transaction_retried("reconnect"))
 
-    def _run(self, work: Callable[[Any], T], write: bool, tokened: bool) -> T:
+    def _run(self, work: Callable[[Any], T | Answer[T]], write: bool, tokened: bool) -> T:
         hold = True  # the unit of work holds writes back, until one fails (ReplayUnheld)
         for attempt in range(MAX_ATTEMPTS):
             progress = [0]  # statements that reached the database in this attempt
             try:
-                return self._run_once(work, tokened, write, progress, hold)
+                return self._answered(self._run_once(work, tokened, write, progress, hold))
             except ReplayUnheld:
                 hold = False
                 continue
             except _Unanswered as unanswered:
                 if self._committed(unanswered.token):
-                    return unanswered.result  # type: ignore[no-any-return]
+                    return self._answered(unanswered.result)  # type: ignore[no-any-return]
                 events.transaction_retried("commit_lost")
                 continue  # it did not commit, and now never will: run it again
             except RetryTransaction:
@@ -179,6 +180,17 @@ class Database:
                 conn.info.pop(UNIT_KEY, None)
             self._connections.give(conn)
             events.db_connections_in_use(-1)
+
+    def _answered(self, returned: T | Answer[T]) -> T:
+        """What the transaction returned; for an Answer, its shaped rows (read again, on
+        their own, if the query that carried them and the COMMIT lost its answer)."""
+        if not isinstance(returned, Answer):
+            return returned
+        answer = returned
+        if answer.result.filled:
+            return answer.shape(answer.result.all())
+        rows = self.run(lambda tx: tx.execute(answer.statement, answer.params).all(), write=False)
+        return answer.shape(rows)
 
     def _writes_tokens(self) -> bool:
         """Whether write transactions write a commit token: on MySQL/MariaDB, once the

@@ -8,7 +8,8 @@ On MySQL/MariaDB what is held travels in the same query as the statement that fo
 (START TRANSACTION and COMMIT too), through the driver's documented multi-statement support:
 one round trip instead of several. A write transaction given a commit token writes it in the
 query of its START TRANSACTION (db.commit_tokens), so that a COMMIT whose answer is lost can
-be asked about. Statements are compiled once per dialect (StatementCache) and run straight on
+be asked about. A transaction whose answer is a read made last (`answer`) sends that read
+with its COMMIT too. Statements are compiled once per dialect (StatementCache) and run straight on
 the driver's connection (SQLite: one cursor per connection; MySQL: db.mysql_dbapi's `run`),
 skipping SQLAlchemy's per-execution machinery; anything else (DDL, text(), executemany) goes
 through SQLAlchemy, after a flush.
@@ -19,7 +20,7 @@ import weakref
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, Delete, Dialect, Insert, Select, Update, bindparam, insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -118,6 +119,9 @@ class Result:
 
     def fill(self, rows: list[Any], rowcount: int, lastrowid: int | None) -> None:
         self._rows, self._rowcount, self._lastrowid, self._uow = rows, rowcount, lastrowid, None
+        self.filled = True
+
+    filled = False  # the database's answer arrived
 
     def _ready(self) -> Result:
         if self._uow is not None:
@@ -186,6 +190,15 @@ class _Scalars(list[Any]):
         return self[0] if self else None
 
 
+class Answer(Generic[T]):
+    """What a transaction function returns when its answer is a read made last (UnitOfWork.answer):
+    the read, and how its rows become the answer. Database.run hands back `shape(rows)`."""
+
+    def __init__(self, statement: Select, params: dict[str, Any], shape: Callable[[list[Any]], T]) -> None:
+        self.statement, self.params, self.shape = statement, params, shape
+        self.result = Result()  # filled by the query that carries the COMMIT
+
+
 class ReplayUnheld(Exception):
     """A held write broke a constraint: run the transaction again with nothing held, so that
     its error arrives at the statement that made it, where the caller may handle it."""
@@ -220,12 +233,14 @@ class UnitOfWork:
         self._held: list[tuple[_Compiled, dict[str, Any], Result]] = []
         self._begin_pending = False  # START TRANSACTION waits for the next statement (MySQL)
         self._open = False  # a transaction was begun on the server
+        self._answer: Answer[Any] | None = None  # the read sent with the COMMIT
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.core, name)  # dialect, info, engine ... as the Connection has them
 
     def execute(self, statement: Any, params: dict[str, Any] | Sequence[dict[str, Any]] | None = None) -> Any:
         """Run a Core statement: a write is held (see the class notes), a read runs now."""
+        self._before_answer()
         if isinstance(params, Sequence) and isinstance(statement, Insert) and _plain(statement):
             for part, values in _row_chunks(statement, params):
                 self.execute(part, values)
@@ -267,9 +282,25 @@ class UnitOfWork:
     def call_outside(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Call something that leaves the database (a payment): what is held is sent first,
         so that the call happens only once the writes before it have succeeded."""
+        self._before_answer()
         self.flush()
         self._went_outside = True
         return call(*args, **kwargs)
+
+    def answer(self, statement: Select, params: dict[str, Any], shape: Callable[[list[Any]], T]) -> Answer[T]:
+        """The transaction's answer, a read made after everything else: return what this
+        returns, and Database.run hands back `shape(rows)` once the transaction has committed.
+        The read goes with the COMMIT (on MySQL/MariaDB in its query: a round trip fewer);
+        nothing may run after it (execute and call_outside raise)."""
+        self._before_answer()
+        if STATEMENTS.compiled(statement, self.core.dialect).expanding:
+            raise ValueError("an answer's read is compiled once: no IN of a list")
+        self._answer = Answer(statement, params, shape)
+        return self._answer
+
+    def _before_answer(self) -> None:
+        if self._answer is not None:
+            raise RuntimeError("nothing runs in a transaction after its answer (UnitOfWork.answer)")
 
     def begin(self) -> None:
         """Open the write transaction (on MySQL with its first statement)."""
@@ -284,6 +315,12 @@ class UnitOfWork:
     def commit(self) -> None:
         """Send what is held with COMMIT; nothing to commit when nothing was ever sent.
         CommitUnanswered if the connection is lost meanwhile and the token was written."""
+        if self._answer is not None:
+            answer = self._answer
+            self._held.append((STATEMENTS.compiled(answer.statement, self.core.dialect), answer.params,
+                               answer.result))
+            if not (self._open and self._batches):  # a read transaction, or a Galera node
+                self.flush()
         if self._open and not self._begin_pending or self._held:
             self._held.append((_COMMIT, {}, Result()))
             try:
@@ -298,7 +335,7 @@ class UnitOfWork:
 
     def rollback(self) -> None:
         """Forget what is held and end the transaction, if the server has one open."""
-        self._held, self._begin_pending = [], False
+        self._held, self._begin_pending, self._answer = [], False, None
         if self._open and not self.core.invalidated and _in_server_transaction(self._driver_connection):
             self._send([("ROLLBACK", {})], [])
         self._open = False

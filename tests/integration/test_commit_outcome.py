@@ -198,8 +198,9 @@ def test_a_commit_cut_while_it_waits_for_a_lock_is_made_once(proxied: Database, 
 
 def test_the_cart_answers_once_and_holds_once_after_a_lost_commit(proxied: Database,
                                                                  cutter: CommitCutter) -> None:
-    """add_to_cart's COMMIT (its own query, after the cart is read) loses its answer: the
-    buyer hears the cart the transaction read, and the cart holds the quantity once."""
+    """add_to_cart's COMMIT (in the query that reads the cart, its answer) loses its answer:
+    the cart is read again once the token says it committed, the buyer hears it, and the cart
+    holds the quantity once."""
     with running_market(proxied) as market:
         seller, buyer = market.user("seller"), market.user("buyer")
         item_id = market.item(seller, quantity=10)

@@ -279,6 +279,58 @@ def test_held_writes_travel_with_the_next_statement_and_the_commit(mariadb_datab
     assert _failures_of(database, "q") == 7
 
 
+def test_an_answer_read_last_travels_with_the_commit(mariadb_database: Database,
+                                                     round_trips: list[int]) -> None:
+    database = mariadb_database
+    database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "a", "n": 0}))
+    who, bump = {"role": "buyer", "username": "a"}, {"username": "a"}
+
+    def bumped(tx: Any) -> Any:
+        tx.execute(BUMP, bump)
+        return tx.answer(FAILURE_OF, who, lambda rows: [row.failures for row in rows])
+
+    round_trips.clear()
+    assert database.run(bumped) == [1]  # the answer sees the write before it
+    assert round_trips == [5]  # START TRANSACTION, the token, the write, the answer, the COMMIT
+    round_trips.clear()
+    assert database.run(lambda tx: tx.answer(FAILURE_OF, who, len), write=False) == 1
+    assert round_trips == [1]  # a read transaction: the read alone, no COMMIT
+
+
+def test_nothing_runs_after_a_transactions_answer(database: Database) -> None:
+    database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "b", "n": 0}))
+    who, charged = {"role": "buyer", "username": "b"}, []
+
+    def late_write(tx: Any) -> Any:
+        answer = tx.answer(FAILURE_OF, who, len)
+        tx.execute(BUMP, {"username": "b"})
+        return answer
+
+    def late_payment(tx: Any) -> Any:
+        tx.execute(BUMP, {"username": "b"})
+        answer = tx.answer(FAILURE_OF, who, len)
+        tx.call_outside(charged.append, 100)
+        return answer
+
+    for work in (late_write, late_payment):
+        with pytest.raises(RuntimeError, match="after its answer"):
+            database.run(work)
+    assert charged == [] and _failures_of(database, "b") == 0  # rolled back, nothing paid
+
+
+def test_an_answer_whose_commit_failed_is_never_handed_back(database: Database) -> None:
+    database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "taken", "n": 1}))
+    shaped: list[Any] = []
+
+    def duplicate(tx: Any) -> Any:
+        tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "taken", "n": 1})  # held, then fails
+        return tx.answer(FAILURE_OF, {"role": "buyer", "username": "taken"}, shaped.append)
+
+    with pytest.raises(IntegrityError):
+        database.run(duplicate)
+    assert shaped == []
+
+
 def test_a_held_writes_error_arrives_where_the_code_expects_it(database: Database) -> None:
     """Plain Core code catching a write's IntegrityError keeps working though the write was held."""
     database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "taken", "n": 1}))

@@ -115,4 +115,11 @@ def test_writes_nobody_reads_back_travel_with_the_commit(market: Market, round_t
     item_id = max(i["item_id"] for i in seller.call("display_items", {})["items"])
     assert queries_of("change_price", {"item_id": item_id, "price": "2.00"}) == 2  # the item locked, then all
     assert seller.call("display_items", {})["items"][-1]["price"] == "2.00"
+    def on_sale() -> list[int]:
+        return [i["quantity"] for i in seller.call("display_items", {})["items"] if i["item_id"] == item_id]
+
+    assert queries_of("remove_item", {"item_id": item_id, "quantity": 1}) == 2  # likewise
+    assert on_sale() == [1]
+    assert queries_of("remove_item", {"item_id": item_id, "quantity": 1}) == 2  # the last: unlisted too
+    assert on_sale() == []
     assert audit(market.db) == []  # keywords and their ten pairs indexed as the audit expects
