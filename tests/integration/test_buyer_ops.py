@@ -520,6 +520,25 @@ def test_cart_writes_and_votes_carry_their_commit(market: Market, round_trips: l
     assert audit(market.db) == []
 
 
+def test_a_cursor_is_a_place_in_the_order_whatever_the_search_that_made_it(market: Market) -> None:
+    """Sent with other arguments a cursor goes on from its place in the new search; one of the
+    other order's shape (an item id in a ranked search, or the reverse) is a bad request."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    lamps = [market.item(seller, category=2) for _ in range(3)]
+    chairs = [market.item(seller, category=3) for _ in range(3)]
+    plain = buyer.call("search_items", {"category": 2, "limit": 2})
+    assert ids_of([plain]) == lamps[:2]
+    switched = buyer.call("search_items", {"category": 3, "cursor": plain["next_cursor"]})
+    assert ids_of([switched]) == chairs  # every chair comes after the second lamp
+    ranked = buyer.call("search_items", {"keywords": ["desk"], "limit": 2})
+    assert ids_of([buyer.call("search_items", {"keywords": ["light"], "cursor": ranked["next_cursor"]})]) \
+        == (lamps + chairs)[2:]
+    with pytest.raises(BadRequestError, match="^cursor: "):
+        buyer.call("search_items", {"keywords": ["desk"], "cursor": plain["next_cursor"]})
+    with pytest.raises(BadRequestError, match="^cursor: "):
+        buyer.call("search_items", {"cursor": ranked["next_cursor"]})
+
+
 def test_a_cursor_past_the_databases_integers_is_a_bad_request(market: Market) -> None:
     # before: SQLite's driver raised OverflowError, answered INTERNAL
     seller, buyer = market.user("seller"), market.user("buyer")
