@@ -57,16 +57,27 @@ def main(argv: list[str] | None = None) -> int:
     except DatabaseUnusable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"catalogue: interrupted before measuring; if it was seeding, {args.db_url} holds part "
+              "of the catalogue: seed a fresh database", file=sys.stderr)
+        return 130
     for name, catalogue, url in (("the database", big, args.db_url), ("the baseline", small, args.baseline)):
         if catalogue is not None and catalogue.item_count == 0:
             print(f"error: {name} {url} holds no items; seed it first: market seed "
                   f"--db-url {url} --sellers 100 --items 1000", file=sys.stderr)
             return 2
     passes: list[tuple[Timings, Timings]] = []
-    for n in range(args.passes):
-        big_rows = _measured(big, args.calls, args.seed + n)
-        small_rows = _measured(small, args.calls, args.seed + n) if small is not None else {}
-        passes.append((big_rows, small_rows))
+    try:
+        for n in range(args.passes):
+            big_rows = _measured(big, args.calls, args.seed + n)
+            small_rows = _measured(small, args.calls, args.seed + n) if small is not None else {}
+            passes.append((big_rows, small_rows))
+    except KeyboardInterrupt:  # the servers of the pass are stopped by now
+        print(f"catalogue: interrupted after {len(passes)} of {args.passes} passes; its servers are stopped",
+              file=sys.stderr)
+        if small is not None and passes:
+            print(ratio_table(passes, big.item_count, small.item_count))
+        return 130
     if small is not None:
         print(ratio_table(passes, big.item_count, small.item_count))
     return 0

@@ -1,7 +1,11 @@
 """The catalogue-growth, idle-connection and targets measuring scripts run end to end (tiny sizes)."""
 from __future__ import annotations
 
+import re
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -35,6 +39,32 @@ def test_catalogue_says_in_one_line_when_it_cannot_use_the_database(tmp_path: Pa
     url = f"sqlite:///{tmp_path / 'missing' / 'catalogue.db'}"
     assert catalogue.main(["--db-url", url, "--items", "10", "--sellers", "1"]) == 2
     assert capsys.readouterr().err == f"error: cannot use the database {url}: unable to open database file\n"
+
+
+def test_catalogue_stopped_by_ctrl_c_stops_its_servers_and_gives_the_passes_it_made(tmp_path: Path) -> None:
+    big, small = f"sqlite:///{tmp_path / 'big.db'}", f"sqlite:///{tmp_path / 'small.db'}"
+    for url, items in ((small, "20"), (big, "40")):
+        assert catalogue.main(["--db-url", url, "--items", items, "--sellers", "2", "--calls", "1"]) == 0
+    run = subprocess.Popen([sys.executable, "-m", "simulation.catalogue", "--db-url", big, "--no-seed",
+                            "--baseline", small, "--calls", "20", "--passes", "1000"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout is not None
+        tables = 0
+        while tables < 2:  # the first pass measured both databases
+            line = run.stdout.readline()
+            assert line, "catalogue ended before its first pass"
+            tables += "items in sqlite:" in line
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 130, err
+    assert re.search(r"catalogue: interrupted after [1-9]\d* of 1000 passes; its servers are stopped", err)
+    assert "Traceback" not in err
+    assert "p95 at 40 items against 20" in out  # the ratios of the pass it made
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert left == []  # no server of its own left running
 
 
 def test_catalogue_times_the_second_page_of_a_search_that_has_one(market: Market) -> None:
