@@ -116,7 +116,8 @@ def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignal
         print(f"error: {role} server: {exc}", file=sys.stderr)
         return 2
     finally:
-        schema_db.close()
+        with stops.held():
+            schema_db.close()
     try:
         tls = server_context(settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key \
             else None

@@ -36,7 +36,8 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -853,6 +854,18 @@ class StopSignals:
     def hold(self) -> None:
         """From here on a signal is remembered, not raised: nothing that must finish is cut short."""
         self._interruptible = False
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """A signal meanwhile is remembered, then raised as StopRequested when the block ends
+        (closing connections, say, which a library would otherwise log as failed and go on)."""
+        was, self._interruptible = self._interruptible, False
+        try:
+            yield
+        finally:
+            self._interruptible = was
+        if was and self._requested:
+            raise StopRequested(signal.SIGTERM)
 
     def serve(self, server: Server, ready: Callable[[Server], None] = lambda _: None) -> None:
         """Serve in the foreground until SIGTERM or Ctrl-C, then stop cleanly; `ready` runs

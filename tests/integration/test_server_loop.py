@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import socket
 import struct
@@ -21,7 +22,7 @@ from support import BIG, NoSessions, read_messages, tiny_app, wait_for_connectio
 from wire import Connection, OpSpec, framing, values
 from wire.app import App
 from wire.framing import FrameDecoder, decode_body, encode_frame
-from wire.server import Server, ServerLimits, StopSignals
+from wire.server import Server, ServerLimits, StopRequested, StopSignals
 
 
 @pytest.fixture
@@ -436,6 +437,29 @@ def test_a_signal_the_kernel_gives_a_worker_thread_still_stops_the_server() -> N
         signal.signal(signal.SIGTERM, handlers[0])
         signal.signal(signal.SIGINT, handlers[1])
     assert not forced.is_set(), "the server went on serving after SIGTERM"
+
+
+def test_a_signal_while_start_up_holds_it_stops_the_start_once_the_block_ends() -> None:
+    """Before serving, SIGTERM raises StopRequested wherever start-up is, except in a `held`
+    block (closing connections: a library catching the exception would log a failed close
+    and go on), after which it is raised."""
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    finished = []
+    try:
+        stops = StopSignals()
+        with pytest.raises(StopRequested):
+            with stops.held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler has run by now (on this thread)
+                finished.append("the block")
+        with pytest.raises(StopRequested):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+            finished.append("outside a held block")
+    finally:
+        signal.signal(signal.SIGTERM, handlers[0])
+        signal.signal(signal.SIGINT, handlers[1])
+    assert finished == ["the block"]
 
 
 def test_answers_owed_at_a_stop_reach_a_client_that_reads_them() -> None:
