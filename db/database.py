@@ -22,7 +22,7 @@ import random
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from sqlalchemy import Connection, CursorResult, inspect
 from sqlalchemy.engine import make_url
@@ -30,7 +30,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from observe import events
-from wire.errors import BusyError, UnavailableError
+from wire.errors import BusyError, ProtocolError, UnavailableError
 
 from . import commit_tokens
 from .commit_tokens import CommitToken
@@ -61,6 +61,8 @@ _OPENED_KEY = "market_opened"  # connection info: when its Connection was opened
 _ASK_FOR_S = 6.5
 _OUTCOME_UNKNOWN = ("the database went away while the change was being committed, and has not come back "
                     "to say whether it was made: look before making it again")
+_MADE_UNREAD = ("the change was made, but the database went away before its result could be read: "
+                "look before making it again")
 _MAYBE_MADE = ("the database cannot be reached, and may have gone away after making the change: "
                "look before making it again")
 
@@ -102,7 +104,13 @@ class Database:
         self._connections.close()
         self.engine.dispose()
 
-    def run(self, work: Callable[[Any], T | Answer[T]], *, write: bool = True, idempotent: bool = False) -> T:
+    @overload
+    def run(self, work: Callable[[Any], Answer[T]], *, write: bool = True, idempotent: bool = False) -> T: ...
+
+    @overload
+    def run(self, work: Callable[[Any], T], *, write: bool = True, idempotent: bool = False) -> T: ...
+
+    def run(self, work: Callable[[Any], Any], *, write: bool = True, idempotent: bool = False) -> Any:
         """Run `work(tx)` in one transaction, retrying what the database says to retry.
 
         `tx` is a UnitOfWork; a function typed for a SQLAlchemy Connection works too (Any).
@@ -112,28 +120,30 @@ class Database:
         be had) it runs again, for up to _ASK_FOR_S, then UNAVAILABLE saying that whether it
         was made is not known."""
         if idempotent and not self.is_sqlite:  # SQLite: in the process, nothing to lose on the way
-            return self._run_while_away(work, write)
-        return self._run(work, write, tokened=write)
+            returned = self._run_while_away(work, write)
+        else:
+            returned = self._run(work, write, tokened=write)
+        return self._answered(returned)  # once committed, outside the retries: nothing runs twice
 
-    def _run_while_away(self, work: Callable[[Any], T | Answer[T]], write: bool) -> T:
+    def _run_while_away(self, work: Callable[[Any], T], write: bool) -> T:
         """Idempotent work, run again on a fresh connection while the database is away."""
         return _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE,
                            away=lambda exc: isinstance(exc, UnavailableError) or (
                                isinstance(exc, DBAPIError) and exc.connection_invalidated),
                            retrying=lambda: events.transaction_retried("reconnect"))
 
-    def _run(self, work: Callable[[Any], T | Answer[T]], write: bool, tokened: bool) -> T:
+    def _run(self, work: Callable[[Any], T], write: bool, tokened: bool) -> T:
         hold = True  # the unit of work holds writes back, until one fails (ReplayUnheld)
         for attempt in range(MAX_ATTEMPTS):
             progress = [0]  # statements that reached the database in this attempt
             try:
-                return self._answered(self._run_once(work, tokened, write, progress, hold))
+                return self._run_once(work, tokened, write, progress, hold)
             except ReplayUnheld:
                 hold = False
                 continue
             except _Unanswered as unanswered:
                 if self._committed(unanswered.token):
-                    return self._answered(unanswered.result)  # type: ignore[no-any-return]
+                    return unanswered.result  # type: ignore[no-any-return]
                 events.transaction_retried("commit_lost")
                 continue  # it did not commit, and now never will: run it again
             except RetryTransaction:
@@ -181,16 +191,24 @@ class Database:
             self._connections.give(conn)
             events.db_connections_in_use(-1)
 
-    def _answered(self, returned: T | Answer[T]) -> T:
-        """What the transaction returned; for an Answer, its shaped rows (read again, on
-        their own, if the query that carried them and the COMMIT lost its answer)."""
+    def _answered(self, returned: Any) -> Any:
+        """What the committed transaction returned; for an Answer, its shaped rows (read again
+        if the query that carried them and the COMMIT lost its answer)."""
         if not isinstance(returned, Answer):
             return returned
-        answer = returned
-        if answer.result.filled:
-            return answer.shape(answer.result.all())
-        rows = self.run(lambda tx: tx.execute(answer.statement, answer.params).all(), write=False)
-        return answer.shape(rows)
+        return returned.shape(returned.result.all() if returned.result.filled else self._read_again(returned))
+
+    def _read_again(self, answer: Answer[Any]) -> list[Any]:
+        """The read of an answer whose COMMIT, found made, lost its answer: the change is made,
+        so should the database stay away, UNAVAILABLE says so (never "nothing was changed")."""
+        def read() -> list[Any]:
+            return self._run(lambda tx: tx.execute(answer.statement, answer.params).all(), False, False)
+
+        try:
+            return _while_away(read, _MADE_UNREAD,
+                               away=lambda exc: isinstance(exc, ProtocolError | DBAPIError))
+        except (ProtocolError, DBAPIError):
+            raise UnavailableError(_MADE_UNREAD) from None
 
     def _writes_tokens(self) -> bool:
         """Whether write transactions write a commit token: on MySQL/MariaDB, once the

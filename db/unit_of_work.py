@@ -290,8 +290,10 @@ class UnitOfWork:
     def answer(self, statement: Select, params: dict[str, Any], shape: Callable[[list[Any]], T]) -> Answer[T]:
         """The transaction's answer, a read made after everything else: return what this
         returns, and Database.run hands back `shape(rows)` once the transaction has committed.
-        The read goes with the COMMIT (on MySQL/MariaDB in its query: a round trip fewer);
-        nothing may run after it (execute and call_outside raise)."""
+        The read goes with the COMMIT (on MySQL/MariaDB in its query: a round trip fewer); no
+        statement or outside call may follow it (execute and call_outside raise). `shape` runs
+        after the COMMIT, so it only shapes rows: an error there is reported though the change
+        was made."""
         self._before_answer()
         if STATEMENTS.compiled(statement, self.core.dialect).expanding:
             raise ValueError("an answer's read is compiled once: no IN of a list")

@@ -297,6 +297,37 @@ def test_a_commit_unanswered_while_the_database_stays_away_says_so(proxied: Data
         assert _counted(direct) == 1
 
 
+def test_an_answer_that_cannot_be_read_again_says_the_change_was_made(
+        proxied: Database, cutter: CommitCutter, mariadb_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answer's read travelled with the COMMIT, whose answer was lost; the token says it
+    committed, and then the database goes away before the read is made again: UNAVAILABLE
+    saying the change was made, not "nothing was changed", and it is not made again."""
+    monkeypatch.setattr(database_module, "_ASK_FOR_S", 0.5)
+    real = database_module.commit_tokens.committed
+
+    def committed_then_away(engine: Any, token: CommitToken) -> bool:
+        made = real(engine, token)
+        cutter.down_after_cut = True  # every connection from now on is cut
+        engine.dispose()
+        return made
+
+    monkeypatch.setattr(database_module.commit_tokens, "committed", committed_then_away)
+    runs: list[int] = []
+
+    def bump(tx: Any) -> Any:
+        tx.execute(_BUMP, _WHERE)
+        if not runs:
+            cutter.arm("answered")
+        runs.append(1)
+        return tx.answer(_FAILURES, _WHERE, lambda rows: rows[0].failures)
+
+    with pytest.raises(UnavailableError, match="^the change was made, but"):
+        proxied.run(bump)
+    assert runs == [1]
+    with closing(Database(mariadb_url, pool_size=1)) as direct:
+        assert _counted(direct) == 1
+
+
 def test_a_token_written_again_says_whether_its_transaction_committed(mariadb_url: str) -> None:
     with closing(Database(mariadb_url, pool_size=1)) as database:
         mine = CommitToken.new()

@@ -14,7 +14,7 @@ from typing import Any
 import _mysql_connector
 import mysql.connector
 import pytest
-from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy import Column, ForeignKey, Integer, MetaData, Table, bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from support import BUMP, FAILURE_OF, LOGIN_FAILURE, fresh_mysql_database
 
@@ -318,17 +318,31 @@ def test_nothing_runs_after_a_transactions_answer(database: Database) -> None:
     assert charged == [] and _failures_of(database, "b") == 0  # rolled back, nothing paid
 
 
-def test_an_answer_whose_commit_failed_is_never_handed_back(database: Database) -> None:
-    database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "taken", "n": 1}))
+def test_an_answer_whose_commit_failed_is_never_handed_back(tmp_path: Any) -> None:
+    """On SQLite the answer is read before the COMMIT, which then fails here (a foreign key
+    checked at COMMIT): the rows read are thrown away, never shaped, never handed back."""
+    database = Database(f"sqlite:///{tmp_path / 'answer.db'}", pool_size=1)
+    tables = MetaData()
+    Table("parents", tables, Column("id", Integer, primary_key=True))
+    deferred = ForeignKey("parents.id", deferrable=True, initially="DEFERRED")
+    children = Table("children", tables, Column("id", Integer, primary_key=True),
+                     Column("parent", Integer, deferred))
+    tables.create_all(database.engine)
+    # one connection, kept: the pragma holds for every call below (it is off by default)
+    database.run(lambda tx: tx.core.exec_driver_sql("PRAGMA foreign_keys = ON"), write=False)
     shaped: list[Any] = []
 
-    def duplicate(tx: Any) -> Any:
-        tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "taken", "n": 1})  # held, then fails
-        return tx.answer(FAILURE_OF, {"role": "buyer", "username": "taken"}, shaped.append)
+    def orphan(tx: Any) -> Any:
+        tx.execute(insert(children).values(id=1, parent=99))  # checked only at the COMMIT
+        return tx.answer(select(children.c.id), {}, shaped.append)
 
-    with pytest.raises(IntegrityError):
-        database.run(duplicate)
-    assert shaped == []
+    try:
+        with pytest.raises(IntegrityError, match="FOREIGN KEY"):
+            database.run(orphan)
+        assert shaped == []
+        assert database.run(lambda tx: tx.execute(select(children.c.id)).all(), write=False) == []
+    finally:
+        database.close()
 
 
 def test_a_held_writes_error_arrives_where_the_code_expects_it(database: Database) -> None:
