@@ -839,13 +839,14 @@ class StopSignals:
     def __init__(self) -> None:
         self._server: Server | None = None
         self._requested = False
+        self._signum = 0  # the signal that asked for the stop
         self._interruptible = True
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
 
     def _stop(self, signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
-        self._requested = True
+        self._requested, self._signum = True, signum
         if self._server is not None:
             self._server.shutdown(wait=False)
         elif self._interruptible:
@@ -865,7 +866,7 @@ class StopSignals:
         finally:
             self._interruptible = was
         if was and self._requested:
-            raise StopRequested(signal.SIGTERM)
+            raise StopRequested(self._signum)
 
     def serve(self, server: Server, ready: Callable[[Server], None] = lambda _: None) -> None:
         """Serve in the foreground until SIGTERM or Ctrl-C, then stop cleanly; `ready` runs

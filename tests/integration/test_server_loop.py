@@ -447,9 +447,9 @@ def test_a_signal_while_start_up_holds_it_stops_the_start_once_the_block_ends() 
     finished = []
     try:
         stops = StopSignals()
-        with pytest.raises(StopRequested):
+        with pytest.raises(StopRequested, match=f"^{int(signal.SIGINT)}$"):
             with stops.held():
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(0.05)  # the handler has run by now (on this thread)
                 finished.append("the block")
         with pytest.raises(StopRequested):
