@@ -142,7 +142,10 @@ class Database:
                 hold = False
                 continue
             except _Unanswered as unanswered:
+                asked_until = time.monotonic() + _ASK_FOR_S  # the question and any answer read again
                 if self._committed(unanswered.token):
+                    if isinstance(unanswered.result, Answer) and not unanswered.result.result.filled:
+                        self._read_again(unanswered.result, asked_until)
                     return unanswered.result  # type: ignore[no-any-return]
                 events.transaction_retried("commit_lost")
                 continue  # it did not commit, and now never will: run it again
@@ -191,24 +194,23 @@ class Database:
             self._connections.give(conn)
             events.db_connections_in_use(-1)
 
-    def _answered(self, returned: Any) -> Any:
-        """What the committed transaction returned; for an Answer, its shaped rows (read again
-        if the query that carried them and the COMMIT lost its answer)."""
-        if not isinstance(returned, Answer):
-            return returned
-        return returned.shape(returned.result.all() if returned.result.filled else self._read_again(returned))
+    @staticmethod
+    def _answered(returned: Any) -> Any:
+        """What the committed transaction returned; for an Answer, its shaped rows."""
+        return returned.shape(returned.result.all()) if isinstance(returned, Answer) else returned
 
-    def _read_again(self, answer: Answer[Any]) -> list[Any]:
-        """The read of an answer whose COMMIT, found made, lost its answer: the change is made,
-        so should the database stay away, UNAVAILABLE says so (never "nothing was changed")."""
+    def _read_again(self, answer: Answer[Any], until: float) -> None:
+        """Fill an answer whose COMMIT, found made, lost its answer (the rows with it) by making
+        its read again, until `until`: the change is made, so should the database stay away,
+        UNAVAILABLE says so (never "nothing was changed")."""
         def read() -> list[Any]:
             return self._run(lambda tx: tx.execute(answer.statement, answer.params).all(), False, False)
 
-        try:
-            return _while_away(read, _MADE_UNREAD,
-                               away=lambda exc: isinstance(exc, ProtocolError | DBAPIError))
-        except (ProtocolError, DBAPIError):
-            raise UnavailableError(_MADE_UNREAD) from None
+        rows = _while_away(read, _MADE_UNREAD, away=lambda exc: isinstance(exc, ProtocolError | DBAPIError),
+                           noticed=lambda exc: log.warning("could not read the answer of a commit made: %s",
+                                                           getattr(exc, "orig", exc)),
+                           until=until)
+        answer.result.fill(rows, len(rows), None)
 
     def _writes_tokens(self) -> bool:
         """Whether write transactions write a commit token: on MySQL/MariaDB, once the
@@ -262,10 +264,10 @@ class Database:
 
 def _while_away(call: Callable[[], T], gave_up: str, away: Callable[[Exception], bool],
                 noticed: Callable[[Exception], None] = lambda exc: None,
-                retrying: Callable[[], None] = lambda: None) -> T:
+                retrying: Callable[[], None] = lambda: None, until: float | None = None) -> T:
     """`call()`, made again after pauses (0.1 s, doubling) while it fails as `away` says the
-    database is, for up to _ASK_FOR_S; then UNAVAILABLE saying `gave_up`."""
-    deadline = time.monotonic() + _ASK_FOR_S
+    database is, for up to _ASK_FOR_S (or until `until`); then UNAVAILABLE saying `gave_up`."""
+    deadline = time.monotonic() + _ASK_FOR_S if until is None else until
     pause = 0.1
     while True:
         try:

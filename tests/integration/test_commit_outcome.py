@@ -321,11 +321,41 @@ def test_an_answer_that_cannot_be_read_again_says_the_change_was_made(
         runs.append(1)
         return tx.answer(_FAILURES, _WHERE, lambda rows: rows[0].failures)
 
+    started = time.monotonic()
     with pytest.raises(UnavailableError, match="^the change was made, but"):
         proxied.run(bump)
+    assert time.monotonic() - started >= 0.3  # it did try again before giving up
     assert runs == [1]
     with closing(Database(mariadb_url, pool_size=1)) as direct:
         assert _counted(direct) == 1
+
+
+def test_an_answer_read_again_once_the_database_is_back_is_handed_back(
+        proxied: Database, cutter: CommitCutter, mariadb_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, but the database comes back while the read is tried again: the caller gets
+    the answer, the change made once."""
+    real = database_module.commit_tokens.committed
+
+    def committed_then_away_a_while(engine: Any, token: CommitToken) -> bool:
+        made = real(engine, token)
+        cutter.down_after_cut = True
+        engine.dispose()
+        threading.Timer(0.5, lambda: setattr(cutter, "down_after_cut", False)).start()
+        return made
+
+    monkeypatch.setattr(database_module.commit_tokens, "committed", committed_then_away_a_while)
+    runs: list[int] = []
+
+    def bump(tx: Any) -> Any:
+        tx.execute(_BUMP, _WHERE)
+        if not runs:
+            cutter.arm("answered")
+        runs.append(1)
+        return tx.answer(_FAILURES, _WHERE, lambda rows: rows[0].failures)
+
+    started = time.monotonic()
+    assert proxied.run(bump) == 1
+    assert time.monotonic() - started >= 0.4 and runs == [1]
 
 
 def test_a_token_written_again_says_whether_its_transaction_committed(mariadb_url: str) -> None:

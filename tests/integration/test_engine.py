@@ -14,7 +14,19 @@ from typing import Any
 import _mysql_connector
 import mysql.connector
 import pytest
-from sqlalchemy import Column, ForeignKey, Integer, MetaData, Table, bindparam, insert, select, text, update
+from sqlalchemy import (
+    Column,
+    ForeignKey,
+    Integer,
+    MetaData,
+    Table,
+    bindparam,
+    insert,
+    literal_column,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from support import BUMP, FAILURE_OF, LOGIN_FAILURE, fresh_mysql_database
 
@@ -292,6 +304,13 @@ def test_an_answer_read_last_travels_with_the_commit(mariadb_database: Database,
     round_trips.clear()
     assert database.run(bumped) == [1]  # the answer sees the write before it
     assert round_trips == [5]  # START TRANSACTION, the token, the write, the answer, the COMMIT
+    inside = select(literal_column("@@in_transaction").label("open"))
+
+    def still_open(tx: Any) -> Any:
+        tx.execute(BUMP, bump)
+        return tx.answer(inside, {}, lambda rows: rows[0].open)
+
+    assert database.run(still_open) == 1  # read before the COMMIT, in the transaction
     round_trips.clear()
     assert database.run(lambda tx: tx.answer(FAILURE_OF, who, len), write=False) == 1
     assert round_trips == [1]  # a read transaction: the read alone, no COMMIT
