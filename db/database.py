@@ -209,7 +209,7 @@ class Database:
         rows = _while_away(read, _MADE_UNREAD, away=lambda exc: isinstance(exc, ProtocolError | DBAPIError),
                            noticed=lambda exc: log.warning("could not read the answer of a commit made: %s",
                                                            getattr(exc, "orig", exc)),
-                           until=until)
+                           until=until, retryable=False)
         answer.result.fill(rows, len(rows), None)
 
     def _writes_tokens(self) -> bool:
@@ -229,7 +229,8 @@ class Database:
         return _while_away(lambda: commit_tokens.committed(self.engine, token), _OUTCOME_UNKNOWN,
                            away=lambda exc: isinstance(exc, DBAPIError | PoolTimeoutError),
                            noticed=lambda exc: log.warning("could not ask whether a commit went through: %s",
-                                                           getattr(exc, "orig", exc)))
+                                                           getattr(exc, "orig", exc)),
+                           retryable=False)
 
     def schema_changed(self) -> None:
         """The schema was upgraded: look again for the tables this class uses."""
@@ -264,9 +265,11 @@ class Database:
 
 def _while_away(call: Callable[[], T], gave_up: str, away: Callable[[Exception], bool],
                 noticed: Callable[[Exception], None] = lambda exc: None,
-                retrying: Callable[[], None] = lambda: None, until: float | None = None) -> T:
+                retrying: Callable[[], None] = lambda: None, until: float | None = None,
+                retryable: bool = True) -> T:
     """`call()`, made again after pauses (0.1 s, doubling) while it fails as `away` says the
-    database is, for up to _ASK_FOR_S (or until `until`); then UNAVAILABLE saying `gave_up`."""
+    database is, for up to _ASK_FOR_S (or until `until`); then UNAVAILABLE saying `gave_up`
+    (not `retryable` when the change may have been made and making it again would not be safe)."""
     deadline = time.monotonic() + _ASK_FOR_S if until is None else until
     pause = 0.1
     while True:
@@ -277,7 +280,7 @@ def _while_away(call: Callable[[], T], gave_up: str, away: Callable[[Exception],
                 raise
             noticed(exc)
         if time.monotonic() + pause > deadline:
-            raise UnavailableError(gave_up) from None
+            raise UnavailableError(gave_up, retryable=retryable) from None
         retrying()
         time.sleep(pause)
         pause *= 2

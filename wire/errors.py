@@ -12,12 +12,14 @@ class ProtocolError(Exception):
     """Base of every error that has a code on the wire."""
 
     code: ClassVar[str] = "INTERNAL"
-    retryable: ClassVar[bool] = False
+    retryable: bool = False  # the code's, as the contract's table has it; an answer may say otherwise
     closes_connection: ClassVar[bool] = False
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(self, message: str = "", *, retryable: bool | None = None) -> None:
         super().__init__(message or self.code.lower().replace("_", " "))
         self.message = str(self.args[0])
+        if retryable is not None:
+            self.retryable = retryable
 
     def to_wire(self) -> dict[str, Any]:
         """The `error` object of a response."""
@@ -94,4 +96,5 @@ def error_from_wire(error: Any) -> ProtocolError:
     if not isinstance(error, dict):
         return InternalError(f"malformed error object: {error!r}")
     cls = ERROR_CLASSES.get(error.get("code", ""), InternalError)
-    return cls(str(error.get("message", "")))
+    retryable = error.get("retryable")
+    return cls(str(error.get("message", "")), retryable=retryable if isinstance(retryable, bool) else None)

@@ -291,8 +291,9 @@ def test_a_commit_unanswered_while_the_database_stays_away_says_so(proxied: Data
     was made, here), and it is not made again."""
     monkeypatch.setattr(database_module, "_ASK_FOR_S", 0.5)  # the test need not wait 6.5 s
     cutter.down_after_cut = True
-    with pytest.raises(UnavailableError, match="whether it was made"):
+    with pytest.raises(UnavailableError, match="whether it was made") as unknown:
         proxied.run(_bump_and_cut(cutter, "answered"))
+    assert unknown.value.to_wire()["retryable"] is False  # it may be made: not safe to send again
     with closing(Database(mariadb_url, pool_size=1)) as direct:
         assert _counted(direct) == 1
 
@@ -322,8 +323,9 @@ def test_an_answer_that_cannot_be_read_again_says_the_change_was_made(
         return tx.answer(_FAILURES, _WHERE, lambda rows: rows[0].failures)
 
     started = time.monotonic()
-    with pytest.raises(UnavailableError, match="^the change was made, but"):
+    with pytest.raises(UnavailableError, match="^the change was made, but") as made:
         proxied.run(bump)
+    assert made.value.to_wire()["retryable"] is False
     assert time.monotonic() - started >= 0.3  # it did try again before giving up
     assert runs == [1]
     with closing(Database(mariadb_url, pool_size=1)) as direct:
