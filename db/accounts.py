@@ -11,7 +11,7 @@ import logging
 import secrets
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from sqlalchemy import (
     ColumnElement,
@@ -35,7 +35,7 @@ from .address_limits import AccountGuards, Backoff
 from .database import Database, inserted_id, now_ms
 from .engine import LOCK_WAIT_S
 from .schema import cart_lines, saved_cart_lines, sessions, suspensions, users
-from .unit_of_work import UnitOfWork
+from .unit_of_work import Answer, UnitOfWork
 
 log = logging.getLogger("market.sessions")
 
@@ -329,8 +329,15 @@ class SessionGate:
     def __init__(self, db: Database, role: str, policy: SessionPolicy) -> None:
         self.db, self.role, self.policy = db, role, policy
 
-    def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], T]) -> T:
-        """`work(tx, session)` for the token's live session, else UNAUTHENTICATED.
+    @overload
+    def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], Answer[T]]) -> T: ...
+
+    @overload
+    def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], T]) -> T: ...
+
+    def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], Any]) -> Any:
+        """`work(tx, session)` for the token's live session, else UNAUTHENTICATED (an op that
+        returns `tx.answer(...)` gets its shaped rows, as from Database.run).
 
         The token is checked at the op's first use of the session, or folded into its
         first query (with_session); a write also writes last-seen in its transaction.
@@ -340,7 +347,7 @@ class SessionGate:
         """
         sessions_seen: list[Session] = []
 
-        def transaction(tx: UnitOfWork) -> T:
+        def transaction(tx: UnitOfWork) -> Any:
             session = Session(tx, self.role, token, self.policy, touch=write)
             sessions_seen.append(session)
             try:
@@ -352,7 +359,7 @@ class SessionGate:
             return result
 
         try:
-            result = self.db.run(transaction, write=write)
+            result: Any = self.db.run(transaction, write=write)
         except ProtocolError:  # activity too; a write's own touch was rolled back with it
             self._touch_if_due(sessions_seen)
             raise
