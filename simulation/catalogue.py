@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"--db-url {url} --sellers 100 --items 1000", file=sys.stderr)
             return 2
     passes: list[tuple[Timings, Timings]] = []
+    interrupted = False
     try:
         for n in range(args.passes):
             big_rows = _measured(big, args.calls, args.seed + n)
@@ -75,12 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # the servers of the pass are stopped by now
         print(f"catalogue: interrupted after {len(passes)} of {args.passes} passes; its servers are stopped",
               file=sys.stderr)
-        if small is not None and passes:
-            print(ratio_table(passes, big.item_count, small.item_count))
-        return 130
-    if small is not None:
+        interrupted = True
+    if small is not None and passes:
         print(ratio_table(passes, big.item_count, small.item_count))
-    return 0
+    return 130 if interrupted else 0
 
 
 def _open(url: str, seed: tuple[int, int] | None) -> Catalogue:

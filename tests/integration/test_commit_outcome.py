@@ -298,33 +298,46 @@ def test_a_commit_unanswered_while_the_database_stays_away_says_so(proxied: Data
         assert _counted(direct) == 1
 
 
+def _away_once_the_token_says_made(monkeypatch: pytest.MonkeyPatch, cutter: CommitCutter,
+                                   back_after_s: float | None = None) -> None:
+    """The database goes away (every connection cut) as soon as the commit token has said the
+    COMMIT was made; back after `back_after_s`, if given."""
+    real = database_module.commit_tokens.committed
+
+    def committed_then_away(engine: Any, token: CommitToken) -> bool:
+        made = real(engine, token)
+        cutter.down_after_cut = True
+        engine.dispose()
+        if back_after_s is not None:
+            threading.Timer(back_after_s, lambda: setattr(cutter, "down_after_cut", False)).start()
+        return made
+
+    monkeypatch.setattr(database_module.commit_tokens, "committed", committed_then_away)
+
+
+def _bump_answered_and_cut(cutter: CommitCutter, runs: list[int]) -> Any:
+    """A held write and the answer's read, sent with the COMMIT, the first run's query cut once
+    the server answered; `runs` counts the runs."""
+    def work(tx: Any) -> Any:
+        tx.execute(_BUMP, _WHERE)
+        if not runs:
+            cutter.arm("answered")
+        runs.append(1)
+        return tx.answer(_FAILURES, _WHERE, lambda rows: rows[0].failures)
+    return work
+
+
 def test_an_answer_that_cannot_be_read_again_says_the_change_was_made(
         proxied: Database, cutter: CommitCutter, mariadb_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The answer's read travelled with the COMMIT, whose answer was lost; the token says it
     committed, and then the database goes away before the read is made again: UNAVAILABLE
     saying the change was made, not "nothing was changed", and it is not made again."""
     monkeypatch.setattr(database_module, "_ASK_FOR_S", 0.5)
-    real = database_module.commit_tokens.committed
-
-    def committed_then_away(engine: Any, token: CommitToken) -> bool:
-        made = real(engine, token)
-        cutter.down_after_cut = True  # every connection from now on is cut
-        engine.dispose()
-        return made
-
-    monkeypatch.setattr(database_module.commit_tokens, "committed", committed_then_away)
+    _away_once_the_token_says_made(monkeypatch, cutter)
     runs: list[int] = []
-
-    def bump(tx: Any) -> Any:
-        tx.execute(_BUMP, _WHERE)
-        if not runs:
-            cutter.arm("answered")
-        runs.append(1)
-        return tx.answer(_FAILURES, _WHERE, lambda rows: rows[0].failures)
-
     started = time.monotonic()
     with pytest.raises(UnavailableError, match="^the change was made, but") as made:
-        proxied.run(bump)
+        proxied.run(_bump_answered_and_cut(cutter, runs))
     assert made.value.to_wire()["retryable"] is False
     assert time.monotonic() - started >= 0.3  # it did try again before giving up
     assert runs == [1]
@@ -333,30 +346,13 @@ def test_an_answer_that_cannot_be_read_again_says_the_change_was_made(
 
 
 def test_an_answer_read_again_once_the_database_is_back_is_handed_back(
-        proxied: Database, cutter: CommitCutter, mariadb_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        proxied: Database, cutter: CommitCutter, monkeypatch: pytest.MonkeyPatch) -> None:
     """As above, but the database comes back while the read is tried again: the caller gets
     the answer, the change made once."""
-    real = database_module.commit_tokens.committed
-
-    def committed_then_away_a_while(engine: Any, token: CommitToken) -> bool:
-        made = real(engine, token)
-        cutter.down_after_cut = True
-        engine.dispose()
-        threading.Timer(0.5, lambda: setattr(cutter, "down_after_cut", False)).start()
-        return made
-
-    monkeypatch.setattr(database_module.commit_tokens, "committed", committed_then_away_a_while)
+    _away_once_the_token_says_made(monkeypatch, cutter, back_after_s=0.5)
     runs: list[int] = []
-
-    def bump(tx: Any) -> Any:
-        tx.execute(_BUMP, _WHERE)
-        if not runs:
-            cutter.arm("answered")
-        runs.append(1)
-        return tx.answer(_FAILURES, _WHERE, lambda rows: rows[0].failures)
-
     started = time.monotonic()
-    assert proxied.run(bump) == 1
+    assert proxied.run(_bump_answered_and_cut(cutter, runs)) == 1
     assert time.monotonic() - started >= 0.4 and runs == [1]
 
 
