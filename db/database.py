@@ -179,9 +179,10 @@ class Database:
         token = CommitToken.new() if tokened and self._writes_tokens() else None
         conn = self._connections.take()
         events.db_connections_in_use(1)
+        info = conn.info
         try:
-            conn.info[PROGRESS_KEY] = progress
-            conn.info[UNIT_KEY] = True
+            info[PROGRESS_KEY] = progress
+            info[UNIT_KEY] = True
             tx = UnitOfWork(conn, write, hold, token)
             return _transaction(tx, work)
         except DBAPIError as exc:
@@ -190,7 +191,7 @@ class Database:
             raise
         finally:
             if not conn.invalidated:
-                conn.info.pop(UNIT_KEY, None)
+                info.pop(UNIT_KEY, None)
             self._connections.give(conn)
             events.db_connections_in_use(-1)
 

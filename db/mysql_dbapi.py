@@ -6,11 +6,12 @@ SQLAlchemy's mysqlconnector dialect runs on it unchanged (`create_engine(module=
 the exceptions are the driver's (mysql.connector.errors), values are quoted by the C API as
 the driver quotes them, rows come converted by the C API as the driver returns them. What it
 adds is `Connection.run`: a query of several statements and each one's rows, read straight
-from the C API. The driver's public connection does the same through `cmd_query` and
-`get_rows`, building each result's column descriptions twice and looking at every value of
-every row in Python: 15-48 µs more a query than `run`, about a tenth of a server's CPU per
-call (benchmarks.md#c-extension). Only what this project asks of a connection is offered;
-any other connection option is refused by name at connect.
+from the C API (and `run_filled`: the statements' values quoted in one call of the C API
+and filled into templates cut once per statement). The driver's public connection does the
+same through `cmd_query` and `get_rows`, building each result's column descriptions twice
+and looking at every value of every row in Python: 15-48 µs more a query than `run`, about a
+tenth of a server's CPU per call (benchmarks.md#c-extension). Only what this project asks
+of a connection is offered; any other connection option is refused by name at connect.
 """
 from __future__ import annotations
 
@@ -115,13 +116,18 @@ def _translated() -> Iterator[None]:
     try:
         yield
     except _mysql_connector.MySQLInterfaceError as exc:
-        errno = getattr(exc, "errno", None)
-        msg, sqlstate = getattr(exc, "msg", str(exc)), getattr(exc, "sqlstate", None)
-        if not errno:
-            raise InterfaceError(str(exc)) from exc
-        if errno in _CONNECTION_LOST:
-            raise OperationalError(msg=msg, errno=errno, sqlstate=sqlstate) from exc
-        raise get_mysql_exception(errno, msg=msg, sqlstate=sqlstate) from exc
+        raise _driver_error(exc) from exc
+
+
+def _driver_error(exc: _mysql_connector.MySQLInterfaceError) -> Error:
+    """The driver's exception for an error of its C API."""
+    errno = getattr(exc, "errno", None)
+    msg, sqlstate = getattr(exc, "msg", str(exc)), getattr(exc, "sqlstate", None)
+    if not errno:
+        return InterfaceError(str(exc))
+    if errno in _CONNECTION_LOST:
+        return OperationalError(msg=msg, errno=errno, sqlstate=sqlstate)
+    return get_mysql_exception(errno, msg=msg, sqlstate=sqlstate)  # type: ignore[return-value]
 
 
 class Connection:
@@ -160,40 +166,63 @@ class Connection:
         self._autocommit = not autocommit  # so that the next line tells the server
         self.autocommit = autocommit
 
-    # -- the unit of work's two calls ---------------------------------------------------------
+    # -- the unit of work's calls ------------------------------------------------------------
 
     def fill(self, sql: str | bytes, values: dict[str, Any]) -> bytes:
         """`sql` with its %(name)s placeholders replaced by the quoted `values`, every other %
-        as written; the statement is cut at its placeholders once (_TEMPLATES)."""
-        texts, names = _template(sql)
+        as written; the statement is cut at its placeholders once (`template`)."""
+        texts, names = template(sql)
         if not names:
             return texts[0]
         try:
-            quoted = self.quote([values[name] for name in names])
+            ordered = [values[name] for name in names]
         except KeyError as exc:
             raise ProgrammingError(f"no value for the parameter {exc.args[0]}") from None
-        out = [texts[0]]
-        for value, text in zip(quoted, texts[1:], strict=True):
-            out += (value, text)
-        return b"".join(out)
+        return b"".join(_interleaved(texts, self.quote(ordered)))
 
     def quote(self, values: Sequence[Any]) -> Sequence[bytes]:
         """Each value as an SQL literal (strings quoted and escaped), as the driver quotes it."""
-        return self._live().convert_to_mysql(*values)  # type: ignore[no-any-return]
+        try:
+            return self._live().convert_to_mysql(*values)  # type: ignore[no-any-return]
+        except _mysql_connector.MySQLInterfaceError as exc:
+            raise _driver_error(exc) from exc
+
+    def run_filled(self, statements: Sequence[tuple[Sequence[bytes], Sequence[Any]]]) -> list[Outcome]:
+        """`run` the statements, each a `template`'s texts and the values of its placeholders in
+        order, in one query: every value quoted in one call of the C API."""
+        values = [value for _, given in statements for value in given]
+        quoted = self.quote(values) if values else ()
+        parts: list[bytes] = []
+        used = 0
+        for texts, given in statements:
+            if given:  # texts and values taking turns, put in place by slices (no call a value)
+                piece: list[bytes] = [b""] * (2 * len(given) + 1)
+                piece[0::2] = texts
+                piece[1::2] = quoted[used:used + len(given)]
+                used += len(given)
+                parts += piece
+            else:
+                parts.append(texts[0])
+            parts.append(b";")
+        return self.run(b"".join(parts[:-1]))
 
     def run(self, query: bytes) -> list[Outcome]:
         """Send `query` (one statement or several) and read every result: the rows, rowcount
         and last insert id of each. An error of a later statement (after which the server
         runs nothing more) is raised here, as the driver's exception."""
-        c = self._live()
+        c = self._c
+        if c is None:
+            raise OperationalError(_GONE)
         outcomes: list[Outcome] = []
-        with _translated():
+        try:
             c.query(query)
             while True:
                 outcomes.append(_outcome(c))
                 if not c.more_results():
                     return outcomes
                 c.next_result()  # raises the next statement's error, if it failed
+        except _mysql_connector.MySQLInterfaceError as exc:
+            raise _driver_error(exc) from exc
 
     # -- DB-API 2.0 ---------------------------------------------------------------------------
 
@@ -363,8 +392,9 @@ def _bound(query: bytes, params: Sequence[Any] | dict[str, Any], connection: Con
     return bound
 
 
-def _template(sql: str | bytes) -> tuple[list[bytes], list[str]]:
-    """`sql` cut at its %(name)s placeholders: the texts around them (UTF-8) and their names."""
+def template(sql: str | bytes) -> tuple[list[bytes], list[str]]:
+    """`sql` cut at its %(name)s placeholders: the texts around them (UTF-8) and their names,
+    in order (a name used twice is there twice); cut once per statement, then kept."""
     found = _TEMPLATES.get(sql)
     if found is None:
         if len(_TEMPLATES) >= _MAX_TEMPLATES:
@@ -372,6 +402,14 @@ def _template(sql: str | bytes) -> tuple[list[bytes], list[str]]:
         pieces = _NAMED.split(sql if isinstance(sql, bytes) else sql.encode())  # text, name, ..., text
         found = _TEMPLATES[sql] = (pieces[::2], [name.decode() for name in pieces[1::2]])
     return found
+
+
+def _interleaved(texts: list[bytes], quoted: Sequence[bytes]) -> Iterator[bytes]:
+    """A template's texts with the quoted values between them."""
+    yield texts[0]
+    for value, text in zip(quoted, texts[1:], strict=True):
+        yield value
+        yield text
 
 
 def _chunks(rows: list[bytes]) -> Iterator[list[bytes]]:

@@ -16,22 +16,23 @@ through SQLAlchemy, after a flush.
 """
 from __future__ import annotations
 
-import weakref
+import operator
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, Delete, Dialect, Insert, Select, Update, bindparam, insert
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InvalidRequestError
 from sqlalchemy.sql import ClauseElement
 
 from .commit_tokens import WRITE_TOKEN, CommitToken
-from .engine import BATCHES_KEY, begin_immediate, count_statement
+from .engine import BATCHES_KEY, PROGRESS_KEY, begin_immediate
 
 T = TypeVar("T")
 _CURSOR_KEY = "market_cursor"  # connection info: the driver cursor statements run on
 ROW_CHUNK = 20  # rows per INSERT of many rows: few statements are ever compiled
+Outcome = tuple[list[Any], int, "int | None"]  # a statement's rows, rowcount, new id
 
 
 class _Compiled:
@@ -48,28 +49,51 @@ class _Compiled:
                 self.defaults.setdefault(column.key, column.default.arg)
         self.binds = {name: processor for name, bind in getattr(compiled, "binds", {}).items()
                       if (processor := bind.type.dialect_impl(dialect).bind_processor(dialect))}
-        positional = getattr(compiled, "positional", False)
-        self.order = list(getattr(compiled, "positiontup", None) or []) if positional else None
+        self.merges = bool(self.defaults or self.binds)  # parameters needs more than the caller's
+        self.texts: list[bytes] | None = None  # MySQL: the SQL cut at its placeholders
+        if getattr(compiled, "positional", False):  # SQLite's ? placeholders
+            self.order = list(getattr(compiled, "positiontup", None) or [])
+        else:  # MySQL's %(name)s: cut once, the driver fills the values in (db.mysql_dbapi)
+            from .mysql_dbapi import template
+
+            self.texts, self.order = template(self.sql)
+        self._pick = _picker(self.order)
         columns = getattr(statement, "selected_columns", None) if isinstance(statement, Select) else None
         self.row = _row_type(list(columns.keys())) if columns is not None else None
         self.results = [c.type.dialect_impl(dialect).result_processor(dialect, None)
                         for c in columns] if columns is not None else []
+        self.converts = any(self.results)
 
-    def parameters(self, params: dict[str, Any]) -> Sequence[Any] | dict[str, Any]:
-        """The values in the form the driver takes them (by name, or in order)."""
-        values = {**self.defaults, **params}
-        for name, processor in self.binds.items():
-            if name in values:
-                values[name] = processor(values[name])
-        return [values[name] for name in self.order] if self.order is not None else values
+    def parameters(self, params: dict[str, Any]) -> Sequence[Any]:
+        """The values in the order of the statement's placeholders, as the driver takes them."""
+        values = params
+        if self.merges:
+            values = {**self.defaults, **params}
+            for name, processor in self.binds.items():
+                if name in values:
+                    values[name] = processor(values[name])
+        try:
+            return self._pick(values)
+        except KeyError as exc:
+            raise InvalidRequestError(f"a value is required for the parameter {exc.args[0]!r}") from None
 
     def rows(self, raw: Sequence[Sequence[Any]]) -> list[Any]:
         """Driver rows as named tuples, each value converted as its column's type says."""
         assert self.row is not None
-        if any(self.results):
+        if self.converts:
             return [self.row(*[p(v) if p else v for p, v in zip(self.results, values, strict=True)])
                     for values in raw]
         return [self.row(*values) for values in raw]
+
+
+def _picker(names: list[str]) -> Callable[[dict[str, Any]], Sequence[Any]]:
+    """A function of a dict that gives the values of `names` in order (KeyError if one lacks)."""
+    if not names:
+        return lambda _values: ()
+    if len(names) == 1:
+        name = names[0]
+        return lambda values: (values[name],)
+    return operator.itemgetter(*names)
 
 
 def _row_type(names: list[str]) -> type:
@@ -78,20 +102,31 @@ def _row_type(names: list[str]) -> type:
 
 
 class StatementCache:
-    """Statements compiled once per dialect; a statement made per call is compiled per call."""
+    """Statements compiled once per dialect. A statement made per call is compiled per call, and
+    kept until the cache holds MAX_STATEMENTS, when it starts again (a plain dict: a weak one
+    cost a Python call a statement)."""
+
+    MAX_STATEMENTS = 4096
 
     def __init__(self) -> None:
-        self._by_statement: weakref.WeakKeyDictionary[Any, dict[str, _Compiled]] = weakref.WeakKeyDictionary()
+        self._by_dialect: dict[str, dict[Any, _Compiled]] = {}
         self._rows: dict[tuple[Any, tuple[str, ...], int], Insert] = {}
+
+    def of(self, dialect: Dialect) -> dict[Any, _Compiled]:
+        """The dialect's statements compiled so far, by statement (read it, never write it)."""
+        found = self._by_dialect.get(dialect.name)
+        if found is None:
+            found = self._by_dialect.setdefault(dialect.name, {})
+        return found
 
     def compiled(self, statement: ClauseElement, dialect: Dialect) -> _Compiled:
         """The statement compiled for the dialect."""
-        by_dialect = self._by_statement.get(statement)
-        if by_dialect is None:
-            by_dialect = self._by_statement.setdefault(statement, {})
-        found = by_dialect.get(dialect.name)
+        by_statement = self.of(dialect)
+        found = by_statement.get(statement)
         if found is None:
-            found = by_dialect[dialect.name] = _Compiled(statement, dialect)
+            if len(by_statement) >= self.MAX_STATEMENTS:
+                by_statement.clear()
+            found = by_statement[statement] = _Compiled(statement, dialect)
         return found
 
     def rows_insert(self, statement: Insert, columns: tuple[str, ...], count: int) -> Insert:
@@ -224,13 +259,18 @@ class UnitOfWork:
     def __init__(self, conn: Connection, write: bool, hold: bool = True,
                  token: CommitToken | None = None) -> None:
         self.core = conn  # the SQLAlchemy Connection underneath: for DDL and inspection
-        self._sqlite = conn.dialect.name == "sqlite"
+        dialect = conn.dialect
+        self._sqlite = dialect.name == "sqlite"
+        self._statements = STATEMENTS.of(dialect)  # looked up by every execute
+        info = self._info = conn.info  # read once: each read of it is two SQLAlchemy calls
+        self._progress: list[int] | None = info.get(PROGRESS_KEY)  # statements sent, for Database.run
+        self._driver: Any = conn.connection.driver_connection  # this transaction's, until it ends
         self.write = write
         self.token = token  # written with START TRANSACTION (MySQL), if given
         self._token_sent = False
-        self._batches = hold and bool(conn.info.get(BATCHES_KEY, False))
+        self._batches = hold and bool(info.get(BATCHES_KEY, False))
         self._went_outside = False  # call_outside was called: no replay past that point
-        self._held: list[tuple[_Compiled, dict[str, Any], Result]] = []
+        self._held: list[tuple[Any, dict[str, Any], Result | None]] = []
         self._begin_pending = False  # START TRANSACTION waits for the next statement (MySQL)
         self._open = False  # a transaction was begun on the server
         self._answer: Answer[Any] | None = None  # the read sent with the COMMIT
@@ -240,7 +280,24 @@ class UnitOfWork:
 
     def execute(self, statement: Any, params: dict[str, Any] | Sequence[dict[str, Any]] | None = None) -> Any:
         """Run a Core statement: a write is held (see the class notes), a read runs now."""
-        self._before_answer()
+        if self._answer is not None:
+            self._before_answer()
+        compiled = self._statements.get(statement)
+        if compiled is None or compiled.expanding or (params is not None and type(params) is not dict):
+            return self._execute_other(statement, params)
+        result = Result(self)
+        if compiled.writes and self.write and self._batches:
+            self._held.append((compiled, params or {}, result))
+        elif self._held or self._begin_pending:
+            self._held.append((compiled, params or {}, result))
+            self.flush(demanded=result)
+        else:  # most reads: nothing to send before it
+            self._send([(compiled, params or {}, result)])
+        return result
+
+    def _execute_other(self, statement: Any, params: Any) -> Any:
+        """A statement not yet compiled, or one the unit of work leaves to SQLAlchemy (DDL,
+        text(), RETURNING, an IN of a list: after a flush), or an INSERT of a list of rows."""
         if isinstance(params, Sequence) and isinstance(statement, Insert) and _plain(statement):
             for part, values in _row_chunks(statement, params):
                 self.execute(part, values)
@@ -249,19 +306,10 @@ class UnitOfWork:
                 or (params is not None and not isinstance(params, dict)):
             self.flush()
             return self.core.execute(statement, params)
-        compiled = STATEMENTS.compiled(statement, self.core.dialect)
-        if compiled.expanding:
+        if STATEMENTS.compiled(statement, self.core.dialect).expanding:
             self.flush()
             return self.core.execute(statement, params)
-        result = Result(self)
-        if compiled.writes and self.write and self._batches:
-            self._held.append((compiled, params or {}, result))
-        elif self._held or self._begin_pending:
-            self._held.append((compiled, params or {}, result))
-            self.flush(demanded=result)
-        else:  # most reads: nothing to send before it
-            self._send_alone(compiled, params or {}, result)
-        return result
+        return self.execute(statement, dict(params) if params is not None else None)
 
     def flush(self, demanded: Result | None = None) -> None:
         """Send every held statement now (one query on MySQL/MariaDB).
@@ -272,7 +320,7 @@ class UnitOfWork:
             return
         held, self._held = self._held, []
         try:
-            self._send([(c.sql, c.parameters(p)) for c, p, _ in held], [(c, r) for c, _, r in held])
+            self._send(held)
         except DBAPIError as exc:
             was_held = any(c.writes and r is not demanded for c, _, r in held)
             if was_held and not self._went_outside and isinstance(exc, IntegrityError):
@@ -310,7 +358,7 @@ class UnitOfWork:
             return
         self._open = True
         if self._sqlite:
-            self._guarded("BEGIN IMMEDIATE", partial(begin_immediate, self._driver_connection))
+            self._guarded("BEGIN IMMEDIATE", partial(begin_immediate, self._driver))
         else:  # even on Galera: nothing can be aborted before the first statement
             self._begin_pending = True
 
@@ -324,7 +372,7 @@ class UnitOfWork:
             if not (self._open and self._batches):  # a read transaction, or a Galera node
                 self.flush()
         if self._open and not self._begin_pending or self._held:
-            self._held.append((_COMMIT, {}, Result()))
+            self._held.append((_COMMIT, {}, None))
             try:
                 self.flush()
             except DBAPIError as exc:
@@ -338,56 +386,49 @@ class UnitOfWork:
     def rollback(self) -> None:
         """Forget what is held and end the transaction, if the server has one open."""
         self._held, self._begin_pending, self._answer = [], False, None
-        if self._open and not self.core.invalidated and _in_server_transaction(self._driver_connection):
-            self._send([("ROLLBACK", {})], [])
+        if self._open and not self.core.invalidated and _in_server_transaction(self._driver):
+            self._send([(_ROLLBACK, {}, None)])
         self._open = False
         if self.core.in_transaction():
             self.core.rollback()
 
-    @property
-    def _driver_connection(self) -> Any:
-        return self.core.connection.driver_connection
-
-    def _send(self, statements: list[tuple[str, Any]], results: list[tuple[_Compiled, Result]]) -> None:
+    def _send(self, batch: list[tuple[Any, dict[str, Any], Result | None]]) -> None:
+        """Send the statements (each with its parameters and the Result it fills): in one
+        query on MySQL/MariaDB, one by one on SQLite."""
         if self._begin_pending:
-            statements[:0], results[:0] = self._opening()
+            batch = self._opening() + batch  # a new list: the caller's is what it held
             self._begin_pending = False
         if self._sqlite:
             cursor = self._cursor()
-            outcomes = [self._guarded(sql, partial(_run_sqlite, cursor, sql, values))
-                        for sql, values in statements]
+            outcomes = [self._guarded(c.sql, partial(_run_sqlite, cursor, c.sql, c.parameters(p)))
+                        for c, p, _ in batch]
         else:
-            outcomes = self._guarded(";".join(s for s, _ in statements),
-                                     partial(_run_mysql, self._driver_connection, statements))
-        for (compiled, result), (rows, rowcount, lastrowid) in zip(results, outcomes, strict=False):
-            result.fill(compiled.rows(rows) if compiled.row is not None else [], rowcount, lastrowid)
-        for _ in statements:
-            count_statement(self.core.info)
+            statements = [(c, c.parameters(p)) for c, p, _ in batch]
+            outcomes = self._guarded(batch, partial(_run_mysql, self._driver, statements))
+        for (compiled, _, result), (rows, rowcount, lastrowid) in zip(batch, outcomes, strict=False):
+            if result is not None:
+                result.fill(compiled.rows(rows) if compiled.row is not None else [], rowcount, lastrowid)
+        if self._progress is not None:
+            self._progress[0] += len(batch)
 
-    def _send_alone(self, compiled: _Compiled, params: dict[str, Any], result: Result) -> None:
-        """One statement with nothing held: sent without flush's batch bookkeeping."""
-        self._send([(compiled.sql, compiled.parameters(params))], [(compiled, result)])
-
-    def _opening(self) -> tuple[list[tuple[str, Any]], list[tuple[Any, Result]]]:
+    def _opening(self) -> list[tuple[Any, dict[str, Any], Result | None]]:
         """START TRANSACTION, and the commit token if there is one."""
-        statements: list[tuple[str, Any]] = [("START TRANSACTION", {})]
-        results: list[tuple[Any, Result]] = [(_COMMIT, Result())]
+        opening: list[tuple[Any, dict[str, Any], Result | None]] = [(_START, {}, None)]
         if self.token is not None:
-            compiled = STATEMENTS.compiled(WRITE_TOKEN, self.core.dialect)
-            statements.append((compiled.sql, compiled.parameters(self.token.params)))
-            results.append((compiled, Result()))
+            opening.append((STATEMENTS.compiled(WRITE_TOKEN, self.core.dialect), self.token.params, None))
             self._token_sent = True
-        return statements, results
+        return opening
 
     def _cursor(self) -> Any:
-        driver = self._driver_connection
-        kept = self.core.info.get(_CURSOR_KEY)
+        driver = self._driver
+        kept = self._info.get(_CURSOR_KEY)
         if kept is None or kept[0] is not driver:  # one per connection: the driver pings for each new one
-            kept = self.core.info[_CURSOR_KEY] = (driver, driver.cursor())
+            kept = self._info[_CURSOR_KEY] = (driver, driver.cursor())
         return kept[1]
 
-    def _guarded(self, sql: str, send: Callable[[], T]) -> T:
-        """Run `send`; a driver error raised as SQLAlchemy would raise it (IntegrityError ...)."""
+    def _guarded(self, sent: str | list[tuple[Any, Any, Any]], send: Callable[[], T]) -> T:
+        """Run `send`; a driver error raised as SQLAlchemy would raise it (IntegrityError ...),
+        naming the SQL `sent` (a statement, or the batch whose statements were sent)."""
         dialect = self.core.dialect
         try:
             return send()
@@ -395,25 +436,31 @@ class UnitOfWork:
             self._held = []
             disconnect = dialect.is_disconnect(exc, self.core.connection.dbapi_connection, None)  # type: ignore[arg-type]
             if disconnect:  # as SQLAlchemy does: every pooled connection of this age is suspect
-                self.core.info.pop(_CURSOR_KEY, None)
+                self._info.pop(_CURSOR_KEY, None)
                 self.core.invalidate(exc)
                 self.core.engine.dispose(close=False)
+            sql = sent if isinstance(sent, str) else ";".join(c.sql for c, _, _ in sent)
             error = DBAPIError.instance(sql, None, exc, dialect.loaded_dbapi.Error,
                                         connection_invalidated=disconnect, dialect=dialect)
             raise error from exc
 
 
-class _CommitStatement:
-    """Stands for START TRANSACTION, COMMIT: no rows, nothing to convert."""
+class _Bare:
+    """A statement without parameters or rows: START TRANSACTION, COMMIT, ROLLBACK."""
 
-    sql, row = "COMMIT", None
+    row = None
     writes = False  # read by flush when a query fails: a COMMIT alone (on Galera) is no held write
 
-    def parameters(self, _params: dict[str, Any]) -> dict[str, Any]:
-        return {}
+    def __init__(self, sql: str) -> None:
+        self.sql, self.texts = sql, [sql.encode()]
+
+    def parameters(self, _params: dict[str, Any]) -> list[Any]:
+        return []
 
 
-_COMMIT: Any = _CommitStatement()
+_START: Any = _Bare("START TRANSACTION")
+_COMMIT: Any = _Bare("COMMIT")
+_ROLLBACK: Any = _Bare("ROLLBACK")
 
 
 def _plain(statement: Any) -> bool:
@@ -436,16 +483,15 @@ def _in_server_transaction(driver: Any) -> bool:
     return bool(getattr(driver, "in_transaction", True))
 
 
-def _run_sqlite(cursor: Any, sql: str, values: Any) -> tuple[list[Any], int, int | None]:
+def _run_sqlite(cursor: Any, sql: str, values: Any) -> Outcome:
     cursor.execute(sql, values)
     rows = cursor.fetchall() if cursor.description else []
     return rows, cursor.rowcount, cursor.lastrowid
 
 
-def _run_mysql(driver: Any, statements: list[tuple[str, Any]]) -> list[tuple[list[Any], int, int | None]]:
-    """The statements in one query, each one's outcome; every result is read, so that an
-    error of a later statement (after which MariaDB runs nothing more) is raised here.
-
-    The connection is db.mysql_dbapi's, over the driver's C API; it fills each statement's
-    values into a template made once per statement (benchmarks.md#c-extension)."""
-    return driver.run(b";".join(driver.fill(sql, values) for sql, values in statements))  # type: ignore[no-any-return]
+def _run_mysql(driver: Any, statements: list[tuple[Any, list[Any]]]) -> list[Outcome]:
+    """The statements (each compiled, with its values in order) in one query, each one's
+    outcome; every result is read, so that an error of a later statement (after which
+    MariaDB runs nothing more) is raised here. The connection is db.mysql_dbapi's, over the
+    driver's C API: it fills the values into each statement's texts, cut once (`_Compiled`)."""
+    return driver.run_filled([(compiled.texts, values) for compiled, values in statements])  # type: ignore[no-any-return]

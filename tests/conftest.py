@@ -113,7 +113,7 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sent: list[int] = []
     send = db.unit_of_work._run_mysql
 
-    def watched(driver: Any, statements: list[tuple[str, Any]]) -> Any:
+    def watched(driver: Any, statements: list[tuple[Any, Any]]) -> Any:
         sent.append(len(statements))
         return send(driver, statements)
 

@@ -355,11 +355,11 @@ def fault_at_commit(fault: Callable[[Any, Callable[[], Any]], Any]) -> Iterator[
     made: list[int] = []
     send_query = unit_of_work._run_mysql
 
-    def faulty(driver: Any, statements: list[tuple[str, Any]]) -> Any:
-        sql = [text for text, _ in statements]
+    def faulty(driver: Any, statements: list[tuple[Any, Any]]) -> Any:
+        sql = [compiled.sql for compiled, _ in statements]
         marks_paid = any(s.startswith("UPDATE orders SET status") for s in sql) and \
             any(s.startswith("DELETE FROM saved_cart_lines") for s in sql)
-        if marks_paid and statements[-1][0] == "COMMIT" and not made:
+        if marks_paid and sql[-1] == "COMMIT" and not made:
             made.append(1)
             return fault(driver, lambda: send_query(driver, statements))
         return send_query(driver, statements)
@@ -399,8 +399,8 @@ def test_a_deadlock_at_a_commit_sent_alone_is_retried(database: Database) -> Non
     that COMMIT is a deadlock to retry, not an internal error."""
     send_query, failed = unit_of_work._run_mysql, []
 
-    def deadlock_once(driver: Any, statements: list[tuple[str, Any]]) -> Any:
-        if [sql for sql, _ in statements] == ["COMMIT"] and not failed:
+    def deadlock_once(driver: Any, statements: list[tuple[Any, Any]]) -> Any:
+        if [compiled.sql for compiled, _ in statements] == ["COMMIT"] and not failed:
             failed.append(1)
             _deadlock(driver, lambda: None)
         return send_query(driver, statements)
