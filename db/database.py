@@ -55,7 +55,6 @@ _SQLITE_UNAVAILABLE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE
                        sqlite3.SQLITE_CANTOPEN}
 _ALL_IN_USE = "every database connection is in use; try again"
 _LOCK_WAITED = f"waited {LOCK_WAIT_S} s for a lock another request held; nothing was changed; try again"
-_OPENED_KEY = "market_opened"  # connection info: when its Connection was opened (monotonic)
 # How long a COMMIT whose answer was lost is asked about while the database is away: a
 # restart takes a few seconds, and the answer must reach the client within its 30 s.
 _ASK_FOR_S = 6.5
@@ -177,13 +176,13 @@ class Database:
     def _run_once(self, work: Callable[[Any], T], tokened: bool, write: bool, progress: list[int],
                   hold: bool = True) -> T:
         token = CommitToken.new() if tokened and self._writes_tokens() else None
-        conn = self._connections.take()
+        held = self._connections.take()
+        conn, info = held.conn, held.info
         events.db_connections_in_use(1)
-        info = conn.info
         try:
             info[PROGRESS_KEY] = progress
             info[UNIT_KEY] = True
-            tx = UnitOfWork(conn, write, hold, token)
+            tx = UnitOfWork(conn, write, hold, token, info=info, driver=held.driver)
             return _transaction(tx, work)
         except DBAPIError as exc:
             if _is_unavailable(exc) and not conn.invalidated:
@@ -192,7 +191,7 @@ class Database:
         finally:
             if not conn.invalidated:
                 info.pop(UNIT_KEY, None)
-            self._connections.give(conn)
+            self._connections.give(held)
             events.db_connections_in_use(-1)
 
     @staticmethod
@@ -318,49 +317,59 @@ class _Unanswered(Exception):
         self.token, self.result = token, result
 
 
+class _Held:
+    """A Connection kept open between calls, and what every call reads of it (each read of a
+    SQLAlchemy Connection's `info` or driver connection is a few Python calls)."""
+
+    __slots__ = ("conn", "info", "driver", "opened")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self.info = conn, conn.info
+        self.driver: Any = conn.connection.driver_connection
+        self.opened = time.monotonic()
+
+
 class _Connections:
     """Open Connections kept between calls, at most `size`, each holding a pooled one.
 
-    A slot is a Connection ready for use or None (open a new one when taken). One that
-    was invalidated (its database connection died) is closed when given back; one
-    older than the engine's recycle time, or opened before retire_all, is replaced
-    when taken, as the pool would.
+    A slot is a Connection ready for use (with what each call reads of it: _Held) or None
+    (open a new one when taken). One that was invalidated (its database connection died) is
+    closed when given back; one older than the engine's recycle time, or opened before
+    retire_all, is replaced when taken, as the pool would.
     """
 
     def __init__(self, engine: Any, size: int, timeout_s: float = 10.0) -> None:
         self._engine, self._timeout_s = engine, timeout_s
         self._recycle_s = RECYCLE_S if not is_sqlite(engine) else float("inf")
         self._retired_before = 0.0
-        self._slots: queue.SimpleQueue[Connection | None] = queue.SimpleQueue()
+        self._slots: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
         for _ in range(size):
             self._slots.put(None)
 
-    def take(self) -> Connection:
+    def take(self) -> _Held:
         """A Connection for one call; BUSY if none is free within the timeout."""
         try:
-            conn = self._slots.get(timeout=self._timeout_s)
+            held = self._slots.get(timeout=self._timeout_s)
         except queue.Empty:
             raise BusyError(_ALL_IN_USE) from None
-        if conn is not None:
-            opened = conn.info[_OPENED_KEY]
-            if opened > self._retired_before and time.monotonic() - opened < self._recycle_s:
-                return conn
-            conn.close()
+        if held is not None:
+            if held.opened > self._retired_before and time.monotonic() - held.opened < self._recycle_s:
+                return held
+            held.conn.close()
         try:
-            conn = self._engine.connect()
+            return _Held(self._engine.connect())
         except BaseException:
             self._slots.put(None)
             raise
-        conn.info[_OPENED_KEY] = time.monotonic()
-        return conn
 
-    def give(self, conn: Connection) -> None:
+    def give(self, held: _Held) -> None:
         """Return a Connection taken for a call that has ended (committed or rolled back)."""
-        if conn.invalidated or conn.in_transaction() or _left_open(conn):
+        conn = held.conn
+        if conn.invalidated or conn.in_transaction() or _left_open(held.driver):
             conn.close()
             self._slots.put(None)
         else:
-            self._slots.put(conn)
+            self._slots.put(held)
 
     def retire_all(self) -> None:
         """Replace every Connection open now at its next use (one found its connection dead)."""
@@ -371,21 +380,20 @@ class _Connections:
         drained = 0
         while True:
             try:
-                conn = self._slots.get_nowait()
+                held = self._slots.get_nowait()
             except queue.Empty:
                 break
             drained += 1
-            if conn is not None:
-                conn.close()
+            if held is not None:
+                held.conn.close()
         for _ in range(drained):
             self._slots.put(None)
 
 
-def _left_open(conn: Connection) -> bool:
+def _left_open(driver: Any) -> bool:
     """A server transaction still open after the call (a failed COMMIT whose ROLLBACK failed
     too, say): the connection would keep its locks, SQLite's write lock among them."""
-    raw = conn.connection.dbapi_connection if not conn.invalidated else None
-    return bool(getattr(raw, "in_transaction", False))
+    return bool(getattr(driver, "in_transaction", False))
 
 
 def _errno(exc: DBAPIError) -> int | None:

@@ -196,10 +196,11 @@ class Connection:
         used = 0
         for texts, given in statements:
             if given:  # texts and values taking turns, put in place by slices (no call a value)
-                piece: list[bytes] = [b""] * (2 * len(given) + 1)
+                count = len(given)
+                piece: list[bytes] = [b""] * (2 * count + 1)
                 piece[0::2] = texts
-                piece[1::2] = quoted[used:used + len(given)]
-                used += len(given)
+                piece[1::2] = quoted[used:used + count]
+                used += count
                 parts += piece
             else:
                 parts.append(texts[0])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import itertools
 import logging
 import queue
 import selectors
@@ -460,11 +461,14 @@ class Server:
             frames.append(exc)
         if not frames:
             return 0
-        size = sum(len(frame) for frame in frames if isinstance(frame, bytes))
+        size = 0
+        for queued in frames:
+            if isinstance(queued, bytes):
+                size += len(queued)
         read = now_ns()
         self.observer.requests_read(len(frames))
         with conn.lock:
-            conn.pending.extend((frame, read) for frame in frames)
+            conn.pending.extend(zip(frames, itertools.repeat(read)))
             conn.queued_bytes += size
             start = not conn.busy
             conn.busy = True
@@ -732,7 +736,7 @@ class _QueuedBytes:
         connections may now be read again: down to half the limit, or no answer under way."""
         with self._lock:
             self.complete += size
-            return self.total <= self.limit // 2 or not self.complete
+            return self.complete + self.partial <= self.limit // 2 or not self.complete
 
     def add_partial(self, size: int) -> None:
         """Count size more of unfinished frames (the leader only)."""
@@ -744,7 +748,7 @@ class _QueuedBytes:
 
     def over(self) -> bool:
         """More held than the limit."""
-        return self.total > self.limit
+        return self.complete + self.partial > self.limit
 
     def low(self) -> bool:
         """Down to half the limit: paused connections may be read again."""
