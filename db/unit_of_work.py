@@ -17,6 +17,7 @@ through SQLAlchemy, after a flush.
 from __future__ import annotations
 
 import operator
+import weakref
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -102,18 +103,21 @@ def _row_type(names: list[str]) -> type:
 
 
 class StatementCache:
-    """Statements compiled once per dialect. A statement made per call is compiled per call, and
-    kept until the cache holds MAX_STATEMENTS, when it starts again (a plain dict: a weak one
-    cost a Python call a statement)."""
+    """Statements compiled once per dialect. A statement seen once is held weakly: one made
+    per call (with its values in it) is compiled per call and freed with it. One seen again
+    (a module's statement, reused) goes to a plain dict, where the unit of work finds it
+    without a Python call (a weak dict's lookup is one); should that dict reach
+    MAX_STATEMENTS (a statement made per call and run twice, many times over), it starts again."""
 
     MAX_STATEMENTS = 4096
 
     def __init__(self) -> None:
         self._by_dialect: dict[str, dict[Any, _Compiled]] = {}
+        self._seen_once: dict[str, weakref.WeakKeyDictionary[Any, _Compiled]] = {}
         self._rows: dict[tuple[Any, tuple[str, ...], int], Insert] = {}
 
     def of(self, dialect: Dialect) -> dict[Any, _Compiled]:
-        """The dialect's statements compiled so far, by statement (read it, never write it)."""
+        """The dialect's statements seen more than once, compiled, by statement (read it only)."""
         found = self._by_dialect.get(dialect.name)
         if found is None:
             found = self._by_dialect.setdefault(dialect.name, {})
@@ -121,12 +125,20 @@ class StatementCache:
 
     def compiled(self, statement: ClauseElement, dialect: Dialect) -> _Compiled:
         """The statement compiled for the dialect."""
-        by_statement = self.of(dialect)
-        found = by_statement.get(statement)
+        reused = self.of(dialect)
+        found = reused.get(statement)
+        if found is not None:
+            return found
+        seen_once = self._seen_once.get(dialect.name)
+        if seen_once is None:
+            seen_once = self._seen_once.setdefault(dialect.name, weakref.WeakKeyDictionary())
+        found = seen_once.get(statement)
         if found is None:
-            if len(by_statement) >= self.MAX_STATEMENTS:
-                by_statement.clear()
-            found = by_statement[statement] = _Compiled(statement, dialect)
+            found = seen_once[statement] = _Compiled(statement, dialect)
+        else:  # seen again: a statement that is reused
+            if len(reused) >= self.MAX_STATEMENTS:
+                reused.clear()
+            reused[statement] = found
         return found
 
     def rows_insert(self, statement: Insert, columns: tuple[str, ...], count: int) -> Insert:
@@ -287,6 +299,9 @@ class UnitOfWork:
         compiled = self._statements.get(statement)
         if compiled is None or compiled.expanding or (params is not None and type(params) is not dict):
             return self._execute_other(statement, params)
+        return self._execute_compiled(compiled, params)
+
+    def _execute_compiled(self, compiled: _Compiled, params: dict[str, Any] | None) -> Result:
         result = Result(self)
         if compiled.writes and self.write and self._batches:
             self._held.append((compiled, params or {}, result))
@@ -308,10 +323,11 @@ class UnitOfWork:
                 or (params is not None and not isinstance(params, dict)):
             self.flush()
             return self.core.execute(statement, params)
-        if STATEMENTS.compiled(statement, self.core.dialect).expanding:
+        compiled = STATEMENTS.compiled(statement, self.core.dialect)
+        if compiled.expanding:
             self.flush()
             return self.core.execute(statement, params)
-        return self.execute(statement, dict(params) if params is not None else None)
+        return self._execute_compiled(compiled, dict(params) if params is not None else None)
 
     def flush(self, demanded: Result | None = None) -> None:
         """Send every held statement now (one query on MySQL/MariaDB).
@@ -397,15 +413,18 @@ class UnitOfWork:
     def _send(self, batch: list[tuple[Any, dict[str, Any], Result | None]]) -> None:
         """Send the statements (each with its parameters and the Result it fills): in one
         query on MySQL/MariaDB, one by one on SQLite."""
+        # the values first: a bind processor's error leaves the transaction as it was (unopened)
+        statements = [(c, c.parameters(p)) for c, p, _ in batch]
         if self._begin_pending:
-            batch = self._opening() + batch  # a new list: the caller's is what it held
+            opening = self._opening()
+            batch = opening + batch  # a new list: the caller's is what it held
+            statements[:0] = [(c, c.parameters(p)) for c, p, _ in opening]
             self._begin_pending = False
         if self._sqlite:
             cursor = self._cursor()
-            outcomes = [self._guarded(c.sql, partial(_run_sqlite, cursor, c.sql, c.parameters(p)))
-                        for c, p, _ in batch]
+            outcomes = [self._guarded(c.sql, partial(_run_sqlite, cursor, c.sql, values))
+                        for c, values in statements]
         else:
-            statements = [(c, c.parameters(p)) for c, p, _ in batch]
             outcomes = self._guarded(batch, partial(_run_mysql, self._driver, statements))
         for (compiled, _, result), (rows, rowcount, lastrowid) in zip(batch, outcomes, strict=False):
             if result is not None:

@@ -1,6 +1,7 @@
 """The engine factory: the MySQL driver is the C extension, and the dialect settings hold."""
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 import sqlite3
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +22,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     Table,
+    TypeDecorator,
     bindparam,
     insert,
     literal_column,
@@ -31,7 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from support import BUMP, FAILURE_OF, LOGIN_FAILURE, fresh_mysql_database
 
 import db.engine as engine_module
-from db import Database, DatabaseUnusable, mysql_dbapi
+from db import Database, DatabaseUnusable, mysql_dbapi, unit_of_work
 from db.engine import driver_url
 from db.schema import login_failures
 from wire.errors import BusyError, UnavailableError
@@ -266,6 +269,51 @@ def mariadb_database(mysql_server: str) -> Iterator[Database]:
         database.create_schema()
         yield database
         database.close()
+
+
+def test_a_statement_made_per_call_is_not_kept_and_a_reused_one_is(database: Database) -> None:
+    """The compiled statements are held weakly until a statement is seen again: one made per
+    call, with the values in it, goes with the call; a module's statement stays compiled."""
+    def made_per_call() -> Any:
+        return select(login_failures.c.failures).where(login_failures.c.username == secrets.token_hex(8))
+
+    kept = []
+    for _ in range(3):
+        statement = made_per_call()
+        kept.append(weakref.ref(statement))
+        assert database.run(lambda tx, s=statement: tx.execute(s).all(), write=False) == []
+        del statement
+    gc.collect()
+    assert [ref() for ref in kept] == [None, None, None]
+    for _ in range(2):
+        database.run(lambda tx: tx.execute(FAILURE_OF, {"role": "buyer", "username": "x"}).all(), write=False)
+    assert FAILURE_OF in unit_of_work.STATEMENTS.of(database.engine.dialect)
+
+
+class _NoNegatives(TypeDecorator[int]):
+    impl, cache_ok = Integer, True
+
+    def process_bind_param(self, value: int | None, dialect: Any) -> int | None:
+        if value is not None and value < 0:
+            raise ValueError("no negative values")
+        return value
+
+
+def test_a_value_refused_before_sending_leaves_the_transaction_whole(database: Database) -> None:
+    """A bind processor's error, caught by the transaction function at its first statement:
+    the statements after it are still in the transaction, and its rollback undoes them."""
+    refused = select(literal_column("1").label("one")).where(bindparam("n", type_=_NoNegatives()) >= 0)
+
+    def work(tx: Any) -> None:
+        with pytest.raises(ValueError):
+            tx.execute(refused, {"n": -1}).all()
+        assert tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "undone", "n": 1}).rowcount == 1
+        raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError):
+        database.run(work)
+    assert database.run(lambda tx: tx.execute(FAILURE_OF, {"role": "buyer", "username": "undone"}).all(),
+                        write=False) == []
 
 
 def test_held_writes_travel_with_the_next_statement_and_the_commit(mariadb_database: Database,
