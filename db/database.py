@@ -182,7 +182,7 @@ class Database:
         try:
             info[PROGRESS_KEY] = progress
             info[UNIT_KEY] = True
-            tx = UnitOfWork(conn, write, hold, token, info=info, driver=held.driver)
+            tx = UnitOfWork(conn, info, held.driver, write, hold, token)
             return _transaction(tx, work)
         except DBAPIError as exc:
             if _is_unavailable(exc) and not conn.invalidated:

@@ -195,16 +195,9 @@ class Connection:
         parts: list[bytes] = []
         used = 0
         for texts, given in statements:
-            if given:  # texts and values taking turns, put in place by slices (no call a value)
-                count = len(given)
-                piece: list[bytes] = [b""] * (2 * count + 1)
-                piece[0::2] = texts
-                piece[1::2] = quoted[used:used + count]
-                used += count
-                parts += piece
-            else:
-                parts.append(texts[0])
+            parts += _interleaved(texts, quoted[used:used + len(given)])
             parts.append(b";")
+            used += len(given)
         return self.run(b"".join(parts[:-1]))
 
     def run(self, query: bytes) -> list[Outcome]:
@@ -405,12 +398,15 @@ def template(sql: str | bytes) -> tuple[list[bytes], list[str]]:
     return found
 
 
-def _interleaved(texts: list[bytes], quoted: Sequence[bytes]) -> Iterator[bytes]:
-    """A template's texts with the quoted values between them."""
-    yield texts[0]
-    for value, text in zip(quoted, texts[1:], strict=True):
-        yield value
-        yield text
+def _interleaved(texts: Sequence[bytes], quoted: Sequence[bytes]) -> list[bytes]:
+    """A template's texts with the quoted values between them (one value fewer than texts),
+    put in place by slices: no Python call a value."""
+    if len(texts) != len(quoted) + 1:
+        raise ProgrammingError(f"{len(texts) - 1} placeholders, {len(quoted)} values")
+    pieces: list[bytes] = [b""] * (2 * len(texts) - 1)
+    pieces[0::2] = texts
+    pieces[1::2] = quoted
+    return pieces
 
 
 def _chunks(rows: list[bytes]) -> Iterator[list[bytes]]:

@@ -268,17 +268,16 @@ class UnitOfWork:
     fails with the statement it was sent with, and the whole transaction rolls back.
     """
 
-    def __init__(self, conn: Connection, write: bool, hold: bool = True, token: CommitToken | None = None,
-                 info: dict[Any, Any] | None = None, driver: Any = None) -> None:
-        """`info` and `driver`: the Connection's, when the caller has them (reading them is a
-        few SQLAlchemy calls)."""
+    def __init__(self, conn: Connection, info: dict[Any, Any], driver: Any, write: bool, hold: bool = True,
+                 token: CommitToken | None = None) -> None:
+        """`info` and `driver`: the Connection's, as its holder read them once (each read of
+        them through the Connection is a few SQLAlchemy calls)."""
         self.core = conn  # the SQLAlchemy Connection underneath: for DDL and inspection
         dialect = conn.dialect
         self._sqlite = dialect.name == "sqlite"
         self._statements = STATEMENTS.of(dialect)  # looked up by every execute
-        info = self._info = conn.info if info is None else info
+        self._info, self._driver = info, driver
         self._progress: list[int] | None = info.get(PROGRESS_KEY)  # statements sent, for Database.run
-        self._driver: Any = conn.connection.driver_connection if driver is None else driver
         self.write = write
         self.token = token  # written with START TRANSACTION (MySQL), if given
         self._token_sent = False
