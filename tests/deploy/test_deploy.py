@@ -143,7 +143,8 @@ def unit(name: str) -> dict[str, list[str]]:
 
 
 def shell_scripts() -> list[Path]:
-    scripts = [*sorted((ROOT / "deploy").rglob("*.sh")), *sorted((ROOT / "scripts").glob("*.sh"))]
+    scripts = [*sorted((ROOT / "deploy").rglob("*.sh")), *sorted((ROOT / "scripts").glob("*.sh")),
+               *sorted((ROOT / "simulation").rglob("*.sh"))]
     return [*scripts, ROOT / ".ci" / "run"]
 
 
