@@ -4,17 +4,19 @@
 # area modules as plain Core transaction scripts), with this checkout's data layer in place of
 # the merge's (the unit of work, the MySQL connection module, the transaction runner, the
 # engine, the commit tokens) and the area modules' one later use of it (4ee7f45: an answer read
-# with its COMMIT). Nothing else of this release comes along: no storm limits, money in steps,
-# search by text or metrics. The schema is made by create_all, as before the migrations.
+# with its COMMIT). Nothing else of this release comes along: no storm limits, money in steps
+# or search by text (the metrics' package is copied for the runner's hooks; nothing serves it).
+# The schema is made by create_all, as before the migrations.
 #
 #   simulation/studies/data_layer_checkout.sh DIR
 #
 # Then run the same market-sim in DIR, with this checkout's environment (it has what the
 # copied modules import), and in a checkout of 16047ce with its own (scripts/_venv.sh dev in
-# it: mysql-connector 9.1.0), taking turns, a fresh database each run:
-#   (cd DIR && PYTHONPATH=. HERE/.venv/bin/python -m simulation -n 100 -k 200 -r 1 --db-url URL)
+# it: mysql-connector 9.1.0), taking turns, a fresh database each run; with THIS the folder
+# of this checkout:
+#   (cd DIR && PYTHONPATH=. THIS/.venv/bin/python -m simulation -n 100 -k 200 -r 1 --db-url URL)
 set -euo pipefail
-dir=${1:?usage: $0 DIR}
+dir=$(realpath -m -- "${1:?usage: $0 DIR}")
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 git -C "$here" worktree add --detach "$dir" f0a2ec6
 cp "$here"/db/{unit_of_work,mysql_dbapi,database,engine,commit_tokens}.py "$dir/db/"
@@ -40,4 +42,4 @@ made = re.sub(r"(    def create_schema\(self\) -> None:\n        \"\"\".*?\"\"\"
 assert "metadata.create_all" in made, "create_schema not found: this checkout's runner changed"
 runner.write_text(made)
 EOF
-echo "built $dir: run it as (cd $dir && PYTHONPATH=. $here/.venv/bin/python -m simulation ...)"
+echo "built $dir: run it as (cd '$dir' && PYTHONPATH=. '$here/.venv/bin/python' -m simulation ...)"
