@@ -166,7 +166,7 @@ class Connection:
         self._autocommit = not autocommit  # so that the next line tells the server
         self.autocommit = autocommit
 
-    # -- the unit of work's calls ------------------------------------------------------------
+    # -- filling and running statements: the unit of work's run_filled, the cursor's fill ----
 
     def fill(self, sql: str | bytes, values: dict[str, Any]) -> bytes:
         """`sql` with its %(name)s placeholders replaced by the quoted `values`, every other %

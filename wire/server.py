@@ -735,7 +735,7 @@ class _QueuedBytes:
         """Count size more of complete frames (or less, if negative); whether paused
         connections may now be read again: down to half the limit, or no answer under way."""
         with self._lock:
-            self.complete += size
+            self.complete += size  # below, and in over(): the total inline (a property is a call)
             return self.complete + self.partial <= self.limit // 2 or not self.complete
 
     def add_partial(self, size: int) -> None:
