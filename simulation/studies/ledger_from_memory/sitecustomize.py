@@ -7,8 +7,10 @@ simulated processor's ledger in a dict of its own instead of the database:
     PYTHONPATH=simulation/studies/ledger_from_memory:. market-sim -n 100 -k 200 -r 1 \\
         --db-url mysql://root@127.0.0.1:3306/nomoney
 
-A measurement only (docs/benchmarks.md, "Deferred writes"): nothing of the payments is
-kept, the servers' processes do not share it, and market-sim's audit fails, as it must.
+Run it from the checkout's root (the paths are relative): each process says "payment ledger
+answered from memory" on stderr, and market-sim's audit fails, as it must; without that line
+and with a passing audit, the module was not loaded. A measurement only (docs/benchmarks.md,
+"Deferred writes"): nothing of the payments is kept, and the processes do not share it.
 """
 from __future__ import annotations
 
