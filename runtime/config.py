@@ -37,6 +37,7 @@ class Settings:
     idle_timeout_s: float = _LIMITS.idle_timeout_s
     frame_deadline_s: float = _LIMITS.frame_deadline_s
     threads: int = _LIMITS.threads
+    purchase_threads: int = _LIMITS.aside_threads  # 0: purchases on the request threads
     max_connections_per_address: int = _LIMITS.max_connections_per_address
     new_connections_per_s_per_address: float = _LIMITS.new_connections_per_s_per_address
     max_queued_bytes_per_connection: int = _LIMITS.max_queued_bytes_per_connection
@@ -142,6 +143,7 @@ def _secret_file(name: str, path: str) -> str:
 _RANGES: dict[str, tuple[str, float, float]] = {
     "port": ("--port", 0, 65535),
     "threads": ("--threads / MARKET_THREADS", 1, 1024),
+    "purchase_threads": ("MARKET_PURCHASE_THREADS", 0, 1024),
     "workers": ("--workers / MARKET_WORKERS", 1, 256),
     "max_frame": ("MARKET_MAX_FRAME", 1024, 2**31 - 1),
     "max_connections": ("MARKET_MAX_CONNECTIONS", 1, 1_000_000),
@@ -279,6 +281,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         signups_per_address_hour=number("MARKET_SIGNUPS_PER_ADDRESS_HOUR", int,
                                         default.signups_per_address_hour),
         hash_queue=number("MARKET_HASH_QUEUE", int, default.hash_queue),
+        purchase_threads=number("MARKET_PURCHASE_THREADS", int, default.purchase_threads),
         hash_queue_per_address=number("MARKET_HASH_QUEUE_PER_ADDRESS", int, default.hash_queue_per_address),
         worker_timeout_s=number("MARKET_WORKER_TIMEOUT_S", float, default.worker_timeout_s),
         housekeeping_interval_s=number("MARKET_HOUSEKEEPING_INTERVAL_S", float,
@@ -300,12 +303,18 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     return settings
 
 
+def database_pool_size(settings: Settings) -> int:
+    """Database connections one server process keeps (its pool may open as many again): one
+    per request thread, and in the buyer server one per purchase thread."""
+    return settings.threads + (settings.purchase_threads if settings.role == "buyer" else 0)
+
+
 def descriptors_needed(settings: Settings) -> int:
     """File descriptors one server process may hold at once: a socket per connection, and
     per database connection (the pool and its overflow) up to three (SQLite's file, its
     write-ahead log and shared memory), plus a margin for the listener, the selector, logs
     and the accept that finds the process full."""
-    return settings.max_connections + 2 * settings.threads * 3 + 64
+    return settings.max_connections + 2 * database_pool_size(settings) * 3 + 64
 
 
 def descriptor_shortage(settings: Settings) -> str:

@@ -13,6 +13,11 @@ responses in `answer`, the one
 place where that translation happens. An observer (wire.observer) hears of connections
 and answers: metrics, logs and tracing hang there.
 
+With `aside_threads`, an op that waits on another system (the App's `aside_ops`: the buyer's
+purchase, on the payment processor) is answered on threads of its own; its connection stays
+busy meanwhile, so its later requests wait and keep their order, and the request threads go
+on answering everyone else.
+
 No thread ever waits for a client to read: an answer the socket will not take at once
 stays in the connection's outbox, the thread goes back to the pool, and the leader
 sends the rest when the socket is writable, then hands the connection's queue to a
@@ -79,6 +84,7 @@ class ServerLimits:
     frame_deadline_s: float = 10.0
     send_timeout_s: float = 10.0  # how long an answer may wait for its client to read more of it
     threads: int = 3  # on two cores, with the database nearby: the lowest tail (docs/benchmarks.md)
+    aside_threads: int = 0  # threads of their own for the App's aside ops; 0: the request threads
     # the simulator's 100 clients to one server from one address, twice over (docs/reliability.md)
     max_connections_per_address: int = 200
     new_connections_per_s_per_address: float = 100.0  # bursts of max_connections_per_address
@@ -113,9 +119,9 @@ class _WorkerPool:
     about a tenth of the GIL time of a loaded server); nothing here waits for a result.
     """
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, name: str = "market-worker") -> None:
         self._calls: queue.SimpleQueue[tuple[Callable[[Any], None], Any] | None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"market-worker-{n}", daemon=True)
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{n}", daemon=True)
                          for n in range(threads)]
         for thread in self._threads:
             thread.start()
@@ -223,6 +229,11 @@ class Server:
         self._ready: list[_Connection] = []  # connections the leader found requests for
         self._next_sweep = 0.0
         self._pool = _WorkerPool(limits.threads)
+        # ops that wait on another system (the buyer's purchase: the payment processor) may run
+        # on threads of their own, so that they never hold every request thread
+        self._aside_ops: frozenset[str] = frozenset(getattr(app, "aside_ops", ()))
+        self._aside = (_WorkerPool(limits.aside_threads, "market-aside")
+                       if self._aside_ops and limits.aside_threads else None)
         self._stopping = threading.Event()
         self._lead_ended = threading.Event()
         self._failure: BaseException | None = None
@@ -615,6 +626,8 @@ class Server:
     def _finish(self) -> None:
         if self._stop_deadline is None:  # stopped by a failure, not shutdown()
             self._close_listener()
+        if self._aside is not None:  # first: what it answers goes on with the request threads
+            self._aside.shutdown()
         self._pool.shutdown()
         self._run_calls()
         connections = list(self._connections)
@@ -655,18 +668,45 @@ class Server:
             answering = now_ns()  # before decoding: a request waits undecoded, its decoding is service
             message = _decode(conn, frame)
             self.observer.answering(conn.address, message)
-            response, answer_frame = answer(self.app, message, conn.address)
-            answered = now_ns()  # before the send: a client may read the answer before it returns
-            sent = self._send(conn, answer_frame)
-            self.observer.answer_sent(conn.address, message, response, (read, answering, answered))
-            if not sent:
-                self._forget_pending(conn)
-            elif isinstance(message, ProtocolError):
-                self._forget_pending(conn)
-                conn.closing = True
-            if conn.blocked_since is not None:  # the rest when the client reads: the leader's
-                self._call_soon(lambda: self._wait_writable(conn))
+            if self._aside is not None and _op_of(message) in self._aside_ops:
+                # still busy: the aside thread answers, then the queue goes on (in order)
+                self._aside.submit(self._answer_aside, (conn, message, read, answering))
                 return
+            if not self._answer_one(conn, message, read, answering):
+                return
+        self._queue_answered(conn)
+
+    def _answer_one(self, conn: _Connection, message: dict[str, Any] | ProtocolError,
+                    read: int, answering: int) -> bool:
+        """Answer one request; False when its answer waits for the socket (the leader then
+        sends the rest and hands the queue on)."""
+        response, answer_frame = answer(self.app, message, conn.address)
+        answered = now_ns()  # before the send: a client may read the answer before it returns
+        sent = self._send(conn, answer_frame)
+        self.observer.answer_sent(conn.address, message, response, (read, answering, answered))
+        if not sent:
+            self._forget_pending(conn)
+        elif isinstance(message, ProtocolError):
+            self._forget_pending(conn)
+            conn.closing = True
+        if conn.blocked_since is not None:  # the rest when the client reads: the leader's
+            self._call_soon(lambda: self._wait_writable(conn))
+            return False
+        return True
+
+    def _answer_aside(self, job: tuple[_Connection, dict[str, Any], int, int]) -> None:
+        """Answer an aside op's request, then hand the connection's queue back to a request
+        thread (the connection stayed busy meanwhile, so its requests keep their order)."""
+        conn, message, read, answering = job
+        self.observer.threads_busy(1)
+        try:
+            if self._answer_one(conn, message, read, answering):
+                self._pool.submit(self._drain, conn)
+        finally:
+            self.observer.threads_busy(-1)
+
+    def _queue_answered(self, conn: _Connection) -> None:
+        """Every queued request answered: read the connection again, or close it."""
         conn.last_activity = time.monotonic()
         if conn.closing:
             self._call_soon(lambda: self._close(conn))
@@ -789,6 +829,12 @@ def _decode(conn: _Connection, frame: bytes | ProtocolError) -> dict[str, Any] |
     except Exception:  # a bug in decoding one client's bytes costs that connection only
         log.exception("could not decode a frame; answering BAD_FRAME and closing")
         return BadFrameError("frame could not be decoded")
+
+
+def _op_of(message: dict[str, Any] | ProtocolError) -> str | None:
+    """The request's op name; None when it has none (any other JSON value is no name)."""
+    op = None if isinstance(message, ProtocolError) else message.get("op")
+    return op if isinstance(op, str) else None
 
 
 def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:

@@ -6,6 +6,7 @@ processor's ledger. Real sockets, real processes, both databases.
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections import Counter
@@ -17,7 +18,16 @@ from typing import Any
 import pytest
 from mysql.connector import errors as mysql_errors
 from sqlalchemy import insert, select, update
-from support import CARD, Market, PrivateMariaDB, ServerProcess, free_port, running_market
+from support import (
+    CARD,
+    Market,
+    PrivateMariaDB,
+    ServerProcess,
+    free_port,
+    race,
+    read_messages,
+    running_market,
+)
 from test_faults import list_items, sign_up
 
 from buyer_server.checkout import KILL_POINTS
@@ -27,9 +37,12 @@ from db.audit import audit
 from db.ledger import CAPTURED, DECLINED, VOIDED, Ledger, Payment
 from db.purchases import PAID, PENDING
 from db.schema import orders, users
-from runtime.config import Settings
+from runtime.config import Settings, database_pool_size, server_settings
+from runtime.runner import limits_of
 from wire import Connection, ProtocolError
 from wire.errors import ConflictError, PaymentDeclinedError, UnavailableError
+from wire.framing import encode_frame
+from wire.server import ServerLimits
 
 SETTLE_ENV = {"MARKET_SETTLE_AFTER_S": "1", "MARKET_SETTLE_PERIOD_S": "0.2"}
 
@@ -609,3 +622,83 @@ def test_settlers_racing_each_other_and_the_purchases_act_once(market: Market) -
         cart = [line["quantity"] for line in buyer.call("display_cart")["cart"]["items"]]
         assert cart == ([] if buyer.user_id in bought else [2])  # type: ignore[attr-defined]
     assert audit(market.db) == []
+
+
+class SlowProcessor:
+    """The simulated processor answering each authorisation after `delay_s`, as one across
+    the internet may."""
+
+    def __init__(self, inner: SimulatedProcessor, delay_s: float) -> None:
+        self.inner, self.delay_s = inner, delay_s
+
+    def authorise(self, key: str, buyer_id: int, amount_cents: int, card: Card) -> None:
+        time.sleep(self.delay_s)
+        self.inner.authorise(key, buyer_id, amount_cents, card)
+
+    def capture(self, key: str) -> None:
+        self.inner.capture(key)
+
+    def void(self, key: str) -> None:
+        self.inner.void(key)
+
+    def lookup(self, key: str) -> str | None:
+        return self.inner.lookup(key)
+
+
+def test_purchases_waiting_on_the_processor_leave_the_request_threads_to_everyone_else(
+        database: Database) -> None:
+    """With purchase threads (MARKET_PURCHASE_THREADS), as many purchases as the server has
+    request threads, all waiting on a slow processor: another buyer's requests are answered
+    at once, and the purchases complete (without them, get_item waits about 2 s)."""
+    processor = SlowProcessor(SimulatedProcessor(Ledger(database)), delay_s=2.0)
+    limits = ServerLimits(threads=2, aside_threads=2)  # MARKET_PURCHASE_THREADS=2
+    with running_market(database, processor=processor, limits=limits) as market:
+        seller, reader = market.user("seller"), market.user("buyer")
+        item_id = market.item(seller, quantity=5)
+        buyers = [market.user("buyer") for _ in range(2)]
+        for buyer in buyers:
+            buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+        receipts = race([lambda b=buyer: b.call("make_purchase", CARD) for buyer in buyers]  # type: ignore[misc]
+                        + [lambda: _answered_in(reader, item_id, 0.5)])
+        waited = receipts.pop()
+        assert waited < 1.0, f"get_item waited {waited:.2f} s behind the purchases"
+        assert all(isinstance(r, dict) and r["total"] == "12.50" for r in receipts), receipts
+        assert reader.call("get_item", {"item_id": item_id})["quantity"] == 3
+    assert [(p.state, p.captures) for p in ledger_of(database)] == [(CAPTURED, 1)] * 2
+
+
+def _answered_in(conn: Connection, item_id: int, after_s: float) -> float:
+    """Seconds a get_item took, sent `after_s` from now (the purchases then in the processor)."""
+    time.sleep(after_s)
+    start = time.monotonic()
+    conn.call("get_item", {"item_id": item_id})
+    return time.monotonic() - start
+
+
+def test_a_request_sent_behind_a_purchase_on_one_connection_is_answered_after_it(database: Database) -> None:
+    """A purchase waiting on the processor holds its connection's later requests: answers
+    come in the order asked, the cart shown after the purchase is empty."""
+    processor = SlowProcessor(SimulatedProcessor(Ledger(database)), delay_s=0.5)
+    limits = ServerLimits(threads=2, aside_threads=1)
+    with running_market(database, processor=processor, limits=limits) as market:
+        seller, buyer = market.user("seller"), market.user("buyer")
+        buyer.call("add_to_cart", {"item_id": market.item(seller), "quantity": 2})
+        with socket.create_connection(market.buyer_server.address, timeout=10) as sock:
+            asked = [("make_purchase", CARD), ("display_cart", {})]
+            sock.sendall(b"".join(encode_frame({"id": n, "op": op, "token": buyer.token, "args": args})
+                                  for n, (op, args) in enumerate(asked)))
+            purchase, cart = read_messages(sock, 2)
+    assert (purchase["id"], purchase["ok"], cart["id"]) == (0, True, 1), (purchase, cart)
+    assert cart["result"]["cart"]["items"] == []
+
+
+def test_market_purchase_threads_gives_the_buyer_server_purchase_threads_and_their_connections(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert limits_of(server_settings("buyer", [])).aside_threads == 0  # by default: none
+    monkeypatch.setenv("MARKET_PURCHASE_THREADS", "5")
+    buyer, seller = server_settings("buyer", []), server_settings("seller", [])
+    assert limits_of(buyer).aside_threads == 5
+    assert (database_pool_size(buyer), database_pool_size(seller)) == (buyer.threads + 5, seller.threads)
+    monkeypatch.setenv("MARKET_PURCHASE_THREADS", "-1")
+    with pytest.raises(SystemExit):
+        server_settings("buyer", [])
