@@ -327,6 +327,7 @@ def descriptor_shortage(settings: Settings) -> str:
     if hard == resource.RLIM_INFINITY or hard >= needed:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
         return ""
-    return (f"MARKET_MAX_CONNECTIONS {settings.max_connections} with {settings.threads} threads needs "
+    return (f"MARKET_MAX_CONNECTIONS {settings.max_connections} with {database_pool_size(settings)} "
+            f"database connections (MARKET_THREADS and MARKET_PURCHASE_THREADS) needs "
             f"{needed} file descriptors, over this process's limit of {hard} (ulimit -n): "
             f"lower MARKET_MAX_CONNECTIONS or raise the limit")

@@ -121,6 +121,8 @@ class _WorkerPool:
 
     def __init__(self, threads: int, name: str = "market-worker") -> None:
         self._calls: queue.SimpleQueue[tuple[Callable[[Any], None], Any] | None] = queue.SimpleQueue()
+        self._shut = False
+        self._shutting = threading.Lock()  # a call is queued before the threads' stops, or refused
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{n}", daemon=True)
                          for n in range(threads)]
         for thread in self._threads:
@@ -130,8 +132,17 @@ class _WorkerPool:
         """Run call(arg) on a worker thread."""
         self._calls.put((call, arg))
 
+    def submit_unless_shut(self, call: Callable[[Any], None], arg: Any) -> bool:
+        """Run call(arg) on a worker thread; False if the pool is shutting down (not run)."""
+        with self._shutting:
+            if not self._shut:
+                self._calls.put((call, arg))
+            return not self._shut
+
     def shutdown(self) -> None:
         """Finish the calls already submitted, then stop every thread."""
+        with self._shutting:
+            self._shut = True
         for _ in self._threads:
             self._calls.put(None)
         for thread in self._threads:
@@ -667,11 +678,10 @@ class Server:
                 self._wake()  # the leader reads the paused connections again (or one of them)
             answering = now_ns()  # before decoding: a request waits undecoded, its decoding is service
             message = _decode(conn, frame)
+            if self._aside is not None and _op_of(message) in self._aside_ops and self._set_aside(
+                    conn, message, read, size):
+                return  # still busy: the aside thread answers, then the queue goes on (in order)
             self.observer.answering(conn.address, message)
-            if self._aside is not None and _op_of(message) in self._aside_ops:
-                # still busy: the aside thread answers, then the queue goes on (in order)
-                self._aside.submit(self._answer_aside, (conn, message, read, answering))
-                return
             if not self._answer_one(conn, message, read, answering):
                 return
         self._queue_answered(conn)
@@ -694,15 +704,35 @@ class Server:
             return False
         return True
 
-    def _answer_aside(self, job: tuple[_Connection, dict[str, Any], int, int]) -> None:
+    def _set_aside(self, conn: _Connection, message: dict[str, Any] | ProtocolError, read: int,
+                   size: int) -> bool:
+        """Queue an aside op's request for its threads, its frame counted as held until it is
+        answered; False if they are shutting down (a request thread answers it then)."""
+        assert self._aside is not None
+        self._queued.add(size)
+        if self._aside.submit_unless_shut(self._answer_aside, (conn, message, read, size)):
+            return True
+        self._queued.add(-size)
+        return False
+
+    def _answer_aside(self, job: tuple[_Connection, dict[str, Any] | ProtocolError, int, int]) -> None:
         """Answer an aside op's request, then hand the connection's queue back to a request
-        thread (the connection stayed busy meanwhile, so its requests keep their order)."""
-        conn, message, read, answering = job
+        thread (the connection stayed busy meanwhile, so its requests keep their order). Past
+        the stop's deadline it is left unanswered, as queued requests are."""
+        conn, message, read, size = job
         self.observer.threads_busy(1)
         try:
+            answering = now_ns()  # its wait for an aside thread counts as waiting, not service
+            if self._past_stop_deadline():
+                self.observer.requests_read(-1)
+                self._pool.submit(self._drain, conn)
+                return
+            self.observer.answering(conn.address, message)
             if self._answer_one(conn, message, read, answering):
                 self._pool.submit(self._drain, conn)
         finally:
+            if self._queued.add(-size) and self._memory_paused:
+                self._wake()
             self.observer.threads_busy(-1)
 
     def _queue_answered(self, conn: _Connection) -> None:

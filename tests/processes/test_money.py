@@ -649,7 +649,7 @@ def test_purchases_waiting_on_the_processor_leave_the_request_threads_to_everyon
         database: Database) -> None:
     """With purchase threads (MARKET_PURCHASE_THREADS), as many purchases as the server has
     request threads, all waiting on a slow processor: another buyer's requests are answered
-    at once, and the purchases complete (without them, get_item waits about 2 s)."""
+    at once, and the purchases complete (without them, get_item waits about 1.5 s)."""
     processor = SlowProcessor(SimulatedProcessor(Ledger(database)), delay_s=2.0)
     limits = ServerLimits(threads=2, aside_threads=2)  # MARKET_PURCHASE_THREADS=2
     with running_market(database, processor=processor, limits=limits) as market:
@@ -694,6 +694,7 @@ def test_a_request_sent_behind_a_purchase_on_one_connection_is_answered_after_it
 
 def test_market_purchase_threads_gives_the_buyer_server_purchase_threads_and_their_connections(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MARKET_PURCHASE_THREADS", raising=False)
     assert limits_of(server_settings("buyer", [])).aside_threads == 0  # by default: none
     monkeypatch.setenv("MARKET_PURCHASE_THREADS", "5")
     buyer, seller = server_settings("buyer", []), server_settings("seller", [])
@@ -702,3 +703,38 @@ def test_market_purchase_threads_gives_the_buyer_server_purchase_threads_and_the
     monkeypatch.setenv("MARKET_PURCHASE_THREADS", "-1")
     with pytest.raises(SystemExit):
         server_settings("buyer", [])
+
+
+def test_a_stop_leaves_purchases_still_waiting_for_a_purchase_thread_at_its_deadline_unanswered(
+        database: Database) -> None:
+    """One purchase thread, busy in a slow processor; a second purchase waits for it. A stop
+    whose deadline passes meanwhile finishes the first and never starts the second: one
+    payment in the ledger, one unit sold, the second buyer's connection closed unanswered."""
+    processor = SlowProcessor(SimulatedProcessor(Ledger(database)), delay_s=1.5)
+    limits = ServerLimits(threads=2, aside_threads=1, send_timeout_s=0.3)
+    with running_market(database, processor=processor, limits=limits) as market:
+        seller = market.user("seller")
+        item_id = market.item(seller, quantity=5)
+        buyers = [market.user("buyer") for _ in range(2)]
+        for buyer in buyers:
+            buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+        answers: list[Any] = [None, None]
+
+        def buy(n: int) -> None:
+            try:
+                answers[n] = buyers[n].call("make_purchase", CARD)
+            except Exception as exc:  # closed unanswered: how the client says so
+                answers[n] = exc
+
+        threads = [threading.Thread(target=buy, args=(n,)) for n in range(2)]
+        threads[0].start()
+        time.sleep(0.3)  # the first in the processor, then the second behind it
+        threads[1].start()
+        time.sleep(0.3)
+        market.buyer_server.shutdown()
+        for thread in threads:
+            thread.join(timeout=10)
+    assert isinstance(answers[0], dict) and answers[0]["total"] == "12.50", answers
+    assert not isinstance(answers[1], dict), answers
+    assert [(p.state, p.captures) for p in ledger_of(database)] == [(CAPTURED, 1)]
+    assert order_statuses(database) == Counter({PAID: 1})
