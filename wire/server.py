@@ -674,13 +674,12 @@ class Server:
                 frame, read = conn.pending.popleft()
                 size = len(frame) if isinstance(frame, bytes) else 0
                 conn.queued_bytes -= size
-            if self._queued.add(-size) and self._memory_paused:
-                self._wake()  # the leader reads the paused connections again (or one of them)
             answering = now_ns()  # before decoding: a request waits undecoded, its decoding is service
             message = _decode(conn, frame)
-            if self._aside is not None and _op_of(message) in self._aside_ops and self._set_aside(
-                    conn, message, read, size):
-                return  # still busy: the aside thread answers, then the queue goes on (in order)
+            if self._aside is not None and _op_of(message) in self._aside_ops and \
+                    self._aside.submit_unless_shut(self._answer_aside, (conn, message, read, size)):
+                return  # still busy: the aside thread answers (its frame counted till then), in order
+            self._release(size)
             self.observer.answering(conn.address, message)
             if not self._answer_one(conn, message, read, answering):
                 return
@@ -704,16 +703,10 @@ class Server:
             return False
         return True
 
-    def _set_aside(self, conn: _Connection, message: dict[str, Any] | ProtocolError, read: int,
-                   size: int) -> bool:
-        """Queue an aside op's request for its threads, its frame counted as held until it is
-        answered; False if they are shutting down (a request thread answers it then)."""
-        assert self._aside is not None
-        self._queued.add(size)
-        if self._aside.submit_unless_shut(self._answer_aside, (conn, message, read, size)):
-            return True
-        self._queued.add(-size)
-        return False
+    def _release(self, size: int) -> None:
+        """A request's frame no longer held (being answered, or dropped)."""
+        if self._queued.add(-size) and self._memory_paused:
+            self._wake()  # the leader reads the paused connections again (or one of them)
 
     def _answer_aside(self, job: tuple[_Connection, dict[str, Any] | ProtocolError, int, int]) -> None:
         """Answer an aside op's request, then hand the connection's queue back to a request
@@ -724,15 +717,14 @@ class Server:
         try:
             answering = now_ns()  # its wait for an aside thread counts as waiting, not service
             if self._past_stop_deadline():
-                self.observer.requests_read(-1)
-                self._pool.submit(self._drain, conn)
-                return
-            self.observer.answering(conn.address, message)
-            if self._answer_one(conn, message, read, answering):
-                self._pool.submit(self._drain, conn)
+                self.observer.requests_read(-1)  # left unanswered
+            else:
+                self.observer.answering(conn.address, message)
+                if not self._answer_one(conn, message, read, answering):
+                    return  # the leader sends the rest, then hands the queue on
+            self._pool.submit(self._drain, conn)
         finally:
-            if self._queued.add(-size) and self._memory_paused:
-                self._wake()
+            self._release(size)
             self.observer.threads_busy(-1)
 
     def _queue_answered(self, conn: _Connection) -> None:
