@@ -1,6 +1,8 @@
 """What the tests share besides fixtures: accounts and cards, free ports, skipping for want of
-a tool, databases of their own, both servers in-process, a server process, a MariaDB server of
-a test's own, threads raced at one barrier, the tiny App of the server loop's tests.
+a tool, databases of their own, both servers in-process, the shells in a pseudo-terminal, a
+server process, a MariaDB server of a test's own, a TCP relay that counts MariaDB's round trips,
+shoppers checked against the books, threads raced at one barrier, the tiny App of the server
+loop's tests. Test modules import from here, never from each other.
 A plain module (pytest's pythonpath holds tests/): the fixtures in the conftest.py files build on it.
 """
 from __future__ import annotations
@@ -24,16 +26,19 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
+import pexpect
 import pytest
-from sqlalchemy import bindparam, create_engine, insert, make_url, select, text, update
+from sqlalchemy import bindparam, create_engine, func, insert, make_url, select, text, update
 from sqlalchemy.pool import NullPool
 
 from buyer_server.ops import build_app as build_buyer_app
 from db import Database
+from db.audit import AckedOrder, audit
 from db.engine import driver_url
-from db.schema import login_failures
+from db.purchases import COMPLETED
+from db.schema import login_failures, orders
 from runtime.config import Settings
 from seller_server.ops import build_app as build_seller_app
 from simulation.ports import free_port
@@ -168,6 +173,69 @@ def running_market(db: Database, settings: Settings | None = None, **kwargs: Any
         m.seller_server.shutdown()
 
 
+# -- The shells, in a pseudo-terminal (pexpect) or as scripts ----------------------------------
+
+MARKET = str(Path(sys.executable).with_name("market"))
+PROMPT_TIMEOUT = 15
+
+
+
+
+def shell_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a shell under test: a dumb terminal, a private home and history."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MARKET_")}
+    return {**env, "TERM": "dumb", "HOME": str(home), "PROMPT_TOOLKIT_NO_CPR": "1",
+            "MARKET_HISTORY_FILE": str(home / "history"), "COLUMNS": "200", "LINES": "50", **extra}
+
+
+def spawn(role: str, port: int, home: Path, **env: str) -> pexpect.spawn:
+    """An interactive shell in a pseudo-terminal, at its first prompt."""
+    child = pexpect.spawn(MARKET, [role, "--port", str(port)], env=shell_env(home, **env),
+                          encoding="utf-8", dimensions=(50, 200), timeout=PROMPT_TIMEOUT)
+    child.expect(f"Connected to the {role} server")
+    child.expect_exact(f"{role}> ")
+    return child
+
+
+def run(child: pexpect.spawn, line: str, prompt: str) -> str:
+    """Type a line, wait for the next prompt and return what was printed in between."""
+    child.sendline(line)
+    return wait(child, prompt)
+
+
+def wait(child: pexpect.spawn, prompt: str) -> str:
+    """Wait for the next prompt and return what was printed before it."""
+    child.expect_exact(prompt)
+    return str(child.before)
+
+
+def keys(child: pexpect.spawn, *chunks: str) -> None:
+    """Type keys at a prompt once it reads the keyboard raw, one chunk at a time."""
+    child.waitnoecho(timeout=PROMPT_TIMEOUT)
+    for chunk in chunks:
+        child.send(chunk)
+        time.sleep(0.2)
+
+
+def answer(child: pexpect.spawn, question: str, text: str) -> None:
+    """Wait for a question of the shell and type the answer."""
+    child.expect_exact(question)
+    child.sendline(text)
+
+
+def script(role: str, port: int, home: Path, *commands: str, stdin: str | None = None,
+           **env: str) -> subprocess.CompletedProcess[str]:
+    """Run a shell in script mode: `-c COMMANDS` (joined by `;`), or lines on stdin."""
+    args = [MARKET, role, "--port", str(port)] + (["-c", "; ".join(commands)] if commands else [])
+    return subprocess.run(args, input=stdin or "", capture_output=True, text=True, timeout=60,
+                          env=shell_env(home, **env))
+
+
+def port_of(market: Market, role: str) -> int:
+    """The port a server of the module's market listens on."""
+    return (market.buyer_server if role == "buyer" else market.seller_server).address[1]
+
+
 # -- Real processes: a server, a MariaDB of the test's own ------------------------------------
 
 LISTENING = re.compile(r"^listening on (\S+):(\d+)$")
@@ -205,6 +273,38 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=20)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def a_frozen_worker_is_replaced(server: ServerProcess, connect: Callable[[], Connection]) -> None:
+    """SIGSTOP one of two workers (MARKET_WORKER_TIMEOUT_S=2): it is killed, logged, and
+    replaced; the other is left alone; the service answers; the supervisor stops cleanly."""
+    try:
+        server.wait_ready()
+        workers = child_pids(server.proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGSTOP)
+        deadline = time.monotonic() + 15  # a ping every 0.67 s, answered within 2 s
+        children = child_pids(server.proc.pid)
+        while time.monotonic() < deadline and (len(children) != 2 or workers[0] in children):
+            time.sleep(0.1)
+            children = child_pids(server.proc.pid)
+        assert len(children) == 2 and workers[0] not in children, (workers, children, server.stderr())
+        assert workers[1] in children  # alive all along, and left alone
+        assert all(connect().call("ping")["server"] == "buyer" for _ in range(10))
+        log = server.stderr()
+        assert f"worker {workers[0]} did not answer a health check within 2 s; killing it" in log, log
+        assert f"worker {workers[0]} was killed by SIGKILL" in log, log
+        assert server.stop() == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
 
 
 MARIADBD = "/usr/sbin/mariadbd"
@@ -252,6 +352,247 @@ class PrivateMariaDB:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=30)
+
+
+# -- A TCP relay whose two directions a test may watch, hold or cut -----------------------------
+
+Link = dict[str, Any]  # one relayed connection's state, shared by both directions' hooks
+Hook = Callable[[bytes, Link], tuple[bytes, bool]]  # a chunk -> what to pass on, whether to cut then
+
+
+def _pass(data: bytes, link: Link) -> tuple[bytes, bool]:
+    return data, False
+
+
+class Relay:
+    """Relays each connection made to `address` to `target`; every chunk read from the client
+    goes through `requests`, every chunk of the server's through `answers`: each returns the
+    bytes to pass on and whether to cut the connection after them. While `refuse()` is true, a
+    new connection is closed at once (the target away)."""
+
+    def __init__(self, target: tuple[str, int], requests: Hook = _pass, answers: Hook = _pass,
+                 refuse: Callable[[], bool] = lambda: False) -> None:
+        self.target, self.requests, self.answers, self.refuse = target, requests, answers, refuse
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address: tuple[str, int] = self.listener.getsockname()[:2]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.refuse():
+                _cut(client)
+                continue
+            server, link = socket.create_connection(self.target), {}
+            for source, sink, hook in ((client, server, self.requests), (server, client, self.answers)):
+                threading.Thread(target=self._pump, args=(source, sink, hook, link), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket, hook: Hook, link: Link) -> None:
+        with contextlib.suppress(OSError):  # the other direction cut the link meanwhile
+            while data := source.recv(65536):
+                data, cut = hook(data, link)
+                if data:
+                    sink.sendall(data)
+                if cut:
+                    break
+        _cut(source, sink)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _cut(*socks: socket.socket) -> None:
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+
+
+# What the driver and SQLAlchemy send to set up a new connection: not an op's round trips.
+_CONNECTION_SETUP = re.compile(
+    rb"\x03(SET |set |SELECT VERSION\(\)|SELECT DATABASE\(\)|SELECT @@|SHOW VARIABLES)")
+
+
+class RoundTrips(list[int]):
+    """The commands MariaDB clients send through this object's relays, one entry per round trip:
+    the number of statements it carried (a query's `;`-separated statements; the tests' values
+    hold no `;`), a new connection's set-up left out. `through(url)` is the URL of a relay to
+    `url`'s server that counts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.relays: list[Relay] = []
+
+    def through(self, url: str) -> str:
+        given = make_url(url)
+        relay = Relay((given.host or "127.0.0.1", given.port or 3306), requests=self._count)
+        self.relays.append(relay)
+        return given.set(host=relay.address[0], port=relay.address[1]).render_as_string(hide_password=False)
+
+    def _count(self, data: bytes, link: Link) -> tuple[bytes, bool]:
+        buffer = link.get("buffer", b"") + data
+        while len(buffer) >= 4 and len(buffer) >= 4 + int.from_bytes(buffer[:3], "little"):
+            size = int.from_bytes(buffer[:3], "little")
+            payload = buffer[4:4 + size]
+            if buffer[3] == 0:  # a packet numbered 0 starts a command (the handshake's are 1 on)
+                link["set_up"] = link.get("set_up") or not _CONNECTION_SETUP.match(payload)
+                if link["set_up"]:
+                    self.append(payload.count(b";") + 1 if payload[:1] == b"\x03" else 1)  # 3: COM_QUERY
+            buffer = buffer[4 + size:]
+        link["buffer"] = buffer
+        return data, False
+
+    def close(self) -> None:
+        for relay in self.relays:
+            relay.close()
+
+
+# -- Shoppers whose acknowledged purchases are checked against the books ----------------------
+
+T = TypeVar("T")
+RETRY_FOR_S = 60.0
+
+
+def until_done(call: Callable[[], T], retry_on: tuple[type[BaseException], ...] = (OSError,)) -> T:
+    """Repeat a call while the server is away (bounded); what a patient client does."""
+    deadline = time.monotonic() + RETRY_FOR_S
+    while True:
+        try:
+            return call()
+        except retry_on:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def sign_up(conn: Connection, role: str) -> Connection:
+    name = unique_name(role)
+    conn.user_id = conn.call("create_account",  # type: ignore[attr-defined]
+                             {"username": name, "password": PASSWORD, "name": name})["user_id"]
+    conn.token = conn.call("login", {"username": name, "password": PASSWORD})["token"]
+    return conn
+
+
+def list_items(seller: Connection, count: int, quantity: int) -> list[int]:
+    return [int(seller.call("put_item", {"name": f"Item {n}", "category": 1, "keywords": ["x"],
+                                         "condition": "new", "price": f"{n + 1}.25",
+                                         "quantity": quantity})["item_id"]) for n in range(count)]
+
+
+def acked_order(buyer_id: int, receipt: dict[str, Any]) -> AckedOrder:
+    return AckedOrder(receipt["order_id"], buyer_id,
+                      {line["item_id"]: line["quantity"] for line in receipt["lines"]})
+
+
+def orders_per_buyer(database: Database) -> Counter[int]:
+    """Completed orders per buyer (an order undone after a crash or a decline stays, as void)."""
+    rows = database.run(lambda tx: tx.execute(
+        select(orders.c.buyer_id, func.count()).where(orders.c.status.in_(COMPLETED))
+        .group_by(orders.c.buyer_id)).all(), write=False)
+    return Counter({int(buyer): int(count) for buyer, count in rows})
+
+
+@dataclass
+class Shopper:
+    """A buyer that fills its cart and buys with an idempotency key until acknowledged."""
+
+    conn: Connection
+    items: list[int]
+    retry_on: tuple[type[BaseException], ...] = (OSError,)
+    acked: list[AckedOrder] = field(default_factory=list)
+    unexpected: list[BaseException] = field(default_factory=list)
+
+    def buy(self, n: int) -> None:
+        """One purchase; a lost answer is asked for again with the same key."""
+        def fill_cart() -> None:
+            self.conn.call("clear_cart")
+            for k, item_id in enumerate(self.items):
+                self.conn.call("add_to_cart", {"item_id": item_id, "quantity": 1 + (n + k) % 3})
+
+        until_done(fill_cart, self.retry_on)
+        key = f"order-{self.conn.user_id}-{n}"  # type: ignore[attr-defined]
+        receipt = until_done(lambda: self.conn.call("make_purchase", {**CARD, "idempotency_key": key}),
+                             self.retry_on)
+        self.acked.append(acked_order(self.conn.user_id, receipt))  # type: ignore[attr-defined]
+
+    def shop(self, stop: threading.Event, at_least: int) -> None:
+        n = 0
+        try:
+            while not stop.is_set() or n < at_least:
+                self.buy(n)
+                n += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.unexpected.append(exc)
+
+
+def run_shoppers(shoppers: list[Shopper], stop: threading.Event, at_least: int) -> list[threading.Thread]:
+    threads = [threading.Thread(target=s.shop, args=(stop, at_least), daemon=True) for s in shoppers]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def check_books(database: Database, shoppers: list[Shopper]) -> None:
+    """Every acknowledged order is there, whole, once; the audit passes."""
+    for shopper in shoppers:
+        assert not shopper.unexpected, shopper.unexpected
+    acked = [order for shopper in shoppers for order in shopper.acked]
+    assert len({order.order_id for order in acked}) == len(acked), "one order acknowledged twice"
+    assert audit(database, acked) == []
+    per_buyer = orders_per_buyer(database)
+    for shopper in shoppers:
+        assert per_buyer[shopper.conn.user_id] == len(shopper.acked), "an order was doubled"  # type: ignore[attr-defined]
+
+
+
+@dataclass
+class Call:
+    started: float
+    seconds: float
+    op: str
+    code: str
+
+
+class Recorder:
+    """A shopper that also browses, recording every call's outcome and time."""
+
+    def __init__(self, shopper: Shopper) -> None:
+        self.shopper = shopper
+        self.calls: list[Call] = []
+        self._lock = threading.Lock()
+        wrapped, self._call = shopper.conn.call, shopper.conn.call
+
+        def recorded(op: str, args: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+            started = time.monotonic()
+            code = "OK"
+            try:
+                return wrapped(op, args, **kwargs)
+            except ProtocolError as exc:
+                code = exc.code
+                raise
+            finally:
+                with self._lock:
+                    self.calls.append(Call(started, time.monotonic() - started, op, code))
+
+        shopper.conn.call = recorded  # type: ignore[method-assign]
+
+    def browse_and_shop(self, stop: threading.Event) -> None:
+        n = 0
+        try:
+            while not stop.is_set():
+                try:
+                    self.shopper.conn.call("get_item", {"item_id": self.shopper.items[0]})
+                except ProtocolError as exc:
+                    if exc.code != "UNAVAILABLE":
+                        raise
+                self.shopper.buy(n)
+                n += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.shopper.unexpected.append(exc)
 
 
 # -- Threads raced at one barrier ---------------------------------------------------------------

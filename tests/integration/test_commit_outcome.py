@@ -8,7 +8,6 @@ the caller hears success when it was made.
 """
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import bindparam, create_engine, func, insert, select, text, update
 from sqlalchemy.engine import make_url
-from support import CARD, fresh_mysql_database, running_market
+from support import CARD, Link, Relay, fresh_mysql_database, running_market
 
 import db.database as database_module
 from db import Database
@@ -39,88 +38,35 @@ _FAILURES = select(login_failures.c.failures).where(login_failures.c.username ==
 _WHERE = {"username": "counted"}
 
 
-class CommitCutter:
-    """A proxy to MariaDB that cuts a connection at the next query carrying COMMIT, once armed:
+class CommitCutter(Relay):
+    """A relay to MariaDB that cuts a connection at the next query carrying COMMIT, once armed:
     "answered" forwards it and drops the server's answer, "unsent" drops the query itself,
     "running" forwards it and cuts at once, before the server can have answered. With
     `down_after_cut`, every connection after the cut is closed at once (the database away)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
-        self.target, self.mode = target, ""
-        self.cuts = 0
-        self.down_after_cut = False
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
+        self.mode, self.cuts, self.down_after_cut = "", 0, False
         self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target, self._request, self._answer, lambda: self.down_after_cut and self.cuts > 0)
+        self.port = self.address[1]
 
     def arm(self, mode: str) -> None:
         """Cut at the next COMMIT (the next one only)."""
         self.mode = mode
 
-    def close(self) -> None:
-        self._listener.close()
+    def _request(self, data: bytes, link: Link) -> tuple[bytes, bool]:
+        mode = self._take_mode() if b"COMMIT" in data else ""
+        link["cutting"] = link.get("cutting") or mode == "answered"  # set before the answer can come
+        return (b"" if mode == "unsent" else data), mode in ("unsent", "running")
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self.down_after_cut and self.cuts:
-                _cut(client)
-                continue
-            server = socket.create_connection(self.target)
-            link = {"cutting": False}
-            threading.Thread(target=self._to_server, args=(client, server, link), daemon=True).start()
-            threading.Thread(target=self._to_client, args=(server, client, link), daemon=True).start()
-
-    def _to_server(self, client: socket.socket, server: socket.socket, link: dict[str, bool]) -> None:
-        while data := _received(client):
-            mode = self._take_mode() if b"COMMIT" in data else ""
-            link["cutting"] = link["cutting"] or mode == "answered"  # set before the answer can come
-            if mode != "unsent" and not _sent(server, data):
-                break  # the other direction cut the link meanwhile
-            if mode in ("unsent", "running"):
-                return _cut(client, server)
-        _cut(client, server)
-
-    def _to_client(self, server: socket.socket, client: socket.socket, link: dict[str, bool]) -> None:
-        while data := _received(server):
-            if link["cutting"] or not _sent(client, data):
-                return _cut(client, server)
-        _cut(client, server)
+    def _answer(self, data: bytes, link: Link) -> tuple[bytes, bool]:
+        return (b"", True) if link.get("cutting") else (data, False)
 
     def _take_mode(self) -> str:
         with self._lock:
             mode, self.mode = self.mode, ""
             self.cuts += bool(mode)
             return mode
-
-
-def _received(sock: socket.socket) -> bytes:
-    try:
-        return sock.recv(65536)
-    except OSError:
-        return b""
-
-
-def _sent(sock: socket.socket, data: bytes) -> bool:
-    """Whether `data` went; False when the link was cut meanwhile (by the other direction)."""
-    try:
-        sock.sendall(data)
-        return True
-    except OSError:
-        return False
-
-
-def _cut(*socks: socket.socket) -> None:
-    for sock in socks:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        sock.close()
 
 
 @pytest.fixture

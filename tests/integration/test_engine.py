@@ -263,8 +263,10 @@ def test_a_deferred_write_that_fails_rolls_back_its_whole_transaction(db_url: st
 
 
 @pytest.fixture
-def mariadb_database(mysql_server: str) -> Iterator[Database]:
+def mariadb_database(mysql_server: str, request: pytest.FixtureRequest) -> Iterator[Database]:
     for url in fresh_mysql_database(mysql_server):
+        if "round_trips" in request.fixturenames:
+            url = request.getfixturevalue("round_trips").through(url)
         database = Database(url, pool_size=1)  # one connection: every call below uses it
         database.create_schema()
         yield database

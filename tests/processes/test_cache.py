@@ -134,7 +134,10 @@ class Cluster:
     def __init__(self, db_url: str, counter_file: Path) -> None:
         os.environ["MARKET_CACHE_COUNTERS"] = str(counter_file)  # read by the servers started now
         try:
-            self.servers = {role: [ServerProcess(role, db_url, 0, "--cache", "one-host")
+            # the tests sign up from 8 threads at once: each waits for a hashing thread
+            # rather than being turned away, however slow the machine
+            limits = {"MARKET_HASH_QUEUE": "32", "MARKET_HASH_QUEUE_PER_ADDRESS": "32"}
+            self.servers = {role: [ServerProcess(role, db_url, 0, "--cache", "one-host", **limits)
                                    for _ in range(2)] for role in ("buyer", "seller")}
             for server in self.all():
                 server.wait_ready()

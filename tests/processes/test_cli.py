@@ -22,14 +22,28 @@ from typing import Any
 import pexpect
 import pytest
 from sqlalchemy import text
-from support import CARD, PASSWORD, Market, free_port, running_market, unique_name
+from support import (
+    CARD,
+    MARKET,
+    PASSWORD,
+    PROMPT_TIMEOUT,
+    Market,
+    answer,
+    free_port,
+    keys,
+    port_of,
+    run,
+    running_market,
+    script,
+    shell_env,
+    spawn,
+    unique_name,
+    wait,
+)
 
 from client.main import build_parser
 from db import Database
 from runtime.config import Settings
-
-MARKET = str(Path(sys.executable).with_name("market"))
-PROMPT_TIMEOUT = 15
 
 
 @pytest.fixture(scope="module")
@@ -46,61 +60,6 @@ def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
 def home(tmp_path: Path) -> Path:
     """A home folder of its own, so that history files do not leak between tests."""
     return tmp_path
-
-
-def shell_env(home: Path, **extra: str) -> dict[str, str]:
-    """The environment of a shell under test: a dumb terminal, a private home and history."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MARKET_")}
-    return {**env, "TERM": "dumb", "HOME": str(home), "PROMPT_TOOLKIT_NO_CPR": "1",
-            "MARKET_HISTORY_FILE": str(home / "history"), "COLUMNS": "200", "LINES": "50", **extra}
-
-
-def spawn(role: str, port: int, home: Path, **env: str) -> pexpect.spawn:
-    """An interactive shell in a pseudo-terminal, at its first prompt."""
-    child = pexpect.spawn(MARKET, [role, "--port", str(port)], env=shell_env(home, **env),
-                          encoding="utf-8", dimensions=(50, 200), timeout=PROMPT_TIMEOUT)
-    child.expect(f"Connected to the {role} server")
-    child.expect_exact(f"{role}> ")
-    return child
-
-
-def run(child: pexpect.spawn, line: str, prompt: str) -> str:
-    """Type a line, wait for the next prompt and return what was printed in between."""
-    child.sendline(line)
-    return wait(child, prompt)
-
-
-def wait(child: pexpect.spawn, prompt: str) -> str:
-    """Wait for the next prompt and return what was printed before it."""
-    child.expect_exact(prompt)
-    return str(child.before)
-
-
-def keys(child: pexpect.spawn, *chunks: str) -> None:
-    """Type keys at a prompt once it reads the keyboard raw, one chunk at a time."""
-    child.waitnoecho(timeout=PROMPT_TIMEOUT)
-    for chunk in chunks:
-        child.send(chunk)
-        time.sleep(0.2)
-
-
-def answer(child: pexpect.spawn, question: str, text: str) -> None:
-    """Wait for a question of the shell and type the answer."""
-    child.expect_exact(question)
-    child.sendline(text)
-
-
-def script(role: str, port: int, home: Path, *commands: str, stdin: str | None = None,
-           **env: str) -> subprocess.CompletedProcess[str]:
-    """Run a shell in script mode: `-c COMMANDS` (joined by `;`), or lines on stdin."""
-    args = [MARKET, role, "--port", str(port)] + (["-c", "; ".join(commands)] if commands else [])
-    return subprocess.run(args, input=stdin or "", capture_output=True, text=True, timeout=60,
-                          env=shell_env(home, **env))
-
-
-def port_of(market: Market, role: str) -> int:
-    """The port a server of the module's market listens on."""
-    return (market.buyer_server if role == "buyer" else market.seller_server).address[1]
 
 
 def test_a_seller_signs_up_lists_items_and_changes_a_price(market: Market, home: Path) -> None:

@@ -15,125 +15,31 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
-from sqlalchemy import func, select
 from support import (
     CARD,
-    PASSWORD,
+    RETRY_FOR_S,
+    Call,
     Market,
     PrivateMariaDB,
+    Recorder,
     ServerProcess,
+    Shopper,
+    check_books,
     free_port,
+    list_items,
+    orders_per_buyer,
+    run_shoppers,
     running_market,
+    sign_up,
     start_market,
-    unique_name,
 )
 
 from db import Database
-from db.audit import AckedOrder, audit
-from db.purchases import COMPLETED
-from db.schema import orders
-from wire import Connection, ProtocolError
+from db.audit import audit
+from wire import Connection
 from wire.framing import encode_frame
-
-T = TypeVar("T")
-RETRY_FOR_S = 60.0
-
-
-def until_done(call: Callable[[], T], retry_on: tuple[type[BaseException], ...] = (OSError,)) -> T:
-    """Repeat a call while the server is away (bounded); what a patient client does."""
-    deadline = time.monotonic() + RETRY_FOR_S
-    while True:
-        try:
-            return call()
-        except retry_on:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-def sign_up(conn: Connection, role: str) -> Connection:
-    name = unique_name(role)
-    conn.user_id = conn.call("create_account",  # type: ignore[attr-defined]
-                             {"username": name, "password": PASSWORD, "name": name})["user_id"]
-    conn.token = conn.call("login", {"username": name, "password": PASSWORD})["token"]
-    return conn
-
-
-def list_items(seller: Connection, count: int, quantity: int) -> list[int]:
-    return [int(seller.call("put_item", {"name": f"Item {n}", "category": 1, "keywords": ["x"],
-                                         "condition": "new", "price": f"{n + 1}.25",
-                                         "quantity": quantity})["item_id"]) for n in range(count)]
-
-
-def acked_order(buyer_id: int, receipt: dict[str, Any]) -> AckedOrder:
-    return AckedOrder(receipt["order_id"], buyer_id,
-                      {line["item_id"]: line["quantity"] for line in receipt["lines"]})
-
-
-def orders_per_buyer(database: Database) -> Counter[int]:
-    """Completed orders per buyer (an order undone after a crash or a decline stays, as void)."""
-    rows = database.run(lambda tx: tx.execute(
-        select(orders.c.buyer_id, func.count()).where(orders.c.status.in_(COMPLETED))
-        .group_by(orders.c.buyer_id)).all(), write=False)
-    return Counter({int(buyer): int(count) for buyer, count in rows})
-
-
-@dataclass
-class Shopper:
-    """A buyer that fills its cart and buys with an idempotency key until acknowledged."""
-
-    conn: Connection
-    items: list[int]
-    retry_on: tuple[type[BaseException], ...] = (OSError,)
-    acked: list[AckedOrder] = field(default_factory=list)
-    unexpected: list[BaseException] = field(default_factory=list)
-
-    def buy(self, n: int) -> None:
-        """One purchase; a lost answer is asked for again with the same key."""
-        def fill_cart() -> None:
-            self.conn.call("clear_cart")
-            for k, item_id in enumerate(self.items):
-                self.conn.call("add_to_cart", {"item_id": item_id, "quantity": 1 + (n + k) % 3})
-
-        until_done(fill_cart, self.retry_on)
-        key = f"order-{self.conn.user_id}-{n}"  # type: ignore[attr-defined]
-        receipt = until_done(lambda: self.conn.call("make_purchase", {**CARD, "idempotency_key": key}),
-                             self.retry_on)
-        self.acked.append(acked_order(self.conn.user_id, receipt))  # type: ignore[attr-defined]
-
-    def shop(self, stop: threading.Event, at_least: int) -> None:
-        n = 0
-        try:
-            while not stop.is_set() or n < at_least:
-                self.buy(n)
-                n += 1
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.unexpected.append(exc)
-
-
-def run_shoppers(shoppers: list[Shopper], stop: threading.Event, at_least: int) -> list[threading.Thread]:
-    threads = [threading.Thread(target=s.shop, args=(stop, at_least), daemon=True) for s in shoppers]
-    for thread in threads:
-        thread.start()
-    return threads
-
-
-def check_books(database: Database, shoppers: list[Shopper]) -> None:
-    """Every acknowledged order is there, whole, once; the audit passes."""
-    for shopper in shoppers:
-        assert not shopper.unexpected, shopper.unexpected
-    acked = [order for shopper in shoppers for order in shopper.acked]
-    assert len({order.order_id for order in acked}) == len(acked), "one order acknowledged twice"
-    assert audit(database, acked) == []
-    per_buyer = orders_per_buyer(database)
-    for shopper in shoppers:
-        assert per_buyer[shopper.conn.user_id] == len(shopper.acked), "an order was doubled"  # type: ignore[attr-defined]
-
 
 # -- server crash ------------------------------------------------------------------------
 
@@ -220,52 +126,6 @@ def test_purchases_whose_clients_hang_up_are_whole_or_not_at_all(market: Market)
 
 
 # -- database outage ---------------------------------------------------------------------
-
-@dataclass
-class Call:
-    started: float
-    seconds: float
-    op: str
-    code: str
-
-
-class Recorder:
-    """A shopper that also browses, recording every call's outcome and time."""
-
-    def __init__(self, shopper: Shopper) -> None:
-        self.shopper = shopper
-        self.calls: list[Call] = []
-        self._lock = threading.Lock()
-        wrapped, self._call = shopper.conn.call, shopper.conn.call
-
-        def recorded(op: str, args: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-            started = time.monotonic()
-            code = "OK"
-            try:
-                return wrapped(op, args, **kwargs)
-            except ProtocolError as exc:
-                code = exc.code
-                raise
-            finally:
-                with self._lock:
-                    self.calls.append(Call(started, time.monotonic() - started, op, code))
-
-        shopper.conn.call = recorded  # type: ignore[method-assign]
-
-    def browse_and_shop(self, stop: threading.Event) -> None:
-        n = 0
-        try:
-            while not stop.is_set():
-                try:
-                    self.shopper.conn.call("get_item", {"item_id": self.shopper.items[0]})
-                except ProtocolError as exc:
-                    if exc.code != "UNAVAILABLE":
-                        raise
-                self.shopper.buy(n)
-                n += 1
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.shopper.unexpected.append(exc)
-
 
 def test_installing_a_private_mariadb_leaves_the_machines_temporary_tables_alone(
         private_mariadb: PrivateMariaDB, tmp_path: Path) -> None:

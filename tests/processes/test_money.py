@@ -24,11 +24,12 @@ from support import (
     PrivateMariaDB,
     ServerProcess,
     free_port,
+    list_items,
     race,
     read_messages,
     running_market,
+    sign_up,
 )
-from test_faults import list_items, sign_up
 
 from buyer_server.checkout import KILL_POINTS
 from buyer_server.payments import Card, PaymentRefusedError, SimulatedProcessor

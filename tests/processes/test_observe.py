@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
-from support import CARD, PASSWORD, Market, ServerProcess, free_port, running_market, unique_name
-from test_processes import _children
+from support import CARD, PASSWORD, Market, ServerProcess, child_pids, free_port, running_market, unique_name
 
 import simulation.__main__ as sim
 from buyer_server.ops import build_app as build_buyer_app
@@ -148,11 +147,11 @@ def test_workers_report_one_sum_that_survives_a_killed_worker(start) -> None:  #
     held = [server.connect() for _ in range(12)]
     for conn in held:
         conn.call("ping")
-    victim = _children(server.proc.pid)[0]
+    victim = child_pids(server.proc.pid)[0]
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and (len(_children(server.proc.pid)) != 2
-                                           or victim in _children(server.proc.pid)):
+    while time.monotonic() < deadline and (len(child_pids(server.proc.pid)) != 2
+                                           or victim in child_pids(server.proc.pid)):
         time.sleep(0.1)
     for conn in held:
         conn.close()

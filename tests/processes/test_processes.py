@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from support import LISTENING, PASSWORD, ServerProcess, free_port, unique_name
+from support import (
+    LISTENING,
+    PASSWORD,
+    ServerProcess,
+    a_frozen_worker_is_replaced,
+    child_pids,
+    free_port,
+    unique_name,
+)
 
 from db.engine import driver_url
 from wire import Connection
@@ -225,21 +233,21 @@ def test_an_unreachable_database_answers_unavailable() -> None:
 
 def test_workers_share_the_port_and_a_dead_worker_is_replaced(spawn) -> None:  # type: ignore[no-untyped-def]
     server = spawn("buyer", 0, True, "--workers", "2")
-    workers = _children(server.proc.pid)
+    workers = child_pids(server.proc.pid)
     assert len(workers) == 2
     token = login(server.connect())
     conns = [server.connect() for _ in range(20)]
     assert all(c.call("display_cart", token=token)["cart"]["items"] == [] for c in conns)
     os.kill(workers[0], signal.SIGKILL)
     deadline = time.monotonic() + 10
-    children = _children(server.proc.pid)
+    children = child_pids(server.proc.pid)
     while time.monotonic() < deadline and (len(children) != 2 or workers[0] in children):
         time.sleep(0.1)
-        children = _children(server.proc.pid)
+        children = child_pids(server.proc.pid)
     assert len(children) == 2 and workers[0] not in children, (workers, children)
     assert all(server.connect().call("ping")["server"] == "buyer" for _ in range(10))
     assert server.stop() == 0
-    assert _children(server.proc.pid) == []
+    assert child_pids(server.proc.pid) == []
 
 
 def test_a_supervisor_stops_on_a_sigterm_that_lands_on_another_of_its_threads(spawn) -> None:  # type: ignore[no-untyped-def]
@@ -254,7 +262,7 @@ def test_a_supervisor_stops_on_a_sigterm_that_lands_on_another_of_its_threads(sp
     assert others, "the supervisor runs its health checks on threads of their own"
     _signal_thread(server.proc.pid, int(others[0]), signal.SIGTERM)
     assert server.proc.wait(timeout=10) == 0
-    assert _children(server.proc.pid) == []
+    assert child_pids(server.proc.pid) == []
 
 
 def _signal_thread(pid: int, tid: int, signum: int) -> None:
@@ -267,14 +275,9 @@ def _signal_thread(pid: int, tid: int, signum: int) -> None:
 _SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
 def test_workers_stop_when_their_supervisor_is_killed(spawn) -> None:  # type: ignore[no-untyped-def]
     server = spawn("buyer", 0, True, "--workers", "2")
-    workers = _children(server.proc.pid)
+    workers = child_pids(server.proc.pid)
     assert len(workers) == 2
     server.proc.kill()
     server.proc.wait()
@@ -355,7 +358,7 @@ def test_the_port_stays_the_servers_while_its_workers_are_replaced(spawn) -> Non
     # before: the supervisor let go of the port once its workers listened, so with every
     # worker dead any program could take it, and each new worker failed on it, forever
     server = spawn("buyer", 0, True, "--workers", "2")
-    for pid in _children(server.proc.pid):
+    for pid in child_pids(server.proc.pid):
         os.kill(pid, signal.SIGKILL)
     time.sleep(0.2)  # both dead, the replacements not yet started (a pause of 0.5 s)
     with pytest.raises(OSError, match="Address already in use"):
@@ -400,7 +403,7 @@ def test_workers_that_keep_dying_are_restarted_ever_later_then_given_up(tmp_path
     proc, marker = _dying_workers(tmp_path, first_pause=0.1)
     try:
         marker.touch()
-        for pid in _children(proc.pid):
+        for pid in child_pids(proc.pid):
             os.kill(pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -416,7 +419,7 @@ def test_a_stop_during_a_workers_restart_pause_starts_no_worker(tmp_path: Path) 
     # before: the supervisor slept its pause through and then started a worker, to stop it
     proc, _ = _dying_workers(tmp_path, first_pause=5.0)
     try:
-        first, second = _children(proc.pid)
+        first, second = child_pids(proc.pid)
         os.kill(first, signal.SIGKILL)
         time.sleep(0.3)  # the supervisor is in its pause
         proc.send_signal(signal.SIGTERM)
@@ -464,7 +467,7 @@ def test_a_worker_already_dead_but_not_waited_for_at_a_stop_does_not_fail_it(
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert proc.stdout is not None and LISTENING.match(proc.stdout.readline().strip())
-        first, dead, other = _children(proc.pid)
+        first, dead, other = child_pids(proc.pid)
         hold.touch()
         os.kill(first, signal.SIGKILL)
         _wait_for(held.exists, log)  # the replacement starts: the supervisor waits for it to listen
@@ -479,12 +482,12 @@ def test_a_worker_already_dead_but_not_waited_for_at_a_stop_does_not_fail_it(
         release.touch()  # the stop's handler runs before the supervisor waits for the dead worker
         if refuses:
             _wait_for(lambda: "signal 15: stopping 2 workers" in _read(log), log)
-            _wait_for(lambda: _children(proc.pid) == [other], log)  # the others have stopped
+            _wait_for(lambda: child_pids(proc.pid) == [other], log)  # the others have stopped
             os.kill(other, signal.SIGKILL)  # as a stop's timeout would (systemd's, say)
         assert proc.wait(timeout=20) == status, _read(log)[-3000:]
     finally:
         release.touch()
-        for pid in _children(proc.pid):
+        for pid in child_pids(proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.kill()
@@ -675,32 +678,6 @@ def test_a_frozen_worker_is_killed_and_replaced(tmp_path: Path) -> None:
     server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'market.db'}", 0, "--workers", "2",
                            MARKET_WORKER_TIMEOUT_S="2")
     a_frozen_worker_is_replaced(server, server.connect)
-
-
-def a_frozen_worker_is_replaced(server: ServerProcess, connect: Callable[[], Connection]) -> None:
-    """SIGSTOP one of two workers (MARKET_WORKER_TIMEOUT_S=2): it is killed, logged, and
-    replaced; the other is left alone; the service answers; the supervisor stops cleanly."""
-    try:
-        server.wait_ready()
-        workers = _children(server.proc.pid)
-        assert len(workers) == 2
-        os.kill(workers[0], signal.SIGSTOP)
-        deadline = time.monotonic() + 15  # a ping every 0.67 s, answered within 2 s
-        children = _children(server.proc.pid)
-        while time.monotonic() < deadline and (len(children) != 2 or workers[0] in children):
-            time.sleep(0.1)
-            children = _children(server.proc.pid)
-        assert len(children) == 2 and workers[0] not in children, (workers, children, server.stderr())
-        assert workers[1] in children  # alive all along, and left alone
-        assert all(connect().call("ping")["server"] == "buyer" for _ in range(10))
-        log = server.stderr()
-        assert f"worker {workers[0]} did not answer a health check within 2 s; killing it" in log, log
-        assert f"worker {workers[0]} was killed by SIGKILL" in log, log
-        assert server.stop() == 0
-    finally:
-        if server.proc.poll() is None:
-            server.proc.kill()
-            server.proc.wait()
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

@@ -29,16 +29,22 @@ from support import (
     CARD,
     FAILURE_OF,
     LOGIN_FAILURE,
+    Call,
     Market,
+    Recorder,
+    RoundTrips,
     ServerProcess,
+    Shopper,
+    check_books,
     codes,
     free_port,
     fresh_mysql_database,
+    list_items,
     missing,
     race,
     running_market,
+    sign_up,
 )
-from test_faults import Call, Recorder, Shopper, check_books, list_items, sign_up
 
 from db import Database
 from db.audit import audit
@@ -292,11 +298,11 @@ def conflicts_resolved(cluster: Cluster) -> int:
                for name in ("wsrep_local_cert_failures", "wsrep_local_bf_aborts"))
 
 
-def test_a_galera_node_gets_one_statement_per_query(cluster: Cluster, round_trips: list[int]) -> None:
+def test_a_galera_node_gets_one_statement_per_query(cluster: Cluster, round_trips: RoundTrips) -> None:
     """A replicated write can abort a node's transaction between two statements of one query,
     and the rest would then run outside it: on Galera nothing is deferred or run together."""
     name = f"galera-{random.randrange(10**9)}"
-    with closing(Database(cluster.node_url(1), pool_size=1)) as database:
+    with closing(Database(round_trips.through(cluster.node_url(1)), pool_size=1)) as database:
         assert database.run(lambda tx: tx.info[BATCHES_KEY], write=False) is False
         round_trips.clear()
         bump = {"username": name}

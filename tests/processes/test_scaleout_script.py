@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_scaleout import unavailable
+from support import missing
 
 from simulation.scaleout import (
     CLUSTER,
@@ -115,7 +115,7 @@ def short_path() -> Iterator[Path]:
 def test_a_tiny_run_through_servers_sh_writes_its_results(mysql_server: str, short_path: Path) -> None:
     tmp_path = short_path
     if not shutil.which("haproxy"):
-        unavailable("haproxy is not installed (apt-get install haproxy)")
+        missing("the scale-out setup", "haproxy is not installed (apt-get install haproxy)")
     name = f"scaleout_test_{secrets.token_hex(4)}"
     server = admin_url(mysql_server).set(drivername="mysql").render_as_string(hide_password=False)
     try:

@@ -13,8 +13,23 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from support import CARD, PASSWORD, Market, running_market, unique_name
-from test_cli import MARKET, PROMPT_TIMEOUT, answer, keys, port_of, run, script, shell_env, spawn, wait
+from support import (
+    CARD,
+    MARKET,
+    PASSWORD,
+    PROMPT_TIMEOUT,
+    Market,
+    answer,
+    keys,
+    port_of,
+    run,
+    running_market,
+    script,
+    shell_env,
+    spawn,
+    unique_name,
+    wait,
+)
 
 from client.buyer_commands import search_request
 from client.registry import UsageError

@@ -8,7 +8,6 @@ import contextlib
 import csv
 import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
-from support import CARD, Market, free_port, running_market
+from support import CARD, Link, Market, Relay, free_port, running_market
 
 import simulation.__main__ as sim
 from db import Database
@@ -234,46 +233,23 @@ def test_a_login_lost_to_a_dropped_connection_is_tried_again() -> None:
     assert seller.next_call("ping") == login
 
 
-class AnswerDropper:
-    """A TCP relay to a server that, once armed, hangs up instead of passing on the next
-    answer: the server did the work, the client never hears of it. With `delay_s`, it holds
-    the first answer it sees that long."""
+class AnswerDropper(Relay):
+    """A relay to a server that, once armed, hangs up instead of passing on the next answer:
+    the server did the work, the client never hears of it. With `delay_s`, it holds the first
+    answer it sees that long."""
 
     def __init__(self, upstream: tuple[str, int], delay_s: float = 0.0) -> None:
-        self.upstream, self.armed, self.delay_s = upstream, threading.Event(), delay_s
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = self.listener.getsockname()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.armed, self.delay_s = threading.Event(), delay_s
+        super().__init__(upstream, answers=self._answer)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
-        try:
-            while data := source.recv(65536):
-                if answers and self.armed.is_set():
-                    self.armed.clear()
-                    break
-                if answers and self.delay_s:
-                    time.sleep(self.delay_s)
-                    self.delay_s = 0.0
-                sink.sendall(data)
-        except OSError:
-            pass  # the other direction hung up first
-        finally:
-            for end in (source, sink):
-                with contextlib.suppress(OSError):
-                    end.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.listener.close()
+    def _answer(self, data: bytes, link: Link) -> tuple[bytes, bool]:
+        if self.armed.is_set():
+            self.armed.clear()
+            return b"", True
+        if self.delay_s:
+            time.sleep(self.delay_s)
+            self.delay_s = 0.0
+        return data, False
 
 
 @contextlib.contextmanager

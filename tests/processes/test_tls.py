@@ -11,8 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import CARD, PASSWORD, ServerProcess, unique_name
-from test_processes import a_frozen_worker_is_replaced
+from support import CARD, PASSWORD, ServerProcess, a_frozen_worker_is_replaced, unique_name
 
 from buyer_server.ops import build_app
 from db import Database
