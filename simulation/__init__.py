@@ -17,7 +17,6 @@ Entry points, one command each:
 - `python -m simulation.scaleout`: server processes behind HAProxy, one MariaDB against Galera.
 - `python -m simulation.tail`: where each call's time went, from per-request timestamps.
 - `python -m simulation.opcost`: each op's CPU per call, in-process; the driver's API against its C API.
-- `python -m simulation.studies.cache`: the read cache on and off.
 - `python -m simulation.studies.threads`: server threads against clients.
 - `python -m simulation.studies.remote_db`: a database a network hop away.
 - `python -m simulation.studies.delay_proxy`: the delaying TCP proxy that study runs.

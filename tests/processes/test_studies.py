@@ -92,19 +92,6 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 @pytest.mark.slow
-def test_the_cache_study_measures_each_setting_and_mix_in_every_round(tmp_path: Path) -> None:
-    done = _study("cache", "--users", "2", "--calls", "10", "--rounds", "2", "--mix", "browse,checkout",
-                  "--out", str(tmp_path))
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = _rows(tmp_path / "cache.csv")
-    assert sorted((r["round"], r["mix"], r["cache"]) for r in rows) == sorted(
-        (str(n), mix, cache) for n in (1, 2) for mix in ("browse", "checkout") for cache in ("off", "on"))
-    assert all(float(r["calls_per_s"]) > 0 and r["errors"] == "0" for r in rows)
-    assert "| browse |" in (tmp_path / "cache.md").read_text()
-    assert (tmp_path / "cache.png").stat().st_size > 1000
-
-
-@pytest.mark.slow
 def test_the_threads_study_fills_its_grid(tmp_path: Path) -> None:
     done = _study("threads", "--threads", "1,3", "--users", "1,3", "--calls", "10", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
