@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import create_engine
 from support import (
     MYSQL_ADMIN_URL,
+    MariaDBPool,
     Market,
     RoundTrips,
-    copy_mysql_database,
     copy_sqlite_database,
     fresh_mysql_database,
     missing,
@@ -60,9 +60,11 @@ def mysql_server() -> str:
 
 @pytest.fixture(params=["sqlite", "mariadb"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
-    """A fresh, empty database of each kind."""
+    """A fresh, empty database of each kind (for the `database` fixture, MariaDB's at head)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'market.db'}"
+    elif "database" in request.fixturenames:
+        yield from request.getfixturevalue("mysql_pool").take()
     else:
         yield from fresh_mysql_database(request.getfixturevalue("mysql_server"))
 
@@ -83,17 +85,23 @@ def mysql_template(mysql_server: str) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="session")
+def mysql_pool(mysql_server: str, mysql_template: str) -> Iterator[MariaDBPool]:
+    """MariaDB databases at head, emptied after each test for the next one."""
+    pool = MariaDBPool(mysql_server, mysql_template)
+    yield pool
+    pool.close()
+
+
 @pytest.fixture
 def database(request: pytest.FixtureRequest, db_url: str) -> Iterator[Database]:
     """The data layer over a fresh database, schema created: a copy of a template the migrations
-    made current (create_schema then finds it so)."""
+    made current (create_schema then finds it so); on MariaDB one emptied back to it."""
     if db_url.startswith("sqlite"):
         copy_sqlite_database(request.getfixturevalue("sqlite_template").removeprefix("sqlite:///"),
                              db_url.removeprefix("sqlite:///"))
-    else:
-        copy_mysql_database(request.getfixturevalue("mysql_template"), db_url)
-        if "round_trips" in request.fixturenames:
-            db_url = request.getfixturevalue("round_trips").through(db_url)
+    elif "round_trips" in request.fixturenames:
+        db_url = request.getfixturevalue("round_trips").through(db_url)
     db = Database(db_url, pool_size=8)
     db.create_schema()
     yield db

@@ -107,15 +107,15 @@ def test_the_remote_database_study_delays_the_database_and_leaves_nothing_runnin
         require_tool(tool, package)
     if os.geteuid() != 0:
         missing("root", "the study starts a mariadbd as the mysql user")
-    done = _study("remote_db", "--delays", "0,5", "--threads", "2", "--processes", "1", "--users", "1",
+    # one delay (the proxy's own tests compare delays): each axis measured through it
+    done = _study("remote_db", "--delays", "5", "--threads", "2", "--processes", "1", "--users", "1",
                   "--calls", "10", "--out", str(tmp_path), timeout=400)
     assert done.returncode == 0, done.stderr[-2000:]
     trips = [float(line.split("takes ")[1].split(" ms")[0]) for line in done.stdout.splitlines()
              if "a round trip to the database takes" in line]
-    assert len(trips) == 2 and trips[0] < 5 <= trips[1]
+    assert len(trips) == 1 and 5 <= trips[0]
     rows = _rows(tmp_path / "remote_db.csv")
-    assert {(r["delay_ms"], r["axis"]) for r in rows} == {(d, a) for d in ("0.0", "5.0")
-                                                          for a in ("threads", "processes")}
+    assert {(r["delay_ms"], r["axis"]) for r in rows} == {("5.0", "threads"), ("5.0", "processes")}
     leftovers = subprocess.run(["pgrep", "-f", "simulation.studies.delay_proxy|market-remote-db-"],
                                capture_output=True, text=True)
     assert leftovers.stdout == ""
