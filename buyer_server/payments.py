@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from db.ledger import AUTHORISED, CAPTURED, DECLINED, VOIDED, Ledger, Payment
+from db.ledger import AUTHORISED, CAPTURED, DECLINED, VOIDED, Ledger
 from wire.errors import PaymentDeclinedError
 
 
@@ -77,7 +77,3 @@ class SimulatedProcessor:
         """The key's state in the ledger."""
         entry = self.ledger.lookup(key)
         return None if entry is None else entry.state
-
-
-def _state(entry: Payment | None) -> str:
-    return "unknown key" if entry is None else entry.state

@@ -68,7 +68,7 @@ def upgrade(database: Database, wait_s: float = LOCK_WAIT_S, older: bool = True)
     """Bring the database to head (made from nothing if empty), under the upgrade lock; the
     revisions before and after. DatabaseUnusable for one made by a newer version, and for
     an older one unless `older`."""
-    with _connected(database) as conn, _upgrade_lock(conn, database, wait_s):
+    with _connected(database) as conn, upgrade_lock(conn, database, wait_s):
         before = Revision(_current(conn), head())
         if before.is_newer:
             raise DatabaseUnusable(_newer_message(database, before))
@@ -167,7 +167,7 @@ def _connected(database: Database) -> Iterator[Connection]:
 
 
 @contextmanager
-def _upgrade_lock(conn: Connection, database: Database, wait_s: float) -> Iterator[None]:
+def upgrade_lock(conn: Connection, database: Database, wait_s: float) -> Iterator[None]:
     """Held around a whole upgrade: a second one waits, then finds the database at head."""
     if not is_sqlite(database.engine):
         with _named_lock(conn, database, wait_s):

@@ -21,7 +21,7 @@ from support import ServerProcess, fresh_mysql_database
 
 from db import Database, DatabaseUnusable
 from db.audit import audit
-from db.migrations import _upgrade_lock, head, make_current, revision_of, upgrade
+from db.migrations import head, make_current, revision_of, upgrade, upgrade_lock
 from db.schema import item_keyword_pairs, item_keywords, items, metadata, orders, schema_info, users
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -266,7 +266,7 @@ def _lock_held_elsewhere(database: Database) -> Iterator[threading.Event]:
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with database.engine.connect() as conn, _upgrade_lock(conn, database, 10):
+        with database.engine.connect() as conn, upgrade_lock(conn, database, 10):
             held.set()
             release.wait(30)
 
