@@ -180,8 +180,7 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
         raise _in_progress(pending) if pending is not None else RetryTransaction  # settled meanwhile
     total = sum(line.price_cents * line.quantity for line in cart)
     if expected_total is not None and total != expected_total:
-        raise ConflictError(f"the cart's total is now {format_money(total)}, not "
-                            f"{format_money(expected_total)}: nothing was bought")
+        raise ConflictError(f"the cart's total is now {format_money(total)}; nothing was bought")
     _take_stock(tx, cart)
     lines = _write_lines(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
     tx.execute(_SET_TOTAL, {"order_id": order_id, "total": total})

@@ -79,8 +79,7 @@ def choice(*options: str) -> Validator:
 
 
 def total(name: str, value: Any) -> int:
-    """A sum of money (a cart's total): a decimal string with at most two fraction digits,
-    as integer cents."""
+    """A sum of money (a cart's total): a decimal string of two fraction digits at most, as cents."""
     match = _MONEY.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         raise BadRequestError(f"{name}: must be a decimal string like \"12.50\"")

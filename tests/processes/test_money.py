@@ -196,9 +196,6 @@ class UnreachableProcessor:
             raise ConnectionRefusedError("the processor refused the connection")
         self.inner.void(key)
 
-    def lookup(self, key: str) -> str | None:
-        return self.inner.lookup(key)
-
 
 @contextlib.contextmanager
 def market_with(database: Database, processor: UnreachableProcessor) -> Iterator[Shop]:
@@ -453,9 +450,6 @@ class StoppingProcessor:
     def void(self, key: str) -> None:
         self.inner.void(key)
 
-    def lookup(self, key: str) -> str | None:
-        return self.inner.lookup(key)
-
     def _stop_if(self, step: str) -> None:
         if self.stop_at == step:
             self.stop_at = ""
@@ -602,9 +596,6 @@ class SlowProcessor:
 
     def void(self, key: str) -> None:
         self.inner.void(key)
-
-    def lookup(self, key: str) -> str | None:
-        return self.inner.lookup(key)
 
 
 def test_purchases_waiting_on_the_processor_leave_the_request_threads_to_everyone_else(
