@@ -263,14 +263,11 @@ def wait_until_settled(database: Database, within_s: float = 30.0) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_a_purchase_cut_off_by_a_kill_is_settled_by_the_ledger(
-        database: Database, point: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in SETTLE_ENV.items():
-        monkeypatch.setenv(name, value)
+        database: Database, point: str) -> None:
     port = free_port()
-    seller_proc = ServerProcess("seller", database.url).wait_ready()
-    monkeypatch.setenv("MARKET_TEST_KILL_AT", point)
-    buyer_proc = ServerProcess("buyer", database.url, port).wait_ready()
-    monkeypatch.delenv("MARKET_TEST_KILL_AT")
+    seller_proc = ServerProcess("seller", database.url, **SETTLE_ENV).wait_ready()
+    buyer_proc = ServerProcess("buyer", database.url, port, **SETTLE_ENV, MARKET_TEST_KILL_AT=point)
+    buyer_proc.wait_ready()
     started = [seller_proc, buyer_proc]
     try:
         [item_id] = list_items(sign_up(seller_proc.connect(), "seller"), 1, 3)  # at 1.25
@@ -279,7 +276,7 @@ def test_a_purchase_cut_off_by_a_kill_is_settled_by_the_ledger(
         with pytest.raises(OSError):  # killed at the point: no answer
             buyer.call("make_purchase", {**CARD, "idempotency_key": "cut"})
         assert buyer_proc.proc.wait(timeout=10) == -9
-        started.append(ServerProcess("buyer", database.url, port).wait_ready())
+        started.append(ServerProcess("buyer", database.url, port, **SETTLE_ENV).wait_ready())
         wait_until_settled(database)
         [payment] = ledger_of(database)
         assert audit(database) == []
@@ -306,12 +303,10 @@ def test_a_purchase_cut_off_by_a_kill_is_settled_by_the_ledger(
 
 @pytest.mark.slow
 def test_a_purchase_without_a_key_whose_answer_is_lost_is_not_charged_twice(
-        database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {**SETTLE_ENV, "MARKET_TEST_KILL_AT": "after_capture"}.items():
-        monkeypatch.setenv(name, value)
+        database: Database) -> None:
     port = free_port()
-    buyer_proc = ServerProcess("buyer", database.url, port).wait_ready()
-    monkeypatch.delenv("MARKET_TEST_KILL_AT")
+    buyer_proc = ServerProcess("buyer", database.url, port, **SETTLE_ENV, MARKET_TEST_KILL_AT="after_capture")
+    buyer_proc.wait_ready()
     with running_market(database) as market:
         seller = market.user("seller")
         item_id = market.item(seller, quantity=5)
@@ -322,7 +317,7 @@ def test_a_purchase_without_a_key_whose_answer_is_lost_is_not_charged_twice(
         try:
             with pytest.raises(OSError):
                 buyer.call("make_purchase", CARD)
-            started.append(ServerProcess("buyer", database.url, port).wait_ready())
+            started.append(ServerProcess("buyer", database.url, port, **SETTLE_ENV).wait_ready())
             with pytest.raises(ConflictError, match="cart is empty"):  # the client tries again
                 buyer.call("make_purchase", CARD)
             wait_until_settled(database)
