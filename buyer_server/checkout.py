@@ -70,7 +70,7 @@ class Checkout:
         while True:
             try:
                 return first_step(lambda tx, session, args: (  # type: ignore[no-any-return]
-                    purchases.open_order(tx, session, args.get("idempotency_key")),
+                    purchases.open_order(tx, session, args["idempotency_key"], args.get("expected_total")),
                     Card(args["card_name"], args["card_number"], args["card_expiry"])))
             except OrderInProgressError as running:
                 if time.monotonic() > deadline:

@@ -1,5 +1,5 @@
-"""Payment processors: authorise an amount under a key, capture it, void it, look a key up
-(Stripe's PaymentIntents with manual capture: docs/design.md, "Money").
+"""Payment processors: authorise an amount under a key, capture it, void it (Stripe's
+PaymentIntents with manual capture: docs/design.md, "Money").
 
 The built-in one is simulated: it approves every valid card, or declines a configured
 fraction at random (MARKET_PAYMENT_DECLINE_RATE), and keeps its ledger (db.ledger) apart
@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from db.ledger import AUTHORISED, CAPTURED, DECLINED, VOIDED, Ledger, Payment
+from db.ledger import AUTHORISED, CAPTURED, DECLINED, VOIDED, Ledger
 from wire.errors import PaymentDeclinedError
 
 
@@ -39,9 +39,6 @@ class PaymentProcessor(Protocol):
 
     def void(self, key: str) -> None:
         """Release the authorisation under `key`; a key never authorised can no longer be."""
-
-    def lookup(self, key: str) -> str | None:
-        """The key's state (authorised, captured, voided, declined), or None if unknown."""
 
 
 class SimulatedProcessor:
@@ -72,12 +69,3 @@ class SimulatedProcessor:
             state = self.ledger.move(key, AUTHORISED, VOIDED)
         if state == CAPTURED:
             raise PaymentRefusedError(f"payment {key}: captured already, cannot void")
-
-    def lookup(self, key: str) -> str | None:
-        """The key's state in the ledger."""
-        entry = self.ledger.lookup(key)
-        return None if entry is None else entry.state
-
-
-def _state(entry: Payment | None) -> str:
-    return "unknown key" if entry is None else entry.state

@@ -152,9 +152,11 @@ _LOCK_ITEM = (select(items.c.item_id, items.c.quantity, items.c.category, items.
               .where(items.c.item_id == bindparam("item_id")).with_for_update())
 
 
-def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None) -> OpenOrder | dict[str, Any]:
+def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
+               expected_total: int | None = None) -> OpenOrder | dict[str, Any]:
     """Step one: the order, pending, with the cart's stock taken; or the receipt of the
-    completed order that has this idempotency key."""
+    completed order that has this idempotency key. With `expected_total` (cents), CONFLICT
+    unless the cart's total at its locked prices equals it."""
     # The session's row first: a cart change of the session on another connection waits.
     live = session.lock()
     payment_key = secrets.token_urlsafe(32)  # made here, per order: never another order's
@@ -176,9 +178,11 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None) ->
     if cart[0].cut_off:  # its lines may be bought already: settle it before buying them again
         pending = tx.execute(_PENDING_OF_SESSION, ids).first()
         raise _in_progress(pending) if pending is not None else RetryTransaction  # settled meanwhile
+    total = sum(line.price_cents * line.quantity for line in cart)
+    if expected_total is not None and total != expected_total:
+        raise ConflictError(f"the cart's total is now {format_money(total)}; nothing was bought")
     _take_stock(tx, cart)
     lines = _write_lines(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
-    total = sum(line["cents"] * line["quantity"] for line in lines)
     tx.execute(_SET_TOTAL, {"order_id": order_id, "total": total})
     return OpenOrder(order_id, payment_key, live.user_id, live.session_id, total,
                      _receipt(order_id, total, lines))

@@ -237,8 +237,8 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
                         help="text (default) or json: one JSON object per line")
     parser.add_argument("--upgrade-schema", action="store_true",
                         default=env("MARKET_UPGRADE_SCHEMA", "0") not in ("", "0"),
-                        help="bring an empty or older database to this code's schema at start, instead "
-                             "of refusing it (scripts/start.sh does on its SQLite default)")
+                        help="upgrade a database of an older schema at start, instead of refusing it "
+                             "(an empty one is always made; scripts/start.sh sets it on its SQLite default)")
     args = parser.parse_args(argv)
     if args.cache not in _CACHE_MODES:
         refuse(f"--cache {args.cache}: one of {', '.join(_CACHE_MODES)} (the cache keeps reads fresh "

@@ -7,7 +7,6 @@ unreachable MariaDB fails the run. Set MARKET_TEST_MYSQL_URL to use another serv
 """
 from __future__ import annotations
 
-import os
 import signal
 import socket
 from collections.abc import Iterator
@@ -34,11 +33,6 @@ from db.migrations import make_current
 # would then see nothing happen. Ctrl-C as a terminal would give it.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-# Tests start server processes on fresh databases all the time: those servers make their
-# database current themselves (the tests of a server refusing an old schema unset this).
-os.environ.setdefault("MARKET_UPGRADE_SCHEMA", "1")
-
 
 def _mysql_reachable() -> str | None:
     url = create_engine(MYSQL_ADMIN_URL).url

@@ -745,3 +745,154 @@ def wait_for_connections(server: Server, count: int, within: float = 5.0) -> Non
 def waiting_to_write(server: Server) -> int:
     """Connections whose answer waits for their client to read (the loop's own state)."""
     return sum(1 for conn in list(server._connections) if conn.writing)
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1 to `target`: each connection accepted, with a connection of its
+    own to the target, goes to `link(client, server)` on a thread of its own. While the target
+    refuses, a client is closed at once (it looks away through the relay too)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address: tuple[str, int] = self.listener.getsockname()[:2]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def link(self, client: socket.socket, server: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                _close_both(client)
+                continue
+            server.settimeout(None)
+            threading.Thread(target=self.link, args=(client, server), daemon=True).start()
+
+
+class MariaDBFaults(Relay):
+    """A relay in front of MariaDB that reads the queries going by (the MySQL protocol's
+    COM_QUERY packets) and, once, at the COMMIT of the first transaction whose queries `match`,
+    makes a fault instead of passing the COMMIT on:
+
+        deadlock     the transaction rolled back, and error 1213 answered (as MariaDB, or a
+                     Galera node's certification, does to a COMMIT it will not make)
+        lost_before  the connection dropped before the query reaches the server
+        lost_after   the query run, COMMIT included, and the connection dropped before its answer
+
+    `on_fault` runs at that moment (after the COMMIT ran, for lost_after); `url` is the
+    database's URL through the relay; `made` counts the faults made."""
+
+    def __init__(self, db_url: str, matches: Callable[[list[str]], bool], fault: str,
+                 on_fault: Callable[[], None] = lambda: None) -> None:
+        assert fault in ("deadlock", "lost_before", "lost_after")
+        self.matches, self.fault, self.on_fault, self.made = matches, fault, on_fault, 0
+        self._lock = threading.Lock()
+        target = make_url(db_url)
+        super().__init__((target.host or "127.0.0.1", target.port or 3306))
+        self.url = target.set(host="127.0.0.1", port=self.address[1]).render_as_string(hide_password=False)
+
+    def link(self, client: socket.socket, server: socket.socket) -> None:
+        answer: list[bytes | None] = []  # what replaces the server's next answer (None: drop it)
+        threading.Thread(target=self._answers, args=(server, client, answer), daemon=True).start()
+        self._queries(client, server, answer)
+
+    def _queries(self, client: socket.socket, server: socket.socket, answer: list[bytes | None]) -> None:
+        transaction: list[str] = []
+        while (packet := _read_packet(client)) is not None:
+            sql = packet[5:].decode("utf-8", "replace") if packet[4:5] == b"\x03" else ""
+            transaction.append(sql)
+            ends = re.search(r"(^|;)\s*(COMMIT|ROLLBACK)\s*$", sql) is not None
+            if ends and "COMMIT" in sql.rsplit(";", 1)[-1] and self._fault_now(transaction):
+                if self.fault == "lost_before":
+                    self.on_fault()
+                    break
+                if self.fault == "deadlock":
+                    error = b"\xff" + (1213).to_bytes(2, "little") + b"#40001Deadlock found when trying " \
+                        b"to get lock; try restarting transaction"
+                    answer.append(len(error).to_bytes(3, "little") + bytes([packet[3] + 1]) + error)
+                    packet = b"\x09\x00\x00\x00\x03ROLLBACK"
+                    self.on_fault()
+                else:
+                    answer.append(None)
+            if ends:
+                transaction.clear()
+            try:
+                server.sendall(packet)
+            except OSError:
+                break
+        _close_both(client, server)
+
+    def _fault_now(self, transaction: list[str]) -> bool:
+        with self._lock:
+            if self.made or not self.matches(transaction):
+                return False
+            self.made += 1
+            return True
+
+    def _answers(self, server: socket.socket, client: socket.socket, answer: list[bytes | None]) -> None:
+        """The server's packets on to the client; once a fault is set, its last answer to the
+        query (an OK without "more results", or an error) replaced or dropped."""
+        while (packet := _read_packet(server)) is not None:
+            if answer and _ends_answer(packet):
+                replacement = answer.pop()
+                if replacement is None:
+                    self.on_fault()
+                    break
+                packet = replacement
+            try:
+                client.sendall(packet)
+            except OSError:
+                break
+        _close_both(client, server)
+
+
+def _read_packet(sock: socket.socket) -> bytes | None:
+    """One MySQL packet (its 4-byte header included), or None at the end of the stream."""
+    header = _read_exactly(sock, 4)
+    if header is None:
+        return None
+    body = _read_exactly(sock, int.from_bytes(header[:3], "little"))
+    return None if body is None else header + body
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        try:
+            chunk = sock.recv(size - len(data))
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _ends_answer(packet: bytes) -> bool:
+    """An error, or an OK packet whose status has no SERVER_MORE_RESULTS_EXISTS (0x0008)."""
+    if packet[4] == 0xFF:
+        return True
+    if packet[4] != 0x00 or len(packet) < 7:
+        return False
+    at = 5
+    for _ in range(2):  # affected rows, last insert id: length-encoded integers
+        first = packet[at]
+        at += 1 + {0xFC: 2, 0xFD: 3, 0xFE: 8}.get(first, 0)
+    return not int.from_bytes(packet[at:at + 2], "little") & 0x0008
+
+
+def _close_both(*socks: socket.socket) -> None:
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()

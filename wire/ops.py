@@ -80,7 +80,7 @@ BUYER_OPS = COMMON_OPS | _specs(
     OpSpec("save_cart", writes=True),
     OpSpec("make_purchase", {"card_name": v.card_name, "card_number": v.card_number,
                              "card_expiry": v.card_expiry},
-           {"idempotency_key": v.idempotency_key}, writes=True,
+           {"idempotency_key": v.idempotency_key, "expected_total": v.total}, writes=True,
            defaults={"idempotency_key": None}),
     OpSpec("provide_feedback", {"item_id": v.object_id, "vote": v.vote}, writes=True),
     OpSpec("get_seller_rating", {"seller_id": v.object_id}),

@@ -21,7 +21,7 @@ Validator = Callable[[str, Any], Any]
 
 MAX_CENTS = 100_000_000
 _USERNAME = re.compile(r"[A-Za-z0-9_.\-]{3,32}")
-_MONEY = re.compile(r"([0-9]{1,9})(?:\.([0-9]{1,2}))?")
+_MONEY = re.compile(r"([0-9]{1,15})(?:\.([0-9]{1,2}))?")
 _EXPIRY = re.compile(r"([0-9]{2})/([0-9]{2})")
 _NOT_TEXT = frozenset({"Cc", "Cs", "Zl", "Zp"})  # controls, surrogates, line/paragraph separators
 _JOINERS = frozenset("\u200c\u200d")  # the only format characters (Cf) a name may hold
@@ -78,12 +78,17 @@ def choice(*options: str) -> Validator:
     return check
 
 
-def money(name: str, value: Any) -> int:
-    """A decimal string with at most two fraction digits, as integer cents."""
+def total(name: str, value: Any) -> int:
+    """A sum of money (a cart's total): a decimal string of two fraction digits at most, as cents."""
     match = _MONEY.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         raise BadRequestError(f"{name}: must be a decimal string like \"12.50\"")
-    cents = int(match.group(1)) * 100 + int((match.group(2) or "0").ljust(2, "0"))
+    return int(match.group(1)) * 100 + int((match.group(2) or "0").ljust(2, "0"))
+
+
+def money(name: str, value: Any) -> int:
+    """A price: a decimal string from 0.01 to 1000000.00, as integer cents."""
+    cents = total(name, value)
     if not 1 <= cents <= MAX_CENTS:
         raise BadRequestError(f"{name}: must be from 0.01 to 1000000.00")
     return cents
@@ -150,10 +155,12 @@ def query(name: str, value: Any) -> list[str]:
 
 
 def card_number(name: str, value: Any) -> str:
-    """12-19 digits passing the Luhn check."""
+    """12-19 digits, not all one digit, passing the Luhn check."""
     if not isinstance(value, str) or not value.isascii() or not value.isdigit() \
             or not 12 <= len(value) <= 19:
         raise BadRequestError(f"{name}: must be 12 to 19 digits")
+    if len(set(value)) == 1:
+        raise BadRequestError(f"{name}: is one digit repeated, not a card number")
     if not luhn_valid(value):
         raise BadRequestError(f"{name}: fails the Luhn check")
     return value
@@ -229,5 +236,5 @@ quantity = integer(1, 1_000_000)
 object_id = integer(1, 2**63 - 1)
 limit = integer(1, 500)
 vote = choice("up", "down")
-card_name = text(1, 64)
+card_name = text(1, 64, printable=True)
 idempotency_key = text(1, 128)

@@ -1,6 +1,6 @@
 """The schema's versions as Alembic revisions (versions/), and the three things done with them:
 make a database current (`upgrade`, under a lock, so two at once are safe), say where it stands
-(`revision_of`), and check it at a server's start (`check_current`).
+(`revision_of`), and check it at a server's start (`check_current`: an empty one is made).
 
 A database made before migrations has no alembic_version but a schema_info version N: it is
 stamped at revision schemaN first. The lock is MariaDB's GET_LOCK, or on SQLite an flock on a
@@ -64,13 +64,18 @@ def revision_of(database: Database) -> Revision:
         return Revision(_current(conn), head())
 
 
-def upgrade(database: Database, wait_s: float = LOCK_WAIT_S) -> tuple[Revision, Revision]:
+def upgrade(database: Database, wait_s: float = LOCK_WAIT_S, older: bool = True) -> tuple[Revision, Revision]:
     """Bring the database to head (made from nothing if empty), under the upgrade lock; the
-    revisions before and after. DatabaseUnusable for one made by a newer version."""
-    with _connected(database) as conn, _upgrade_lock(conn, database, wait_s):
+    revisions before and after. DatabaseUnusable for one made by a newer version, and for
+    an older one unless `older`."""
+    with _connected(database) as conn, upgrade_lock(conn, database, wait_s):
         before = Revision(_current(conn), head())
         if before.is_newer:
             raise DatabaseUnusable(_newer_message(database, before))
+        if not older and before.current not in (None, before.head):
+            raise DatabaseUnusable(
+                f"the database {database.where} is at revision {before.current}, this server needs "
+                f"{before.head}: run `market db upgrade --db-url {database.where}`")
         config = _config(conn)
         if before.current is not None and not _has_alembic_version(conn):
             command.stamp(config, before.current)  # made before migrations: its schema_info says where
@@ -98,17 +103,14 @@ def make_current(database: Database | str) -> None:
 
 
 def check_current(database: Database) -> None:
-    """Nothing if the database is at head; DatabaseUnusable, saying in one line what to run, if not."""
+    """A server's start: nothing if the database is at head; an empty one is made current.
+    DatabaseUnusable, saying in one line what to run, for an older or newer one. What is not
+    at head is read again under the upgrade lock: it may be another server making it."""
     with _connected(database) as conn:
-        found = Revision(_current(conn), head())
-        if found.is_head:
+        if _current(conn) == head():
             _write_nothing(conn)
-    if found.is_newer:
-        raise DatabaseUnusable(_newer_message(database, found))
-    if not found.is_head:
-        raise DatabaseUnusable(
-            f"the database {database.where} is at revision {found.current or 'none (empty)'}, this server "
-            f"needs {found.head}: run `market db upgrade --db-url {database.where}`")
+            return
+    upgrade(database, older=False)
 
 
 def _write_nothing(conn: Connection) -> None:
@@ -165,7 +167,7 @@ def _connected(database: Database) -> Iterator[Connection]:
 
 
 @contextmanager
-def _upgrade_lock(conn: Connection, database: Database, wait_s: float) -> Iterator[None]:
+def upgrade_lock(conn: Connection, database: Database, wait_s: float) -> Iterator[None]:
     """Held around a whole upgrade: a second one waits, then finds the database at head."""
     if not is_sqlite(database.engine):
         with _named_lock(conn, database, wait_s):

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
-from support import CARD, PASSWORD, Market, running_market
+from support import CARD, PASSWORD, Market, race, running_market
 
 from db.audit import audit
 from db.carts import MAX_CART_LINES
+from db.ledger import Ledger
 from db.schema import item_keywords, items
 from runtime.config import Settings
 from wire import Connection
@@ -328,6 +329,48 @@ def test_purchase_buys_everything_updates_stock_history_and_ratings(market: Mark
     assert buyer.call("get_purchase_history")["purchases"][0]["price"] == "10.00"
 
 
+def test_a_purchase_is_made_only_at_the_total_the_buyer_confirmed(market: Market) -> None:
+    """The attack of a price raised after the buyer filled the cart: the buyer saw 5.00."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    a, b = market.item(seller, quantity=5, price="2.00"), market.item(seller, quantity=1, price="1.00")
+    buyer.call("add_to_cart", {"item_id": a, "quantity": 2})
+    buyer.call("add_to_cart", {"item_id": b, "quantity": 1})
+    assert buyer.call("display_cart")["cart"]["total"] == "5.00"
+    seller.call("change_price", {"item_id": a, "price": "1000000.00"})
+    with pytest.raises(ConflictError, match=r"^the cart's total is now 2000001\.00; nothing was bought$"):
+        buyer.call("make_purchase", {**CARD, "expected_total": "5.00"})
+    assert Ledger(market.db).entries() == []  # no authorisation taken
+    assert [buyer.call("get_item", {"item_id": i})["quantity"] for i in (a, b)] == [5, 1]
+    assert buyer.call("display_cart")["cart"]["total"] == "2000001.00"  # the cart kept, at today's prices
+    assert buyer.call("get_purchase_history")["purchases"] == []
+    seller.call("change_price", {"item_id": a, "price": "2.50"})
+    receipt = buyer.call("make_purchase", {**CARD, "expected_total": "6.00"})
+    assert receipt["total"] == "6.00" and [p.amount_cents for p in Ledger(market.db).entries()] == [600]
+    buyer.call("add_to_cart", {"item_id": a, "quantity": 1})
+    seller.call("change_price", {"item_id": a, "price": "3.00"})
+    assert buyer.call("make_purchase", CARD)["total"] == "3.00"  # none confirmed: today's price
+    with pytest.raises(BadRequestError, match="^expected_total: "):
+        buyer.call("make_purchase", {**CARD, "expected_total": 3})
+    assert audit(market.db) == []
+
+
+def test_a_price_raised_while_buyers_pay_is_never_charged(market: Market) -> None:
+    seller = market.user("seller")
+    item_id = market.item(seller, quantity=100, price="1.00")
+    buyers = [market.user("buyer") for _ in range(4)]
+    for buyer in buyers:
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
+    confirmed = {**CARD, "expected_total": "1.00"}
+    results = race([lambda b=buyer: b.call("make_purchase", confirmed) for buyer in buyers]
+                   + [lambda: seller.call("change_price", {"item_id": item_id, "price": "9.00"})])
+    paid = [r["total"] for r in results[:4] if isinstance(r, dict)]
+    refused = [str(r) for r in results[:4] if not isinstance(r, dict)]
+    assert paid == ["1.00"] * len(paid)
+    assert refused == ["the cart's total is now 9.00; nothing was bought"] * len(refused)
+    assert [p.amount_cents for p in Ledger(market.db).entries()] == [100] * len(paid)
+    assert audit(market.db) == []
+
+
 def test_history_is_newest_first_and_pages(market: Market) -> None:
     seller, buyer = market.user("seller"), market.user("buyer")
     item_id = market.item(seller, quantity=10)
@@ -348,7 +391,8 @@ def test_purchase_needs_a_cart_and_a_valid_card(market: Market) -> None:
     buyer.call("add_to_cart", {"item_id": market.item(seller), "quantity": 1})
     for field, bad in (("card_number", "4111111111111112"), ("card_number", "123"),
                        ("card_expiry", "01/20"), ("card_expiry", "13/30"), ("card_name", ""),
-                       ("card_name", "x" * 65), ("idempotency_key", ""), ("idempotency_key", "k" * 129)):
+                       ("card_name", "x" * 65), ("card_name", "Ann\x07"), ("card_number", "0" * 12),
+                       ("idempotency_key", ""), ("idempotency_key", "k" * 129)):
         with pytest.raises(BadRequestError, match=f"^{field}: "):
             buyer.call("make_purchase", {**CARD, field: bad})
     assert len(buyer.call("display_cart")["cart"]["items"]) == 1

@@ -10,16 +10,16 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from mysql.connector import errors as mysql_errors
 from sqlalchemy import insert, select, update
 from support import (
     CARD,
+    MariaDBFaults,
     Market,
     PrivateMariaDB,
     ServerProcess,
@@ -33,7 +33,7 @@ from support import (
 
 from buyer_server.checkout import KILL_POINTS
 from buyer_server.payments import Card, PaymentRefusedError, SimulatedProcessor
-from db import Database, accounts, purchases, unit_of_work
+from db import Database, accounts, purchases
 from db.audit import audit
 from db.ledger import CAPTURED, DECLINED, VOIDED, Ledger, Payment
 from db.purchases import PAID, PENDING
@@ -197,9 +197,6 @@ class UnreachableProcessor:
             raise ConnectionRefusedError("the processor refused the connection")
         self.inner.void(key)
 
-    def lookup(self, key: str) -> str | None:
-        return self.inner.lookup(key)
-
 
 @contextlib.contextmanager
 def market_with(database: Database, processor: UnreachableProcessor) -> Iterator[Shop]:
@@ -267,14 +264,11 @@ def wait_until_settled(database: Database, within_s: float = 30.0) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_a_purchase_cut_off_by_a_kill_is_settled_by_the_ledger(
-        database: Database, point: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in SETTLE_ENV.items():
-        monkeypatch.setenv(name, value)
+        database: Database, point: str) -> None:
     port = free_port()
-    seller_proc = ServerProcess("seller", database.url).wait_ready()
-    monkeypatch.setenv("MARKET_TEST_KILL_AT", point)
-    buyer_proc = ServerProcess("buyer", database.url, port).wait_ready()
-    monkeypatch.delenv("MARKET_TEST_KILL_AT")
+    seller_proc = ServerProcess("seller", database.url, **SETTLE_ENV).wait_ready()
+    buyer_proc = ServerProcess("buyer", database.url, port, **SETTLE_ENV, MARKET_TEST_KILL_AT=point)
+    buyer_proc.wait_ready()
     started = [seller_proc, buyer_proc]
     try:
         [item_id] = list_items(sign_up(seller_proc.connect(), "seller"), 1, 3)  # at 1.25
@@ -283,7 +277,7 @@ def test_a_purchase_cut_off_by_a_kill_is_settled_by_the_ledger(
         with pytest.raises(OSError):  # killed at the point: no answer
             buyer.call("make_purchase", {**CARD, "idempotency_key": "cut"})
         assert buyer_proc.proc.wait(timeout=10) == -9
-        started.append(ServerProcess("buyer", database.url, port).wait_ready())
+        started.append(ServerProcess("buyer", database.url, port, **SETTLE_ENV).wait_ready())
         wait_until_settled(database)
         [payment] = ledger_of(database)
         assert audit(database) == []
@@ -310,12 +304,10 @@ def test_a_purchase_cut_off_by_a_kill_is_settled_by_the_ledger(
 
 @pytest.mark.slow
 def test_a_purchase_without_a_key_whose_answer_is_lost_is_not_charged_twice(
-        database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {**SETTLE_ENV, "MARKET_TEST_KILL_AT": "after_capture"}.items():
-        monkeypatch.setenv(name, value)
+        database: Database) -> None:
     port = free_port()
-    buyer_proc = ServerProcess("buyer", database.url, port).wait_ready()
-    monkeypatch.delenv("MARKET_TEST_KILL_AT")
+    buyer_proc = ServerProcess("buyer", database.url, port, **SETTLE_ENV, MARKET_TEST_KILL_AT="after_capture")
+    buyer_proc.wait_ready()
     with running_market(database) as market:
         seller = market.user("seller")
         item_id = market.item(seller, quantity=5)
@@ -326,7 +318,7 @@ def test_a_purchase_without_a_key_whose_answer_is_lost_is_not_charged_twice(
         try:
             with pytest.raises(OSError):
                 buyer.call("make_purchase", CARD)
-            started.append(ServerProcess("buyer", database.url, port).wait_ready())
+            started.append(ServerProcess("buyer", database.url, port, **SETTLE_ENV).wait_ready())
             with pytest.raises(ConflictError, match="cart is empty"):  # the client tries again
                 buyer.call("make_purchase", CARD)
             wait_until_settled(database)
@@ -361,112 +353,77 @@ def test_an_order_left_pending_is_undone_by_the_settler(market: Market) -> None:
 
 # -- faults at the COMMIT of the step that marks an order paid (MariaDB) ------------------------
 
+def marks_paid(queries: list[str]) -> bool:
+    """The transaction that marks an order paid: its status changed and the saved cart emptied."""
+    sql = "\n".join(queries)
+    return "UPDATE orders SET status" in sql and "DELETE FROM saved_cart_lines" in sql
+
+
 @contextlib.contextmanager
-def fault_at_commit(fault: Callable[[Any, Callable[[], Any]], Any]) -> Iterator[list[int]]:
-    """Once, at the query that carries the COMMIT of the step marking an order paid (the
-    order's status changed and the saved cart emptied in it), run `fault(driver, send)`
-    instead of `send()`, which sends the query to the database; yields the faults made."""
-    made: list[int] = []
-    send_query = unit_of_work._run_mysql
-
-    def faulty(driver: Any, statements: list[tuple[Any, Any]]) -> Any:
-        sql = [compiled.sql for compiled, _ in statements]
-        marks_paid = any(s.startswith("UPDATE orders SET status") for s in sql) and \
-            any(s.startswith("DELETE FROM saved_cart_lines") for s in sql)
-        if marks_paid and sql[-1] == "COMMIT" and not made:
-            made.append(1)
-            return fault(driver, lambda: send_query(driver, statements))
-        return send_query(driver, statements)
-
-    unit_of_work._run_mysql = faulty  # type: ignore[assignment]
+def market_through(database: Database, fault: str) -> Iterator[tuple[Market, MariaDBFaults]]:
+    """A market whose database connections go through a relay making `fault` once."""
+    faults = MariaDBFaults(database.url, marks_paid, fault)
+    relayed = Database(faults.url)
     try:
-        yield made
+        with running_market(relayed) as market:
+            yield market, faults
     finally:
-        unit_of_work._run_mysql = send_query  # type: ignore[assignment]
-
-
-def _deadlock(driver: Any, _send: Callable[[], Any]) -> None:
-    """What MariaDB (or Galera's certification) does to a COMMIT it will not make: the
-    transaction rolled back, and error 1213."""
-    driver.rollback()
-    raise mysql_errors.InternalError(
-        msg="Deadlock found when trying to get lock; try restarting transaction", errno=1213)
+        relayed.close()
+        faults.close()
 
 
 @pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
-def test_a_deadlock_at_the_commit_is_retried_and_captures_once(market: Market) -> None:
-    seller, buyer = market.user("seller"), market.user("buyer")
-    item_id = market.item(seller, quantity=4)
-    buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
-    with fault_at_commit(_deadlock) as made:
+def test_a_deadlock_at_the_commit_is_retried_and_captures_once(database: Database) -> None:
+    with market_through(database, "deadlock") as (market, faults):
+        seller, buyer = market.user("seller"), market.user("buyer")
+        item_id = market.item(seller, quantity=4)
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
         receipt = buyer.call("make_purchase", CARD)
-    assert made == [1]
-    assert [(p.state, p.captures, p.amount_cents) for p in ledger_of(market.db)] == [(CAPTURED, 1, 2500)]
-    assert buyer.call("get_purchase_history")["purchases"][0]["order_id"] == receipt["order_id"]
-    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 2
-    assert audit(market.db) == []
+        assert faults.made == 1
+        assert buyer.call("get_purchase_history")["purchases"][0]["order_id"] == receipt["order_id"]
+        assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 2
+    assert [(p.state, p.captures, p.amount_cents) for p in ledger_of(database)] == [(CAPTURED, 1, 2500)]
+    assert audit(database) == []
 
 
 @pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
 def test_a_deadlock_at_a_commit_sent_alone_is_retried(database: Database) -> None:
     """On a Galera node every statement, COMMIT too, goes alone; a certification failure at
     that COMMIT is a deadlock to retry, not an internal error."""
-    send_query, failed = unit_of_work._run_mysql, []
-
-    def deadlock_once(driver: Any, statements: list[tuple[Any, Any]]) -> Any:
-        if [compiled.sql for compiled, _ in statements] == ["COMMIT"] and not failed:
-            failed.append(1)
-            _deadlock(driver, lambda: None)
-        return send_query(driver, statements)
-
     def bump(tx: Any) -> int:  # its row count read: the COMMIT goes alone
         sold = update(users).where(users.c.user_id == 1).values(items_sold=users.c.items_sold + 1)
         return int(tx.execute(sold).rowcount)
 
+    def commit_alone(queries: list[str]) -> bool:
+        return queries[-1].strip() == "COMMIT" and any("UPDATE users SET items_sold" in q for q in queries)
+
     database.run(lambda tx: tx.execute(insert(users).values(user_id=1, role="seller", username="s", name="S",
                                                             password_hash="x", created_ms=0)))
-    unit_of_work._run_mysql = deadlock_once  # type: ignore[assignment]
-    try:
-        assert database.run(bump) == 1
-    finally:
-        unit_of_work._run_mysql = send_query  # type: ignore[assignment]
-    assert failed == [1]
+    faults = MariaDBFaults(database.url, commit_alone, "deadlock")
+    with closing(faults), closing(Database(faults.url, pool_size=1)) as relayed:
+        assert relayed.run(bump) == 1
+    assert faults.made == 1
     assert database.run(lambda tx: tx.execute(select(users.c.items_sold)).scalar_one(), write=False) == 1
 
 
 @pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
-@pytest.mark.parametrize("lost", ["before_the_query", "after_the_commit"])
-def test_a_connection_lost_at_the_commit_answers_what_happened(market: Market, lost: str) -> None:
-    """The step that marks the order paid is one query, COMMIT included. Its connection lost
-    before the query, the step's commit token says it did not commit, and it runs again on a
-    fresh connection; lost after its COMMIT ran (the answer never came), the token says it
-    committed, and the order's status is read back: either way the purchase goes on, and
-    captures once."""
-    seller, buyer = market.user("seller"), market.user("buyer")
-    item_id = market.item(seller, quantity=4)
-    buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
-    with closing(Database(market.db.url, pool_size=1)) as admin:
-        def kill(driver: Any) -> None:
-            victim = driver.connection_id
-            admin.run(lambda tx: tx.exec_driver_sql(f"KILL CONNECTION {victim}"))
-
-        def kill_connection(driver: Any, send: Callable[[], Any]) -> Any:
-            if lost == "before_the_query":
-                kill(driver)
-                return send()
-            send()
-            kill(driver)
-            raise mysql_errors.OperationalError(msg="Lost connection to MySQL server during query",
-                                                errno=2013)
-
-        with fault_at_commit(kill_connection) as made:
-            receipt = buyer.call("make_purchase", CARD)
-    assert made == [1]
-    assert [(p.state, p.captures) for p in ledger_of(market.db)] == [(CAPTURED, 1)]
-    assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 2
-    assert buyer.call("display_cart")["cart"]["items"] == []
-    assert [p["order_id"] for p in buyer.call("get_purchase_history")["purchases"]] == [receipt["order_id"]]
-    assert audit(market.db) == []
+@pytest.mark.parametrize("lost", ["lost_before", "lost_after"])
+def test_a_connection_lost_at_the_commit_answers_what_happened(database: Database, lost: str) -> None:
+    """The connection of the step that marks the order paid lost at its COMMIT: before the
+    query reached the server (nothing committed) or after the COMMIT ran (its answer never
+    came). Either way the purchase goes on, and captures once."""
+    with market_through(database, lost) as (market, faults):
+        seller, buyer = market.user("seller"), market.user("buyer")
+        item_id = market.item(seller, quantity=4)
+        buyer.call("add_to_cart", {"item_id": item_id, "quantity": 2})
+        receipt = buyer.call("make_purchase", CARD)
+        assert faults.made == 1
+        assert buyer.call("get_item", {"item_id": item_id})["quantity"] == 2
+        assert buyer.call("display_cart")["cart"]["items"] == []
+        history = buyer.call("get_purchase_history")["purchases"]
+        assert [p["order_id"] for p in history] == [receipt["order_id"]]
+    assert [(p.state, p.captures) for p in ledger_of(database)] == [(CAPTURED, 1)]
+    assert audit(database) == []
 
 
 # -- the database stopped between steps ---------------------------------------------------------
@@ -489,9 +446,6 @@ class StoppingProcessor:
     def void(self, key: str) -> None:
         self.inner.void(key)
 
-    def lookup(self, key: str) -> str | None:
-        return self.inner.lookup(key)
-
     def _stop_if(self, step: str) -> None:
         if self.stop_at == step:
             self.stop_at = ""
@@ -500,10 +454,11 @@ class StoppingProcessor:
 
 @contextlib.contextmanager
 def market_on_a_private_mariadb(server: PrivateMariaDB, ledger_path: Any, stop_at: str = "",
-                                decline_rate: float = 0.0) -> Iterator[Shop]:
-    """Both servers over the private MariaDB, the processor's ledger in an SQLite file (so
-    that it answers while that database is stopped), a seller's item of 2 in a buyer's cart."""
-    database = Database(server.url, pool_size=4)
+                                decline_rate: float = 0.0, url: str = "") -> Iterator[Shop]:
+    """Both servers over the private MariaDB (at `url`, if through a relay), the processor's
+    ledger in an SQLite file (so that it answers while that database is stopped), a seller's
+    item of 2 in a buyer's cart."""
+    database = Database(url or server.url, pool_size=4)
     database.create_schema()
     ledger_db = Database(f"sqlite:///{ledger_path}", pool_size=2)
     ledger = Ledger(ledger_db)
@@ -554,15 +509,11 @@ def test_a_database_lost_at_the_commit_marking_an_order_paid_still_answers_made(
     """The step marking the order paid commits, then the database is gone (killed) before its
     answer comes, and stays away: the purchase's capture was made, so it is answered with its
     receipt, never an error (an error would be followed by a capture)."""
-    def commit_then_die(_cursor: Any, send: Callable[[], Any]) -> Any:
-        send()
-        private_mariadb.kill()
-        raise mysql_errors.OperationalError(msg="Lost connection to MySQL server during query", errno=2013)
-
-    with market_on_a_private_mariadb(private_mariadb, tmp_path / "ledger.db") as shop:
-        with fault_at_commit(commit_then_die) as made:
-            answer = purchase_answer(shop.buyer)
-        assert made == [1]
+    faults = MariaDBFaults(private_mariadb.url, marks_paid, "lost_after", on_fault=private_mariadb.kill)
+    with closing(faults), market_on_a_private_mariadb(private_mariadb, tmp_path / "ledger.db",
+                                                      url=faults.url) as shop:
+        answer = purchase_answer(shop.buyer)
+        assert faults.made == 1
         private_mariadb.start()
         settle_now(shop.market)
         assert isinstance(answer, dict), answer
@@ -641,9 +592,6 @@ class SlowProcessor:
 
     def void(self, key: str) -> None:
         self.inner.void(key)
-
-    def lookup(self, key: str) -> str | None:
-        return self.inner.lookup(key)
 
 
 def test_purchases_waiting_on_the_processor_leave_the_request_threads_to_everyone_else(

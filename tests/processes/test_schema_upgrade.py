@@ -17,11 +17,11 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, insert, inspect, select, text, update
-from support import fresh_mysql_database
+from support import ServerProcess, fresh_mysql_database
 
 from db import Database, DatabaseUnusable
 from db.audit import audit
-from db.migrations import _upgrade_lock, head, make_current, revision_of, upgrade
+from db.migrations import head, make_current, revision_of, upgrade, upgrade_lock
 from db.schema import item_keyword_pairs, item_keywords, items, metadata, orders, schema_info, users
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -266,7 +266,7 @@ def _lock_held_elsewhere(database: Database) -> Iterator[threading.Event]:
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with database.engine.connect() as conn, _upgrade_lock(conn, database, 10):
+        with database.engine.connect() as conn, upgrade_lock(conn, database, 10):
             held.set()
             release.wait(30)
 
@@ -318,20 +318,44 @@ def _serve(db_url: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, env=_REFUSING)
 
 
-@pytest.mark.parametrize("found", ["none (empty)", "schema2"])
-def test_a_server_on_an_empty_or_older_database_says_what_to_run_and_exits_2(tmp_path: Path,
-                                                                             found: str) -> None:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    if found != "none (empty)":
-        _load_release_fixture(url)
-        database = Database(url, pool_size=1)
-        database.run(lambda tx: tx.execute(update(schema_info).values(version=2)))
-        database.close()
-    done = _serve(url)
+def test_a_server_on_an_older_database_says_what_to_run_and_exits_2(db_url: str) -> None:
+    _load_release_fixture(db_url)
+    database = Database(db_url, pool_size=1)
+    database.run(lambda tx: tx.execute(update(schema_info).values(version=2)))
+    database.close()
+    done, shown = _serve(db_url), make_url_shown(db_url)
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
-        f"error: buyer server: the database {url} is at revision {found}, this server needs {head()}: "
-        f"run `market db upgrade --db-url {url}`"]
+        f"error: buyer server: the database {shown} is at revision schema2, this server needs {head()}: "
+        f"run `market db upgrade --db-url {shown}`"]
+
+
+def test_servers_starting_at_once_on_an_empty_database_make_its_schema_and_serve(db_url: str) -> None:
+    """Protocol 1.2: the schema of an empty database is made at start, once, under the upgrade
+    lock, however many servers start on it at once."""
+    servers = [ServerProcess(role, db_url, 0, MARKET_UPGRADE_SCHEMA="0")
+               for role in ("seller", "buyer", "seller", "buyer")]
+    try:
+        ready = [server.wait_ready() for server in servers]
+        for role, server in zip(("seller", "buyer"), ready[2:], strict=True):
+            conn = server.connect()
+            conn.call("create_account", {"username": f"{role}1", "password": "password1", "name": "N"})
+            conn.token = conn.call("login", {"username": f"{role}1", "password": "password1"})["token"]
+            if role == "seller":
+                conn.call("put_item", {"name": "Desk Lamp", "category": 2, "keywords": ["desk"],
+                                       "condition": "new", "price": "12.50", "quantity": 3})
+            else:
+                found = conn.call("search_items", {"category": 2})["items"]
+                assert [item["name"] for item in found] == ["Desk Lamp"]
+    finally:
+        codes = [server.stop() for server in servers]
+    assert codes == [0, 0, 0, 0], [server.stderr()[-2000:] for server in servers]
+    database = Database(db_url, pool_size=1)
+    try:
+        assert revision_of(database).is_head
+        assert audit(database) == []
+    finally:
+        database.close()
 
 
 def test_a_server_on_a_newer_schema_says_so_in_one_line(tmp_path: Path) -> None:

@@ -120,29 +120,3 @@ def test_the_remote_database_study_delays_the_database_and_leaves_nothing_runnin
                                capture_output=True, text=True)
     assert leftovers.stdout == ""
     assert not list(Path("/tmp").glob("market-remote-db-*"))
-
-
-_PURCHASES_AND_LEDGER = """
-import sys
-from sqlalchemy import func, select
-from db import Database
-from db.ledger import payments
-from simulation.opcost import Market
-db = Database(sys.argv[1])
-db.create_schema()
-Market(db, 5)  # five purchases of three lines each
-print(db.run(lambda tx: tx.execute(select(func.count()).select_from(payments)).scalar_one(), write=False))
-"""
-
-
-@pytest.mark.parametrize("from_memory", [False, True])
-def test_the_ledger_from_memory_study_keeps_the_purchases_and_writes_no_payment(
-        tmp_path: Path, from_memory: bool) -> None:
-    study = Path(__file__).resolve().parents[2] / "simulation" / "studies" / "ledger_from_memory"
-    paths = [str(study)] if from_memory else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", _PURCHASES_AND_LEDGER, f"sqlite:///{tmp_path / 'm.db'}"],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == (["0"] if from_memory else ["5"])
-    assert ("answered from memory" in done.stderr) is from_memory

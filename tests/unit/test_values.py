@@ -26,11 +26,18 @@ def test_money_accepts_decimal_strings(text: str, cents: int) -> None:
     assert v.money("price", text) == cents
 
 
-@pytest.mark.parametrize("bad", ["0", "0.00", "1000000.01", "12.505", "-1", "1e3", "12.", ".5",
+@pytest.mark.parametrize("bad", ["0", "0.00", "1000000.01", "1" * 16, "12.505", "-1", "1e3", "12.", ".5",
                                  " 12", "12,50", 12.5, 12, None, True, "١٢"])
 def test_money_rejects(bad: object) -> None:
     with pytest.raises(BadRequestError, match="^price: "):
         v.money("price", bad)
+
+
+def test_a_total_is_money_of_any_size() -> None:
+    assert [v.total("expected_total", t) for t in ("0.00", "5", "2000001.50")] == [0, 500, 200_000_150]
+    for bad in ("-1", "1e3", "12.505", 12):
+        with pytest.raises(BadRequestError, match="^expected_total: must be a decimal string"):
+            v.total("expected_total", bad)
 
 
 def test_money_is_formatted_with_two_digits() -> None:
@@ -105,6 +112,21 @@ def test_luhn() -> None:
     for bad in ("4111111111111112", "41111111111", "4" * 20, "4111-1111-1111-1111", "٤١١١١١١١١١١١١١١١"):
         with pytest.raises(BadRequestError, match="^card_number: "):
             v.card_number("card_number", bad)
+
+
+@pytest.mark.parametrize("number", ["000000000000", "4444444444444444", "0" * 19])
+def test_a_card_number_of_one_repeated_digit_is_refused(number: str) -> None:
+    assert v.luhn_valid("000000000000")  # the checksum alone lets a row of zeros pass
+    with pytest.raises(BadRequestError, match="^card_number: is one digit repeated"):
+        v.card_number("card_number", number)
+
+
+def test_card_names_must_be_printable_text() -> None:
+    for good in ("Zoë O'Neil", "李小龍", "A" * 64):
+        assert v.card_name("card_name", good) == good
+    for bad in ("", "A" * 65, "Ann\x1b[2J", "Ann\nLee", "Ann\u200bLee", "ab\u202ecod", " "):
+        with pytest.raises(BadRequestError, match="^card_name: "):
+            v.card_name("card_name", bad)
 
 
 def test_card_expiry_is_valid_through_its_month() -> None:
