@@ -455,9 +455,19 @@ class Relay:
             if self.refuse():
                 _cut(client)
                 continue
-            server, link = socket.create_connection(self.target), {}
-            for source, sink, hook in ((client, server, self.requests), (server, client, self.answers)):
-                threading.Thread(target=self._pump, args=(source, sink, hook, link), daemon=True).start()
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                _cut(client)
+                continue
+            server.settimeout(None)
+            self.link(client, server)
+
+    def link(self, client: socket.socket, server: socket.socket) -> None:
+        """Relays one connection through the hooks (a subclass may read its packets instead)."""
+        state: Link = {}
+        for source, sink, hook in ((client, server, self.requests), (server, client, self.answers)):
+            threading.Thread(target=self._pump, args=(source, sink, hook, state), daemon=True).start()
 
     @staticmethod
     def _pump(source: socket.socket, sink: socket.socket, hook: Hook, link: Link) -> None:
@@ -747,38 +757,6 @@ def waiting_to_write(server: Server) -> int:
     return sum(1 for conn in list(server._connections) if conn.writing)
 
 
-class Relay:
-    """A TCP relay on 127.0.0.1 to `target`: each connection accepted, with a connection of its
-    own to the target, goes to `link(client, server)` on a thread of its own. While the target
-    refuses, a client is closed at once (it looks away through the relay too)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address: tuple[str, int] = self.listener.getsockname()[:2]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def close(self) -> None:
-        self.listener.close()
-
-    def link(self, client: socket.socket, server: socket.socket) -> None:
-        raise NotImplementedError
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                _close_both(client)
-                continue
-            server.settimeout(None)
-            threading.Thread(target=self.link, args=(client, server), daemon=True).start()
-
-
 class MariaDBFaults(Relay):
     """A relay in front of MariaDB that reads the queries going by (the MySQL protocol's
     COM_QUERY packets) and, once, at the COMMIT of the first transaction whose queries `match`,
@@ -804,7 +782,7 @@ class MariaDBFaults(Relay):
     def link(self, client: socket.socket, server: socket.socket) -> None:
         answer: list[bytes | None] = []  # what replaces the server's next answer (None: drop it)
         threading.Thread(target=self._answers, args=(server, client, answer), daemon=True).start()
-        self._queries(client, server, answer)
+        threading.Thread(target=self._queries, args=(client, server, answer), daemon=True).start()
 
     def _queries(self, client: socket.socket, server: socket.socket, answer: list[bytes | None]) -> None:
         transaction: list[str] = []
@@ -830,7 +808,7 @@ class MariaDBFaults(Relay):
                 server.sendall(packet)
             except OSError:
                 break
-        _close_both(client, server)
+        _cut(client, server)
 
     def _fault_now(self, transaction: list[str]) -> bool:
         with self._lock:
@@ -853,7 +831,7 @@ class MariaDBFaults(Relay):
                 client.sendall(packet)
             except OSError:
                 break
-        _close_both(client, server)
+        _cut(client, server)
 
 
 def _read_packet(sock: socket.socket) -> bytes | None:
@@ -891,8 +869,3 @@ def _ends_answer(packet: bytes) -> bool:
     return not int.from_bytes(packet[at:at + 2], "little") & 0x0008
 
 
-def _close_both(*socks: socket.socket) -> None:
-    for sock in socks:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
