@@ -20,5 +20,6 @@ Entry points, one command each:
 - `python -m simulation.studies.threads`: server threads against clients.
 - `python -m simulation.studies.remote_db`: a database a network hop away.
 - `python -m simulation.studies.delay_proxy`: the delaying TCP proxy that study runs.
+- `python -m simulation.studies.checkouts`: this checkout against another, taking turns.
 - `locust -f simulation/locustfile.py`: the same simulated users under locust.
 """

@@ -105,7 +105,7 @@ class SimulatedUser(threading.Thread):
             try:
                 for _ in range(self.calls):
                     op = self.ops[bisect.bisect(self.cum_weights, self.actor.rng.random() * total, 0, last)]
-                    self._record(conn, self.actor.next_call(op))
+                    self.record(conn, self.actor.next_call(op))
                     self.done += 1
             except BaseException as exc:  # a bug of the simulator: fail the run, do not shorten it
                 self.failure = exc
@@ -116,7 +116,8 @@ class SimulatedUser(threading.Thread):
         if outcome.result is None:  # answered, if only when sent again: set up all the same
             raise SimulationError(f"{self.actor.username}: {call.op} failed: {outcome.error}")
 
-    def _record(self, conn: Connection, call: Call) -> None:
+    def record(self, conn: Connection, call: Call) -> None:
+        """Make the call and log its outcome: timed when answered, counted as an error otherwise."""
         outcome = self.actor.perform(conn, call)
         entry = self.log.setdefault(call.op, OpLog())
         if outcome.kind not in ("ok", "conflict"):  # timed and counted only as an error: a fast

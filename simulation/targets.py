@@ -172,11 +172,11 @@ def _cell(target: Target, runs: Sequence[Run]) -> str:
         return "-"
     values = [target.value(figures) for _, figures in measured]
     met = sum(target.met(run, figures) for run, figures in measured)
-    each = " / ".join(_number(v) for v in values)
-    return f"{_number(statistics.median(values))} ({each}); met in {met} of {len(runs)}"
+    each = " / ".join(number(v) for v in values)
+    return f"{number(statistics.median(values))} ({each}); met in {met} of {len(runs)}"
 
 
-def _number(value: float) -> str:
+def number(value: float) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.2f}"
 
 

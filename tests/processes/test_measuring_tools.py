@@ -70,8 +70,8 @@ def test_catalogue_stopped_by_ctrl_c_stops_its_servers_and_gives_the_passes_it_m
 def test_catalogue_times_the_second_page_of_a_search_that_has_one(market: Market) -> None:
     seller, buyer = market.user("seller"), market.user("buyer")
     made = [market.item(seller, keywords=["a"] if n % 2 else ["a", "b"]) for n in range(25)]
-    assert catalogue._second_page(buyer, ["x", "y", "z"]) is None
-    second = catalogue._second_page(buyer, ["c", "b", "a"])
+    assert catalogue.second_page(buyer, ["x", "y", "z"]) is None
+    second = catalogue.second_page(buyer, ["c", "b", "a"])
     assert second is not None
     assert [item["item_id"] for item in second()["items"]] == made[15::2]  # 13 of rank two, 7 of one first
 
@@ -219,8 +219,8 @@ def test_targets_runs_rounds_on_fresh_sqlite_files_and_reports_medians(tmp_path:
     rounds = [targets.read_totals(tmp_path / f"sqlite_round{n}" / "results.csv") for n in (1, 2)]
     first, second = rounds[0][1], rounds[1][1]
     assert rounds[0][10].errors == 0
-    median = targets._number(statistics.median([first.p50_ms, second.p50_ms]))
-    each = f"{targets._number(first.p50_ms)} / {targets._number(second.p50_ms)}"
+    median = targets.number(statistics.median([first.p50_ms, second.p50_ms]))
+    each = f"{targets.number(first.p50_ms)} / {targets.number(second.p50_ms)}"
     assert f"| sqlite | 2 | {median} ({each}); met in " in table
     assert "| database | runs | 1 + 1 p50 ms | 10 + 10 p99 ms |\n" in table  # no N=100 run: no column for it
     for n in (1, 2):  # each round's own fresh file, audited

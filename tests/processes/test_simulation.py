@@ -314,7 +314,7 @@ def test_an_error_is_counted_but_neither_timed_nor_in_the_throughput() -> None:
     outcomes = iter([Outcome("BUSY", 0.0001), Outcome("ok", 0.005), Outcome("conflict", 0.004)])
     user.actor.perform = lambda _conn, _call: next(outcomes)  # type: ignore[method-assign]
     for _ in range(3):
-        user._record(None, Call("add_to_cart"))  # type: ignore[arg-type]
+        user.record(None, Call("add_to_cart"))  # type: ignore[arg-type]
     entry = user.log["add_to_cart"]
     assert entry.latencies == [0.005, 0.004] and entry.errors == 1 and entry.conflicts == 1
     assert user.error_kinds == {"add_to_cart: BUSY": 1}
@@ -362,14 +362,14 @@ def test_buyers_add_only_items_with_units_left_and_pick_them_evenly() -> None:
     from simulation.behaviour import Buyer
 
     buyer = Buyer("b", random.Random(7))
-    assert buyer._plan_add_to_cart().op == "search_items"  # knows no item yet
+    assert buyer.plan("add_to_cart").op == "search_items"  # knows no item yet
     buyer.known = {n: {"item_id": n, "seller_id": 1, "quantity": 2} for n in range(1, 11)}
     buyer.cart = {n: 2 for n in range(1, 8)}  # items 1-7: every unit already in the cart
-    picks = Counter(buyer._plan_add_to_cart().args["item_id"] for _ in range(3000))
+    picks = Counter(buyer.plan("add_to_cart").args["item_id"] for _ in range(3000))
     assert set(picks) == {8, 9, 10}
     assert all(800 < count < 1200 for count in picks.values())  # 1,000 each if even
     buyer.cart.update({8: 2, 9: 2, 10: 2})
-    assert buyer._plan_add_to_cart().op == "search_items"
+    assert buyer.plan("add_to_cart").op == "search_items"
 
 
 def test_the_simulators_set_up_waits_out_a_full_hashing_queue(database: Database) -> None:

@@ -120,3 +120,21 @@ def test_the_remote_database_study_delays_the_database_and_leaves_nothing_runnin
                                capture_output=True, text=True)
     assert leftovers.stdout == ""
     assert not list(Path("/tmp").glob("market-remote-db-*"))
+
+
+@pytest.mark.slow
+def test_two_checkouts_take_turns_and_their_ratio_is_reported(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]  # this checkout as the other one too
+    done = _study("checkouts", str(root), "--rounds", "2", "--out", str(tmp_path), "--", "-n", "1", "-k", "3",
+                  "-r", "1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    order = [line.split(",")[1].strip() for line in done.stdout.splitlines() if line.startswith("round ")]
+    assert order == ["this", "other", "other", "this"]
+    assert "1 + 1: the other checkout's calls/s, median of 2 rounds: " in done.stdout
+    assert all((tmp_path / f"{side}_round{n}" / "results.csv").exists() for side in ("this", "other")
+               for n in (1, 2))
+
+
+def test_a_folder_that_is_no_checkout_is_refused(tmp_path: Path) -> None:
+    done = _study("checkouts", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and "is not a checkout of the marketplace" in done.stderr
