@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from dotenv import find_dotenv, load_dotenv
 
-from wire.server import ServerLimits
+from runtime.server import ServerLimits
 
 DEFAULT_DB_URL = "sqlite:///market.db"
 DEFAULT_PORTS = {"buyer": 7001, "seller": 7002}

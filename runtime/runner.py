@@ -1,10 +1,11 @@
 """What `python -m buyer_server` and `python -m seller_server` share: settings,
 logging, the database, the App and the server loop, from one call.
 
-With `--workers N` (N > 1) the process forks N workers that each bind the same
-port with SO_REUSEPORT, so the kernel spreads connections over N processes and
-Python gets past one core; the parent only supervises (restarts a worker that
-dies, passes SIGTERM on). The servers keep no state, so workers need no sharing.
+With `--workers N` (N > 1) the parent binds the port once and forks N workers that
+inherit the listening socket and accept from it, so Python gets past one core and the
+port never refuses a client while a worker is replaced (it waits in the backlog); the
+parent only supervises (restarts a worker that dies, passes the stop on). The servers
+keep no state, so workers need no sharing.
 Logs, metrics and tracing are the package `observe`'s; it and `db` are imported once the
 settings are read (see `main`).
 """
@@ -24,18 +25,19 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from wire.app import App
-from wire.server import Server, ServerLimits, StopRequested, StopSignals, reserve_port
 from wire.tls import server_context
 
+from .admission import listen
 from .config import Settings, database_pool_size, server_settings
-from .health import HealthWatch, join_health_checks
+from .health import HealthWatch
+from .server import Server, ServerLimits
+from .signals import STOP_SIGNALS, StopRequested, StopSignals, handle_signals
 
 log = logging.getLogger("market.runner")
 BuildApp = Callable[[Settings, Any], App]
 T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-_FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.5, 30.0  # before restarting a worker that died
+_FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.1, 2.0  # before restarting a worker that died (clients wait)
 _HEALTHY_AFTER_S = 10.0  # a worker that lived this long: the next pause is the first again
 _GIVE_UP_AFTER = 5  # workers started in a row that died before they listened
 _SIGNAL_CHECK_S = 0.1  # how often the supervisor looks for a signal to handle, while it waits
@@ -143,7 +145,8 @@ def _announce(server: Server) -> None:
 
 
 def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
-           stops: StopSignals, ready: Callable[[Server], None], reuse_port: bool = False) -> None:
+           stops: StopSignals, ready: Callable[[Server], None],
+           listener: socket.socket | None = None) -> None:
     """One server process: its own database pool, App and loop."""
     from db import Database
     from db.housekeeping import Housekeeper
@@ -158,8 +161,8 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
         housekeeper.start()
         observer = serving.observer_for(settings, app)
         server = _bound(settings.host, port, lambda: Server(
-            app, settings.host, port, limits_of(settings), reuse_port=reuse_port, tls=tls, observer=observer))
-        if not reuse_port:  # one process: it serves its own /metrics (workers: the supervisor)
+            app, settings.host, port, limits_of(settings), listener=listener, tls=tls, observer=observer))
+        if listener is None:  # one process: it serves its own /metrics (workers: the supervisor)
             _serve_metrics(serving, settings)
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
         # long as the process: keep it out of the collector's full passes, which scanned it all.
@@ -182,31 +185,30 @@ def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | No
 
 
 class _Supervisor:
-    """The parent of `--workers N`: forks the workers, passes SIGTERM on, kills a worker that
+    """The parent of `--workers N`: forks the workers, passes the stop on, kills a worker that
     leaves a health check unanswered (runtime.health), and restarts a worker that dies,
-    pausing longer after each quick death (0.5 s, doubling up to 30 s), and giving up
-    (exit 2) when five started in a row died before they listened. It holds the port all
-    its life, so nothing else takes it while a worker is being replaced."""
+    pausing a little longer after each quick death (0.1 s, doubling up to 2 s), and giving up
+    (exit 2) when five started in a row died before they listened. It holds the listening
+    socket all its life: clients wait in its backlog while a worker is being replaced."""
 
     def __init__(self, settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None) -> None:
         from observe import serving
 
         self.settings, self.build_app, self.tls = settings, build_app, tls
         host, port = settings.host, settings.port
-        self.reserved = _bound(host, port, lambda: reserve_port(host, port))
+        self.listener = _bound(host, port, lambda: listen(host, port))
         self.observe = serving
         _serve_metrics(serving, settings)
-        self.port = self.reserved.getsockname()[1]
+        self.port = self.listener.getsockname()[1]
         self.workers: dict[int, float] = {}  # pid: when it started
         self.stopping = False
         self.ended_before_stop: set[int] = set()
         self.pause_s = _FIRST_PAUSE_S
         self.failed_starts = 0  # in a row
-        self.health = HealthWatch(settings.worker_timeout_s, tls is not None, lambda: self.stopping)
+        self.health = HealthWatch(settings.worker_timeout_s, lambda: self.stopping)
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self.stop)  # before the first worker listens
-        signal.signal(signal.SIGINT, self.stop)
+        handle_signals(self.stop)  # before the first worker listens
         try:
             started = [self.start_worker() for _ in range(self.settings.workers) if not self.stopping]
             if not self.stopping and not all(started):
@@ -219,8 +221,7 @@ class _Supervisor:
             _stop_all(set(self.workers))
             raise
         finally:
-            self.health.close()
-            self.reserved.close()
+            self.listener.close()
 
     def stop(self, signum: int, _frame: Any) -> None:
         if not self.stopping:
@@ -232,8 +233,7 @@ class _Supervisor:
             _signal(pid, signal.SIGTERM)
 
     def start_worker(self) -> bool:
-        pid, listening = _fork_worker(self.settings, self.build_app, self.port, self.tls, self.reserved,
-                                      self.health)
+        pid, listening = _fork_worker(self.settings, self.build_app, self.tls, self.listener, self.health)
         self.workers[pid] = time.monotonic()
         if self.stopping:  # the signal came while it started: it was not among those told
             _signal(pid, signal.SIGTERM)
@@ -312,48 +312,50 @@ def _how_it_ended(status: int) -> str:
         return f"was killed by signal {-code}"
 
 
-def _fork_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
-                 reserved: socket.socket, health: HealthWatch) -> tuple[int, bool]:
-    """A worker process serving `port`, and whether it listens: returns once it does, or has died."""
+def _fork_worker(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None,
+                 listener: socket.socket, health: HealthWatch) -> tuple[int, bool]:
+    """A worker process serving `listener`, and whether it listens: returns once it does, or has died."""
     ready_r, ready_w = os.pipe()
+    ours, theirs = health.channel()
     parent = os.getpid()
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # none reaches the child before its handlers
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # none reaches the child before its handlers
     try:
         pid = os.fork()
     except OSError as exc:  # EAGAIN: a limit on processes
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         for fd in (ready_r, ready_w):
             os.close(fd)
+        ours.close()
+        theirs.close()
         raise WorkerFailed(f"cannot start a worker process: {exc.strerror or exc}") from None
     if pid == 0:
         os.close(ready_r)
-        reserved.close()  # the supervisor's
-        health.close()
+        health.close()  # the supervisor's ends
         importlib.import_module("observe.serving").in_worker()
-        _run_worker(settings, build_app, port, tls, parent, ready_w, health.port)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        _run_worker(settings, build_app, listener, tls, parent, ready_w, theirs)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     os.close(ready_w)
+    theirs.close()
+    health.watch(pid, ours)
     listening = os.read(ready_r, 1) == b"1"  # b"": it exited first (or was stopped while starting)
     os.close(ready_r)
     return pid, listening
 
 
-def _run_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
-                parent: int, ready_w: int, health_port: int) -> NoReturn:
+def _run_worker(settings: Settings, build_app: BuildApp, listener: socket.socket, tls: ssl.SSLContext | None,
+                parent: int, ready_w: int, health: socket.socket) -> NoReturn:
     """The forked worker's whole life."""
     code = 0
     try:
         stops = StopSignals()  # its own handlers, not the supervisor's copied ones
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         die_with_parent(parent)
+
         def ready(server: Server) -> None:
             _signal_ready(ready_w)
-            try:
-                join_health_checks(server.adopt, health_port)
-            except OSError as exc:  # serve all the same; the supervisor restarts what dies
-                log.warning("cannot join the supervisor's health checks: %s", exc)
+            server.adopt(health)
 
-        _serve(settings, build_app, port, tls, stops, reuse_port=True, ready=ready)
+        _serve(settings, build_app, settings.port, tls, stops, ready=ready, listener=listener)
     except StopRequested:
         pass
     except BaseException:

@@ -677,7 +677,7 @@ def test_a_stop_is_given_time_for_a_request_waiting_out_its_lock(role: str) -> N
     """A stop sends the answers owed for up to send_timeout_s, and a call in hand may wait
     LOCK_WAIT_S for a lock, twice for a login. Before, compose left Docker's 10 s."""
     from db.engine import LOCK_WAIT_S
-    from wire.server import ServerLimits
+    from runtime.server import ServerLimits
 
     needed = ServerLimits().send_timeout_s + 2 * LOCK_WAIT_S
     grace = compose()["services"][role]["stop_grace_period"]

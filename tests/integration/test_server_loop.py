@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 from support import BIG, NoSessions, read_messages, tiny_app, wait_for_connections, waiting_to_write
 
+from runtime.server import Server, ServerLimits
+from runtime.signals import StopRequested, StopSignals
 from wire import Connection, OpSpec, framing, values
 from wire.app import App
 from wire.framing import FrameDecoder, decode_body, encode_frame
-from wire.server import Server, ServerLimits, StopRequested, StopSignals
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from db.address_limits import AccountGuards
 from observe import metrics
 from observe.server import LogObserver, MarketObserver
 from runtime.config import Settings
+from runtime.server import Server, ServerLimits
 from simulation import server_latency
 from wire import Connection
 from wire.errors import (
@@ -40,7 +41,6 @@ from wire.errors import (
     UnknownOpError,
 )
 from wire.framing import encode_frame
-from wire.server import Server, ServerLimits
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
