@@ -140,6 +140,11 @@ class Server(Reader):
         """Open client connections."""
         return len(self._connections)
 
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was asked (the server drains: /readyz says so)."""
+        return self._stopping.is_set()
+
     def serve_forever(self) -> None:
         """Serve until shutdown() is called; then finish in-flight work."""
         self._selector.register(self._listener, selectors.EVENT_READ, "accept")

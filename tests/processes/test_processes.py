@@ -10,9 +10,12 @@ import platform
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -327,6 +330,7 @@ def test_a_missing_tls_certificate_is_named_in_one_line(workers: str, tmp_path: 
 
 
 FAILING_WORKER = """
+import sqlite3
 import sys
 from runtime import runner
 
@@ -413,9 +417,9 @@ def test_hup_usr1_and_usr2_leave_a_server_serving_and_quit_stops_it_gracefully(
 DYING_WORKERS = """
 import os, sys
 from buyer_server.ops import build_app as buyer_app
-from runtime import runner
+from runtime import runner, supervisor
 
-runner._FIRST_PAUSE_S = {first_pause}
+supervisor._FIRST_PAUSE_S = {first_pause}
 
 def build_app(settings, database):
     if os.path.exists({marker!r}):
@@ -472,9 +476,9 @@ def test_a_stop_during_a_workers_restart_pause_starts_no_worker(tmp_path: Path) 
 HELD_REPLACEMENT = """
 import os, sys, time
 from buyer_server.ops import build_app as buyer_app
-from runtime import runner
+from runtime import runner, supervisor
 
-runner._FIRST_PAUSE_S = 0.1
+supervisor._FIRST_PAUSE_S = 0.1
 
 def build_app(settings, database):
     if os.path.exists({hold!r}):  # a replacement: it starts once the test lets it
@@ -647,7 +651,7 @@ def test_workers_start_on_a_port_a_single_server_has_just_left(tmp_path: Path) -
 
 FORK_FAILS_AFTER_ONE = """
 import errno, os, sys
-from runtime import runner
+from runtime import runner, supervisor
 
 forks = []
 real_fork = os.fork
@@ -658,7 +662,7 @@ def fork():  # the second fork fails, as under a limit on processes
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
     return real_fork()
 
-runner.os.fork = fork
+supervisor.os.fork = fork
 sys.exit(runner.main("buyer", argv=sys.argv[1:]))
 """
 
@@ -744,3 +748,60 @@ def test_a_server_process_sweeps_old_rows_in_the_background(workers: str, tmp_pa
         if server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait()
+
+
+def _http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+
+
+def _threads_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^Threads:\s+(\d+)", status, re.MULTILINE).group(1))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["single", "workers"])
+def test_healthz_and_readyz_answer_over_http_on_the_metrics_port(workers: list[str], tmp_path: Path) -> None:
+    database, metrics_port = tmp_path / "market.db", free_port()
+    server = ServerProcess("buyer", f"sqlite:///{database}", 0, "--metrics-port", str(metrics_port),
+                           *workers).wait_ready()
+    try:
+        assert _http_get(metrics_port, "/healthz") == (200, "ok\n")
+        assert _http_get(metrics_port, "/readyz") == (200, "ready\n")
+        with contextlib.closing(sqlite3.connect(database)) as db, db:
+            (revision,) = db.execute("SELECT version_num FROM alembic_version").fetchone()
+            db.execute("UPDATE alembic_version SET version_num = 'f00d'")
+        status, reason = _http_get(metrics_port, "/readyz")
+        assert status == 503 and "not ready: database:" in reason, reason
+        assert _http_get(metrics_port, "/healthz")[0] == 200  # alive all the same
+        with contextlib.closing(sqlite3.connect(database)) as db, db:
+            db.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+        assert _http_get(metrics_port, "/readyz")[0] == 200
+        assert _http_get(metrics_port, "/nothing")[0] == 404
+        assert server.stop() == 0, server.stderr()
+    finally:
+        server.proc.kill()
+
+
+def test_the_metrics_port_bounds_its_connections_threads_and_time(tmp_path: Path) -> None:
+    # before: a thread per connection, without limit or timeout (3,000 idle connections made
+    # 2,938 threads and, closed at once, stalled the market's pings for minutes)
+    metrics_port = free_port()
+    server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'market.db'}", 0,
+                           "--metrics-port", str(metrics_port)).wait_ready()
+    idle = []
+    try:
+        threads = _threads_of(server.proc.pid)
+        idle = [socket.create_connection(("127.0.0.1", metrics_port), timeout=30) for _ in range(100)]
+        assert _http_get(metrics_port, "/healthz") == (200, "ok\n")  # the oldest idle ones gave way
+        assert _threads_of(server.proc.pid) < threads + 10  # not one per connection
+        assert idle[-1].recv(1) == b""  # closed at its time limit (5 s), never answered
+        assert server.connect().call("ping")["server"] == "buyer"
+        assert server.stop() == 0, server.stderr()
+    finally:
+        for sock in idle:
+            sock.close()
+        server.proc.kill()
