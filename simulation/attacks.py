@@ -142,7 +142,8 @@ def idle_table(buyer: Address, duration_s: float, addresses: int = 5, each: int 
                 with Connection(*buyer, timeout=10, source="127.0.0.20", retry_busy=False) as new:
                     new.call("ping")
                 waits.append(time.perf_counter() - started)
-            except (OSError, ProtocolError):
+            except (OSError, ProtocolError) as exc:
+                print(f"a new client was not answered: {exc!r}", flush=True)
                 waits.append(float("inf"))
             time.sleep(1.0)
     return waits
