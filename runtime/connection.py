@@ -12,7 +12,8 @@ from typing import Any
 
 from wire.errors import BadFrameError, ProtocolError
 from wire.framing import FrameDecoder
-from wire.tls import TlsChannel
+
+from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
 READ_SIZE = 65536

@@ -36,13 +36,13 @@ from wire.envelope import error_response, request_id
 from wire.errors import InternalError, ProtocolError
 from wire.framing import DEFAULT_MAX_FRAME, encode_frame
 from wire.observer import NO_SERVER_OBSERVER, SUPERVISOR, ServerObserver, now_ns
-from wire.tls import TlsChannel
 
 from .admission import REFUSALS, Admission, evictable, listen, refuse_busy
 from .connection import Connection, decode, discard_unread, op_of
 from .flow import QueuedBytes
 from .reader import Reader
 from .scheduler import LEAD, Scheduler, WorkerPool
+from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
 _SIGNAL_CHECK_S = 0.2  # how often serve_forever's thread looks for a signal to handle
