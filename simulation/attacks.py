@@ -40,8 +40,10 @@ def _account(address: Address, source: str = "127.0.0.1") -> str:
 
 def seed(seller: Address, items: int, sellers: int = 20) -> None:
     """List `items` items whose names hold every word of WORDS, spread over `sellers` sellers."""
+    tokens = [_account(seller) for _ in range(sellers)]  # one at a time: sign-ups are limited per address
+
     def one(n: int) -> None:
-        token = _account(seller)
+        token = tokens[n]
         with Connection(*seller, timeout=60) as conn:
             for k in range(items // sellers):
                 conn.call("put_item", {"name": f"{WORDS} {n} {k}", "category": 1, "keywords": ["attack"],
