@@ -12,7 +12,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    MARKET_HOST=0.0.0.0
+    MARKET_HOST=0.0.0.0 \
+    MARKET_METRICS_PORT=9100
 
 RUN useradd --system --uid 10001 --user-group --home-dir /app --shell /usr/sbin/nologin market \
  && install -d -o market -g market /app /app/sim-results /app/tls
@@ -31,10 +32,11 @@ USER market
 WORKDIR /app
 EXPOSE 7001 7002
 
-# The image does not know which server it runs: whichever port answers the protocol's ping.
-# docker-compose.yml and the systemd units check the one server they started.
+# Alive: the metrics port's /healthz over HTTP (on 127.0.0.1:9100 unless MARKET_METRICS_PORT
+# says otherwise), whichever server runs and whether or not TLS is on. Orchestrators that route
+# traffic probe /readyz (the database answers at the current schema, not stopping) instead.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
-    CMD market health "127.0.0.1:${MARKET_BUYER_PORT:-7001}" || market health "127.0.0.1:${MARKET_SELLER_PORT:-7002}"
+    CMD python -c "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('MARKET_METRICS_PORT', '9100'), timeout=4)"
 
 CMD ["market-buyer-server"]
 

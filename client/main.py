@@ -26,7 +26,7 @@ from typing import Any
 
 from observe import logs
 from runtime.config import DEFAULT_DB_URL, DEFAULT_PORTS, add_tls_arguments, env, port_setting, positive_int
-from runtime.runner import die_with_parent
+from runtime.supervisor import die_with_parent
 from wire import PROTOCOL_VERSION, Connection, ProtocolError, __version__
 from wire.errors import UnauthenticatedError
 from wire.tls import optional_client_context

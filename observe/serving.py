@@ -11,15 +11,17 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import logs
+from .http import HttpServer
 
 log = logging.getLogger("market.observe")
 MULTIPROC_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 _made_folder: str | None = None  # the multiprocess folder this process made (removed at stop)
-_http: Any = None  # the /metrics server of this process
+_http: HttpServer | None = None  # the metrics port's server of this process
 
 
 def prepare(settings: Any) -> None:
@@ -40,12 +42,14 @@ def prepare(settings: Any) -> None:
     metrics.served = settings.metrics_port is not None
 
 
-def serve_metrics(settings: Any) -> None:
-    """Serve /metrics on --metrics-port, if set: this process's metrics, or all workers' summed."""
+def serve_metrics(settings: Any, ready: Callable[[], str]) -> None:
+    """Serve /metrics (this process's metrics, or all workers' summed), /healthz (200 while the
+    process serves HTTP) and /readyz (200 when `ready` says "", else 503 and its reason) on
+    --metrics-port, if set."""
     global _http
     if settings.metrics_port is None:
         return
-    from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
     registry = REGISTRY
     if os.environ.get(MULTIPROC_VARIABLE):
@@ -53,8 +57,16 @@ def serve_metrics(settings: Any) -> None:
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
+
+    def readiness() -> tuple[int, str, bytes]:
+        reason = ready()
+        return (503, "text/plain", f"not ready: {reason}\n".encode()) if reason else \
+            (200, "text/plain", b"ready\n")
+
+    routes = {"/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry)),
+              "/healthz": lambda: (200, "text/plain", b"ok\n"), "/readyz": readiness}
     try:
-        _http, _ = start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
+        _http = HttpServer(settings.metrics_host, settings.metrics_port, routes, settings.metrics_connections)
     except OSError as exc:
         raise OSError(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
                       f"{exc.strerror or exc}") from None
@@ -62,9 +74,9 @@ def serve_metrics(settings: Any) -> None:
 
 
 def in_worker() -> None:
-    """In a forked worker: close the supervisor's /metrics socket (it serves, not the worker)."""
+    """In a forked worker: close the supervisor's metrics sockets (it serves, not the worker)."""
     if _http is not None:
-        _http.socket.close()
+        _http.close_in_child()
 
 
 def worker_ended(pid: int) -> None:
@@ -79,8 +91,7 @@ def worker_ended(pid: int) -> None:
 def stopped() -> None:
     """The server (or supervisor) stops: stop serving /metrics, remove the folder made for it."""
     if _http is not None:
-        _http.shutdown()
-        _http.server_close()
+        _http.close()
     if _made_folder is not None:
         shutil.rmtree(_made_folder, ignore_errors=True)
 

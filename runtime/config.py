@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from dotenv import find_dotenv, load_dotenv
 
-from wire.server import ServerLimits
+from runtime.server import ServerLimits
 
 DEFAULT_DB_URL = "sqlite:///market.db"
 DEFAULT_PORTS = {"buyer": 7001, "seller": 7002}
@@ -68,6 +68,7 @@ class Settings:
     cache_file: str | None = None
     metrics_port: int | None = None  # /metrics served on it when set
     metrics_host: str = "127.0.0.1"
+    metrics_connections: int = 16  # open at once on the metrics port (the oldest gives way)
     log_format: str = "text"
     access_log: float = 0.0  # the fraction of requests the access log records
     upgrade_schema: bool = False  # upgrade an older schema at start instead of refusing it
@@ -312,9 +313,9 @@ def database_pool_size(settings: Settings) -> int:
 def descriptors_needed(settings: Settings) -> int:
     """File descriptors one server process may hold at once: a socket per connection, and
     per database connection (the pool and its overflow) up to three (SQLite's file, its
-    write-ahead log and shared memory), plus a margin for the listener, the selector, logs
-    and the accept that finds the process full."""
-    return settings.max_connections + 2 * database_pool_size(settings) * 3 + 64
+    write-ahead log and shared memory), the metrics port's connections, plus a margin for
+    the listener, the selector, logs and the accept that finds the process full."""
+    return settings.max_connections + settings.metrics_connections + 2 * database_pool_size(settings) * 3 + 64
 
 
 def descriptor_shortage(settings: Settings) -> str:

@@ -1,52 +1,41 @@
 """What `python -m buyer_server` and `python -m seller_server` share: settings,
 logging, the database, the App and the server loop, from one call.
 
-With `--workers N` (N > 1) the process forks N workers that each bind the same
-port with SO_REUSEPORT, so the kernel spreads connections over N processes and
-Python gets past one core; the parent only supervises (restarts a worker that
-dies, passes SIGTERM on). The servers keep no state, so workers need no sharing.
+With `--workers N` (N > 1) the parent binds the port once and forks N workers that
+inherit the listening socket and accept from it, so Python gets past one core and the
+port never refuses a client while a worker is replaced (it waits in the backlog); the
+parent only supervises (restarts a worker that dies, passes the stop on). The servers
+keep no state, so workers need no sharing.
 Logs, metrics and tracing are the package `observe`'s; it and `db` are imported once the
 settings are read (see `main`).
 """
 from __future__ import annotations
 
-import ctypes
 import gc
 import importlib
 import logging
-import os
-import signal
 import socket
 import ssl
 import sys
-import time
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 from wire.app import App
-from wire.server import Server, ServerLimits, StopRequested, StopSignals, reserve_port
 from wire.tls import server_context
 
+from .admission import listen
 from .config import Settings, database_pool_size, server_settings
-from .health import HealthWatch, join_health_checks
+from .server import Server, ServerLimits
+from .signals import StopRequested, StopSignals
+from .supervisor import Supervisor, WorkerFailed
 
 log = logging.getLogger("market.runner")
 BuildApp = Callable[[Settings, Any], App]
 T = TypeVar("T")
-_PR_SET_PDEATHSIG = 1
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-_FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.5, 30.0  # before restarting a worker that died
-_HEALTHY_AFTER_S = 10.0  # a worker that lived this long: the next pause is the first again
-_GIVE_UP_AFTER = 5  # workers started in a row that died before they listened
-_SIGNAL_CHECK_S = 0.1  # how often the supervisor looks for a signal to handle, while it waits
 
 
 class CannotListen(OSError):
     """The server's address cannot be bound (in use, or not this machine's): one line for the user."""
-
-
-class WorkerFailed(Exception):
-    """A worker process of `--workers N` died before it listened (it logged why)."""
 
 
 def _bound(host: str, port: int, bind: Callable[[], T]) -> T:
@@ -57,12 +46,33 @@ def _bound(host: str, port: int, bind: Callable[[], T]) -> T:
         raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def _serve_metrics(serving: Any, settings: Settings) -> None:
-    """/metrics served if asked for, or CannotListen saying why not."""
+def _serve_metrics(serving: Any, settings: Settings, draining: Callable[[], bool]) -> None:
+    """The metrics port served if asked for, or CannotListen saying why not."""
     try:
-        serving.serve_metrics(settings)
+        serving.serve_metrics(settings, _readiness(settings, draining))
     except OSError as exc:
         raise CannotListen(str(exc)) from None
+
+
+def _readiness(settings: Settings, draining: Callable[[], bool]) -> Callable[[], str]:
+    """/readyz's question: "" when the process serves and its database answers at the schema
+    this code needs; else why not (a connection of its own per check: no pool to fork)."""
+    def reason() -> str:
+        if draining():
+            return "draining"
+        from db import Database
+        from db.migrations import check_current
+
+        database = Database(settings.db_url, pool_size=1)
+        try:
+            check_current(database)
+        except Exception as exc:  # unreachable, or a schema this code cannot use: not ready
+            return f"database: {exc}"
+        finally:
+            database.close()
+        return ""
+
+    return reason
 
 
 def limits_of(settings: Settings) -> ServerLimits:
@@ -143,7 +153,8 @@ def _announce(server: Server) -> None:
 
 
 def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
-           stops: StopSignals, ready: Callable[[Server], None], reuse_port: bool = False) -> None:
+           stops: StopSignals, ready: Callable[[Server], None],
+           listener: socket.socket | None = None) -> None:
     """One server process: its own database pool, App and loop."""
     from db import Database
     from db.housekeeping import Housekeeper
@@ -158,9 +169,9 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
         housekeeper.start()
         observer = serving.observer_for(settings, app)
         server = _bound(settings.host, port, lambda: Server(
-            app, settings.host, port, limits_of(settings), reuse_port=reuse_port, tls=tls, observer=observer))
-        if not reuse_port:  # one process: it serves its own /metrics (workers: the supervisor)
-            _serve_metrics(serving, settings)
+            app, settings.host, port, limits_of(settings), listener=listener, tls=tls, observer=observer))
+        if listener is None:  # one process: it serves its own /metrics (workers: the supervisor)
+            _serve_metrics(serving, settings, lambda: server.stopping)
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
         # long as the process: keep it out of the collector's full passes, which scanned it all.
         gc.freeze()
@@ -177,218 +188,15 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
 
 
 def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None) -> int:
-    """Fork the workers, announce the port once they listen, restart any that dies."""
-    return _Supervisor(settings, build_app, tls).run()
+    """Bind the port, fork the workers that serve it, restart any that dies (runtime.supervisor)."""
+    from observe import serving
 
+    host, port = settings.host, settings.port
+    listener = _bound(host, port, lambda: listen(host, port))
 
-class _Supervisor:
-    """The parent of `--workers N`: forks the workers, passes SIGTERM on, kills a worker that
-    leaves a health check unanswered (runtime.health), and restarts a worker that dies,
-    pausing longer after each quick death (0.5 s, doubling up to 30 s), and giving up
-    (exit 2) when five started in a row died before they listened. It holds the port all
-    its life, so nothing else takes it while a worker is being replaced."""
+    def serve(stops: StopSignals, ready: Callable[[Server], None]) -> None:
+        _serve(settings, build_app, port, tls, stops, ready=ready, listener=listener)
 
-    def __init__(self, settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None) -> None:
-        from observe import serving
-
-        self.settings, self.build_app, self.tls = settings, build_app, tls
-        host, port = settings.host, settings.port
-        self.reserved = _bound(host, port, lambda: reserve_port(host, port))
-        self.observe = serving
-        _serve_metrics(serving, settings)
-        self.port = self.reserved.getsockname()[1]
-        self.workers: dict[int, float] = {}  # pid: when it started
-        self.stopping = False
-        self.ended_before_stop: set[int] = set()
-        self.pause_s = _FIRST_PAUSE_S
-        self.failed_starts = 0  # in a row
-        self.health = HealthWatch(settings.worker_timeout_s, tls is not None, lambda: self.stopping)
-
-    def run(self) -> int:
-        signal.signal(signal.SIGTERM, self.stop)  # before the first worker listens
-        signal.signal(signal.SIGINT, self.stop)
-        try:
-            started = [self.start_worker() for _ in range(self.settings.workers) if not self.stopping]
-            if not self.stopping and not all(started):
-                raise WorkerFailed("a worker process could not start (its error is above)")
-            if not self.stopping:
-                log.info("%d worker processes share the port", self.settings.workers)
-                print(f"listening on {self.settings.host}:{self.port}", flush=True)
-            return self.watch()
-        except WorkerFailed:
-            _stop_all(set(self.workers))
-            raise
-        finally:
-            self.health.close()
-            self.reserved.close()
-
-    def stop(self, signum: int, _frame: Any) -> None:
-        if not self.stopping:
-            log.info("signal %d: stopping %d workers", signum, len(self.workers))
-            # ended already, not yet waited for (a replacement was starting): no failure of the stop
-            self.ended_before_stop = {pid for pid in self.workers if _has_ended(pid)}
-        self.stopping = True
-        for pid in self.workers:
-            _signal(pid, signal.SIGTERM)
-
-    def start_worker(self) -> bool:
-        pid, listening = _fork_worker(self.settings, self.build_app, self.port, self.tls, self.reserved,
-                                      self.health)
-        self.workers[pid] = time.monotonic()
-        if self.stopping:  # the signal came while it started: it was not among those told
-            _signal(pid, signal.SIGTERM)
-        return listening
-
-    def watch(self) -> int:
-        """Wait for the workers; replace those that die, until stopped."""
-        failed = False
-        while self.workers:
-            pid, status = _next_ended()
-            lived = time.monotonic() - self.workers.pop(pid)
-            self.observe.worker_ended(pid)
-            if self.stopping:
-                ended_badly = os.waitstatus_to_exitcode(status) != 0
-                failed = failed or (ended_badly and pid not in self.ended_before_stop)
-            elif not self.replace(pid, status, lived):
-                raise WorkerFailed(f"{_GIVE_UP_AFTER} workers started in a row died before they listened "
-                                   "(their errors are above)")
-        return 1 if failed else 0
-
-    def replace(self, pid: int, status: int, lived: float) -> bool:
-        """Start another worker after a pause; False when too many in a row could not listen."""
-        if lived >= _HEALTHY_AFTER_S:
-            self.pause_s = _FIRST_PAUSE_S
-        pause, self.pause_s = self.pause_s, min(2 * self.pause_s, _LONGEST_PAUSE_S)
-        log.error("worker %d %s after %.1f s; starting another in %.1f s", pid, _how_it_ended(status),
-                  lived, pause)
-        until = time.monotonic() + pause
-        while not self.stopping and time.monotonic() < until:
-            time.sleep(0.05)
-        if self.stopping:
-            return True
-        self.failed_starts = 0 if self.start_worker() else self.failed_starts + 1
-        return self.failed_starts < _GIVE_UP_AFTER
-
-
-def _next_ended() -> tuple[int, int]:
-    """The pid and wait status of the next child to end, waited for in short naps.
-
-    Not a blocking os.wait(): Python runs signal handlers on the main thread between its own
-    steps, so a SIGTERM that came just before the wait began, or that the kernel handed to
-    another thread (a health check's), would be handled only once a worker ended, and none
-    would: the supervisor never stopped."""
-    while True:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid:
-            return pid, status
-        time.sleep(_SIGNAL_CHECK_S)
-
-
-def _has_ended(pid: int) -> bool:
-    """Whether the child has ended, leaving it to be waited for (WNOWAIT), or is ending: on
-    Linux, its main thread a zombie already while its other threads finish dying (a few ms
-    after a SIGKILL, when no wait finds it yet). A worker's main thread ends last of its
-    threads unless the process dies."""
-    try:
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            return True
-    except ChildProcessError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False  # no /proc, or gone meanwhile
-
-
-def _how_it_ended(status: int) -> str:
-    """'exited with status 1', 'was killed by SIGKILL': a wait status in words."""
-    code = os.waitstatus_to_exitcode(status)
-    if code >= 0:
-        return f"exited with status {code}"
-    try:
-        return f"was killed by {signal.Signals(-code).name}"
-    except ValueError:
-        return f"was killed by signal {-code}"
-
-
-def _fork_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
-                 reserved: socket.socket, health: HealthWatch) -> tuple[int, bool]:
-    """A worker process serving `port`, and whether it listens: returns once it does, or has died."""
-    ready_r, ready_w = os.pipe()
-    parent = os.getpid()
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # none reaches the child before its handlers
-    try:
-        pid = os.fork()
-    except OSError as exc:  # EAGAIN: a limit on processes
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-        for fd in (ready_r, ready_w):
-            os.close(fd)
-        raise WorkerFailed(f"cannot start a worker process: {exc.strerror or exc}") from None
-    if pid == 0:
-        os.close(ready_r)
-        reserved.close()  # the supervisor's
-        health.close()
-        importlib.import_module("observe.serving").in_worker()
-        _run_worker(settings, build_app, port, tls, parent, ready_w, health.port)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    os.close(ready_w)
-    listening = os.read(ready_r, 1) == b"1"  # b"": it exited first (or was stopped while starting)
-    os.close(ready_r)
-    return pid, listening
-
-
-def _run_worker(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
-                parent: int, ready_w: int, health_port: int) -> NoReturn:
-    """The forked worker's whole life."""
-    code = 0
-    try:
-        stops = StopSignals()  # its own handlers, not the supervisor's copied ones
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-        die_with_parent(parent)
-        def ready(server: Server) -> None:
-            _signal_ready(ready_w)
-            try:
-                join_health_checks(server.adopt, health_port)
-            except OSError as exc:  # serve all the same; the supervisor restarts what dies
-                log.warning("cannot join the supervisor's health checks: %s", exc)
-
-        _serve(settings, build_app, port, tls, stops, reuse_port=True, ready=ready)
-    except StopRequested:
-        pass
-    except BaseException:
-        log.exception("worker failed")
-        code = 1
-    finally:
-        os._exit(code)
-
-
-def _stop_all(pids: set[int]) -> None:
-    """SIGTERM these workers and wait for them."""
-    for pid in pids:
-        _signal(pid, signal.SIGTERM)
-    for pid in pids:
-        os.waitpid(pid, 0)
-
-
-def die_with_parent(parent: int) -> None:
-    """SIGTERM this process when its parent (the supervisor) dies, even by SIGKILL (Linux prctl)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: the supervisor's SIGTERM still reaches us
-        return
-    if os.getppid() != parent:  # it died before prctl took effect
-        os._exit(0)
-
-
-def _signal_ready(fd: int) -> None:
-    """Tell the supervisor this worker is listening."""
-    os.write(fd, b"1")
-    os.close(fd)
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
+    supervisor = Supervisor(settings.workers, settings.worker_timeout_s, listener, serve)
+    _serve_metrics(serving, settings, supervisor.draining)
+    return supervisor.run()

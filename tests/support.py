@@ -40,13 +40,13 @@ from db.engine import driver_url
 from db.purchases import COMPLETED
 from db.schema import login_failures, orders
 from runtime.config import Settings
+from runtime.server import Server, ServerLimits
 from seller_server.ops import build_app as build_seller_app
 from simulation.ports import free_port
 from wire import Connection, OpSpec
 from wire.app import App
 from wire.errors import ProtocolError
 from wire.framing import FrameDecoder
-from wire.server import Server, ServerLimits
 
 # mysql:// as everywhere else in the project (the driver is mysql-connector either way)
 MYSQL_ADMIN_URL = driver_url(os.environ.get("MARKET_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")

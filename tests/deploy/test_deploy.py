@@ -233,9 +233,10 @@ def image_install_commands(stage: str) -> list[str]:
     return [*(image_install_commands(parent) if parent in stages else []), *commands]
 
 
-def test_the_image_health_check_pings_through_market_health() -> None:
+def test_the_image_health_check_asks_healthz_over_http() -> None:
     check = [args for kw, args in dockerfile() if kw == "HEALTHCHECK"]
-    assert check and "CMD market health 127.0.0.1:" in check[-1].replace('"', "")
+    assert check and "CMD python -c" in check[-1] and "/healthz" in check[-1]
+    assert dockerfile_env().get("MARKET_METRICS_PORT")  # served in the image, where the check asks
 
 
 def test_the_image_command_is_a_server_of_this_project() -> None:
@@ -342,7 +343,8 @@ def test_compose_servers_wait_for_the_database_and_publish_their_port(role: str)
     assert service["depends_on"] == {"migrate": {"condition": "service_completed_successfully"},
                                      "tls": {"condition": "service_completed_successfully"}}
     assert service["ports"] == [f"${{{SERVERS[role]}:-{env_example_values()[SERVERS[role]]}}}:{port}"]
-    assert service["healthcheck"]["test"] == ["CMD", "market", "health", "--ready", f"127.0.0.1:{port}"]
+    check = service["healthcheck"]["test"]
+    assert check[:3] == ["CMD", "python", "-c"] and "/readyz" in check[3]
     assert service["command"][0] == f"market-{role}-server"
     assert service["environment"]["MARKET_HOST"] == "0.0.0.0"
     assert {"path": ".env", "required": False} in service["env_file"]
@@ -461,8 +463,7 @@ def test_servers_start_with_the_container_command_and_answer_the_health_check(
         deploy_database: str, tmp_path: Path) -> None:
     services = compose()["services"]
     assert run_tls_service(tmp_path).returncode == 0
-    running: list[tuple[subprocess.Popen[str], list[str], str, int]] = []
-    env: dict[str, str] = {}
+    running: list[tuple[subprocess.Popen[str], list[str], str, int, dict[str, str]]] = []
     migrate = services["migrate"]
     upgraded = subprocess.run(exec_form("ENTRYPOINT") + migrate["command"], capture_output=True, text=True,
                               env=container_environment(migrate, deploy_database, tmp_path), cwd=tmp_path,
@@ -477,17 +478,16 @@ def test_servers_start_with_the_container_command_and_answer_the_health_check(
             assert "PASSWORD" not in json.dumps(env).upper().replace('PASSWORD": ""', "")
             proc, port = start(command, env, tmp_path)
             running.append((proc, service["healthcheck"]["test"], service["environment"][SERVERS[role]],
-                            port))
-        for _, check, container_port, port in running:
-            assert health(check, container_port, port, env) == 0, "the health check over TLS"
-            plaintext = {**env, "MARKET_TLS_CA": ""}
-            assert health(check, container_port, port, plaintext) != 0, "a server answering in plaintext"
+                            port, env))
+        for _, check, container_port, port, env in running:  # over HTTP: TLS on, with or without a CA
+            assert health(check, container_port, port, env) == 0, "the health check with TLS on"
+            assert health(check, container_port, port, {**env, "MARKET_TLS_CA": ""}) == 0
     finally:
         for proc, *_ in running:
             proc.send_signal(signal.SIGTERM)
         codes = [proc.wait(timeout=30) for proc, *_ in running]
     assert codes == [0] * len(SERVERS), "SIGTERM must stop a server with exit 0"
-    for _, check, container_port, port in running:
+    for _, check, container_port, port, env in running:
         assert health(check, container_port, port, env) != 0, "a stopped server must be unhealthy"
 
 
@@ -677,7 +677,7 @@ def test_a_stop_is_given_time_for_a_request_waiting_out_its_lock(role: str) -> N
     """A stop sends the answers owed for up to send_timeout_s, and a call in hand may wait
     LOCK_WAIT_S for a lock, twice for a login. Before, compose left Docker's 10 s."""
     from db.engine import LOCK_WAIT_S
-    from wire.server import ServerLimits
+    from runtime.server import ServerLimits
 
     needed = ServerLimits().send_timeout_s + 2 * LOCK_WAIT_S
     grace = compose()["services"][role]["stop_grace_period"]

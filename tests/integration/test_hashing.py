@@ -14,10 +14,10 @@ from db import Database, accounts, passwords
 from db.accounts import SessionPolicy
 from db.address_limits import AccountGuards
 from runtime.config import Settings
+from runtime.server import Server, ServerLimits
 from wire import Connection, OpSpec, values
 from wire.app import App
 from wire.errors import BusyError, ProtocolError
-from wire.server import Server, ServerLimits
 
 
 @dataclass

@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 from support import BIG, NoSessions, read_messages, tiny_app, wait_for_connections, waiting_to_write
 
+from runtime.server import Server, ServerLimits
+from runtime.signals import StopRequested, StopSignals
 from wire import Connection, OpSpec, framing, values
 from wire.app import App
 from wire.framing import FrameDecoder, decode_body, encode_frame
-from wire.server import Server, ServerLimits, StopRequested, StopSignals
 
 
 @pytest.fixture
@@ -508,3 +509,115 @@ def test_a_stop_leaves_queued_requests_unanswered_once_its_time_is_up() -> None:
     client.close()
     assert not thread.is_alive() and took < 5, took  # the 1 s for answers owed, and the call in hand
     assert 1 <= answered < 40
+
+
+class Recording:
+    """An App whose `work` op takes 0.2 s; it notes each request's start and end with its
+    client's address, and the most `work` requests one address had under way at once."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str | None]] = []
+        self.most: dict[str | None, int] = {}
+        self._running: dict[str | None, int] = {}
+        self._lock = threading.Lock()
+
+    def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]:
+        op = str(message.get("op"))
+        with self._lock:
+            self.events.append(("start", op, peer))
+            self._running[peer] = self._running.get(peer, 0) + 1
+            self.most[peer] = max(self.most.get(peer, 0), self._running[peer])
+        if op == "work":
+            time.sleep(0.2)
+        with self._lock:
+            self.events.append(("end", op, peer))
+            self._running[peer] -= 1
+        return {"id": message.get("id"), "ok": True, "result": {}}
+
+    def started(self, op: str) -> int:
+        return sum(1 for event in list(self.events) if event[:2] == ("start", op))
+
+    def work_done_before(self, op: str) -> int:
+        """`work` requests finished before the first `op` started."""
+        first = self.events.index(("start", op, next(e[2] for e in self.events if e[:2] == ("start", op))))
+        return sum(1 for event in self.events[:first] if event[:2] == ("end", "work"))
+
+
+def _pipeline_work(address: tuple[str, int], source: str, connections: int, each: int) -> list[socket.socket]:
+    socks = [socket.create_connection(address, timeout=30, source_address=(source, 0))
+             for _ in range(connections)]
+    for sock in socks:
+        sock.sendall(b"".join(encode_frame({"op": "work", "id": n}) for n in range(each)))
+    return socks
+
+
+def _wait_until(done: Any, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_pipelines_of_one_address_leave_a_thread_to_another_clients_request() -> None:
+    # before: each of the three threads answered one connection's whole pipeline (8 requests)
+    # before reading anything else: another client waited for at least 8 to finish
+    app = Recording()
+    server = Server(app, limits=ServerLimits(threads=3))
+    server.start()
+    try:
+        with socket.create_connection(server.address, timeout=30, source_address=("127.0.0.3", 0)) as normal:
+            attack = _pipeline_work(server.address, "127.0.0.2", connections=3, each=8)
+            _wait_until(lambda: app.started("work") >= 2)
+            normal.sendall(encode_frame({"op": "ping", "id": 1}))
+            assert read_messages(normal, 1)[0]["ok"] is True
+            assert app.work_done_before("ping") <= 3
+            assert app.most["127.0.0.2"] == 2  # threads - 1 while another address is connected
+            for sock in attack:
+                assert len(read_messages(sock, 8)) == 8  # and every pipeline is answered, in full
+                sock.close()
+    finally:
+        server.shutdown()
+
+
+def test_a_health_check_is_answered_before_client_work_queued_ahead_of_it() -> None:
+    # before: the supervisor's ping waited for a full round of pipelines (8 requests each)
+    app = Recording()
+    server = Server(app, limits=ServerLimits(threads=3))
+    server.start()
+    ours, theirs = socket.socketpair()
+    try:
+        server.adopt(theirs)
+        attack = _pipeline_work(server.address, "127.0.0.2", connections=3, each=8)
+        _wait_until(lambda: app.started("work") >= 3)
+        ours.settimeout(30)
+        ours.sendall(encode_frame({"op": "ping", "id": 1}))
+        assert read_messages(ours, 1)[0]["ok"] is True
+        assert app.work_done_before("ping") <= 4
+        for sock in attack:
+            sock.close()
+    finally:
+        ours.close()
+        server.shutdown()
+
+
+def test_when_the_table_is_full_the_longest_idle_connection_gives_way_to_a_new_client() -> None:
+    # before: a table full of idle connections answered every new client BUSY until the idle
+    # timeout (300 s by default; a ping renews it)
+    server = Server(tiny_app(), limits=ServerLimits(max_connections=6, max_connections_per_address=3))
+    server.start()
+    try:
+        idle = [socket.create_connection(server.address, timeout=30, source_address=(source, 0))
+                for source in ("127.0.0.2", "127.0.0.3") for _ in range(3)]
+        _wait_until(lambda: server.connection_count == 6)
+        time.sleep(1.2)  # idle past EVICTABLE_AFTER_S (1 s)
+        idle[-1].sendall(encode_frame({"op": "ping", "id": 1}))  # the last one is active again
+        assert read_messages(idle[-1], 1)[0]["ok"] is True
+        with socket.create_connection(server.address, timeout=30, source_address=("127.0.0.4", 0)) as new:
+            new.sendall(encode_frame({"op": "ping", "id": 1}))
+            assert read_messages(new, 1)[0]["ok"] is True
+        assert idle[0].recv(1) == b""  # the one idle longest was closed
+        idle[-1].sendall(encode_frame({"op": "ping", "id": 2}))
+        assert read_messages(idle[-1], 1)[0]["ok"] is True
+        for sock in idle:
+            sock.close()
+    finally:
+        server.shutdown()

@@ -40,10 +40,10 @@ from db.purchases import PAID, PENDING
 from db.schema import orders, users
 from runtime.config import Settings, database_pool_size, server_settings
 from runtime.runner import limits_of
+from runtime.server import ServerLimits
 from wire import Connection, ProtocolError
 from wire.errors import ConflictError, PaymentDeclinedError, UnavailableError
 from wire.framing import encode_frame
-from wire.server import ServerLimits
 
 SETTLE_ENV = {"MARKET_SETTLE_AFTER_S": "1", "MARKET_SETTLE_PERIOD_S": "0.2"}
 

@@ -22,13 +22,13 @@ from support import CARD, Link, Market, Relay, free_port, running_market
 import simulation.__main__ as sim
 from db import Database
 from db.audit import AckedOrder, audit
+from runtime.server import ServerLimits
 from simulation import scenario, series
 from simulation.behaviour import Buyer, Call, Outcome, make_actor
 from simulation.mixes import DEFAULT
 from simulation.scenario import wait_for
 from wire import Connection
 from wire.errors import UnauthenticatedError
-from wire.server import ServerLimits
 
 SMALL = ["--users", "2", "--calls", "20", "--repeats", "1", "--no-progress"]
 SQLITE_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

@@ -23,9 +23,9 @@ from prometheus_client import REGISTRY
 from support import ServerProcess, read_messages, tiny_app
 
 from observe.server import MarketObserver
+from runtime.server import Server, ServerLimits
 from wire.framing import encode_frame
 from wire.observer import NO_SERVER_OBSERVER, ServerObserver
-from wire.server import Server, ServerLimits
 
 PING = encode_frame({"op": "ping"})
 
@@ -218,7 +218,7 @@ _SERVER_UNDER_A_DESCRIPTOR_LIMIT = """
 import resource, signal, sys
 from observe.logs import configure
 from observe.server import LogObserver
-from wire.server import Server, ServerLimits
+from runtime.server import Server, ServerLimits
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 configure("buyer")
 class Pong:

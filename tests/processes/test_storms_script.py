@@ -1,11 +1,13 @@
 """`python -m simulation.storms`: its options, and one small storm run end to end."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import ServerProcess
 
 
 def test_the_storm_script_explains_itself() -> None:
@@ -28,3 +30,20 @@ def test_a_small_wake_storm_is_survived_and_reported(tmp_path: Path) -> None:
         cells = [cell.strip() for cell in row.split("│")[1:-1]]
         assert cells[2] == "0" and cells[6] == "0" and cells[7] == "yes" and cells[8].startswith("in ")
     assert (tmp_path / "idle" / "buyer_server.log").exists()
+
+
+def test_the_attack_script_measures_a_normal_client_during_long_searches(tmp_path: Path) -> None:
+    db_url = f"sqlite:///{tmp_path / 'market.db'}"
+    buyer = ServerProcess("buyer", db_url).wait_ready()
+    seller = ServerProcess("seller", db_url).wait_ready()
+    try:
+        done = subprocess.run([sys.executable, "-m", "simulation.attacks", "--buyer",
+                               f"127.0.0.1:{buyer.port}", "--seller", f"127.0.0.1:{seller.port}",
+                               "--seed", "40", "--duration", "2"],
+                              capture_output=True, text=True, timeout=240)
+    finally:
+        buyer.stop()
+        seller.stop()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^searches: \d+ long searches answered; normal client: \d+ calls, p50 [\d.]+ ms, "
+                     r"p99 [\d.]+ ms", done.stdout, re.MULTILINE), done.stdout

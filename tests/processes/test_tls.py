@@ -16,9 +16,9 @@ from support import CARD, PASSWORD, ServerProcess, a_frozen_worker_is_replaced, 
 from buyer_server.ops import build_app
 from db import Database
 from runtime.config import Settings
+from runtime.server import Server
 from wire import Connection
 from wire.framing import encode_frame
-from wire.server import Server
 from wire.tls import client_context, server_context
 
 
@@ -140,8 +140,8 @@ def test_the_simulator_trusts_the_systems_cas_with_tls(tmp_path: Path, certifica
 def test_tls_clients_that_read_late_or_never_hold_no_thread(certificate: tuple[str, str]) -> None:
     from support import BIG, tiny_app, wait_for_connections, waiting_to_write
 
+    from runtime.server import ServerLimits
     from wire.framing import FrameDecoder
-    from wire.server import ServerLimits
 
     server = Server(tiny_app(), tls=server_context(*certificate),
                     limits=ServerLimits(threads=1, send_timeout_s=1.5))

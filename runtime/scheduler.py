@@ -1,0 +1,150 @@
+"""Whose turn it is: the request threads take turns fairly between addresses and connections.
+
+Turns go round robin over a ring of addresses, each with its connections that have requests
+waiting, and the lead (the turn of watching the sockets) takes its place in the ring as one
+more entry. A connection's turn answers one request; one with more goes to the back of its
+address's queue. While clients of more than one address are connected, no address holds more
+than threads - 1 of the threads, so the last one is always free to lead, and to answer a new
+client. The supervisor's health checks go to the front of the ring and are never capped.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from wire.observer import SUPERVISOR
+
+log = logging.getLogger("market.server")
+LEAD = "lead"  # the ring's entry for the turn of watching the sockets
+
+
+class Turn(Protocol):
+    """What the scheduler hands a thread: a connection (with its client's address)."""
+
+    address: str
+
+
+class Scheduler:
+    """The ring of turns (see the module docstring), shared by the request threads."""
+
+    def __init__(self, threads: int, addresses: Callable[[], int]) -> None:
+        self.threads = threads
+        self._addresses = addresses  # how many client addresses are connected now
+        self._ring: collections.OrderedDict[str, collections.deque[Any]] = collections.OrderedDict()
+        self._busy: collections.Counter[str] = collections.Counter()
+        self._changed = threading.Condition(threading.Lock())
+        self._closed = False
+
+    def put(self, conn: Turn) -> None:
+        """A connection has requests to answer: it waits for its address's turn."""
+        with self._changed:
+            waiting = self._ring.get(conn.address)
+            if waiting is None:
+                waiting = self._ring[conn.address] = collections.deque()
+                if conn.address == SUPERVISOR:
+                    self._ring.move_to_end(SUPERVISOR, last=False)
+            waiting.append(conn)
+            self._changed.notify()
+
+    def put_lead(self) -> None:
+        """The lead waits at the back of the ring for a thread (at the start, and after each lead)."""
+        with self._changed:
+            self._ring[LEAD] = collections.deque()
+            self._changed.notify()
+
+    def waiting(self) -> bool:
+        """Whether any turn waits for a thread (the lead's too)."""
+        return bool(self._ring)
+
+    def runnable(self) -> bool:
+        """Whether a connection's turn waits that a thread could take now (the leader then
+        stops watching to take it)."""
+        with self._changed:
+            cap = self._cap()
+            return any(key != LEAD and (key == SUPERVISOR or self._busy[key] < cap) for key in self._ring)
+
+    def take(self) -> Any:
+        """The next turn this thread may take (LEAD or a connection), waiting for one; None once closed."""
+        with self._changed:
+            while not self._closed:
+                turn = self._next()
+                if turn is not None:
+                    return turn
+                self._changed.wait()
+            return None
+
+    def done(self, conn: Turn) -> None:
+        """A connection's turn ended: its address holds one thread fewer."""
+        with self._changed:
+            self._busy[conn.address] -= 1
+            if not self._busy[conn.address]:
+                del self._busy[conn.address]
+            self._changed.notify()
+
+    def close(self) -> None:
+        """Hand out no more turns; threads waiting for one end."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def _cap(self) -> int:
+        """Threads one address may hold: all but one while clients of others are connected."""
+        return self.threads - 1 if self.threads > 1 and self._addresses() > 1 else self.threads
+
+    def _next(self) -> Any:
+        cap = self._cap()
+        for key, waiting in self._ring.items():
+            if key == LEAD:
+                del self._ring[LEAD]
+                return LEAD
+            if key != SUPERVISOR and self._busy[key] >= cap:
+                continue
+            conn = waiting.popleft()
+            if waiting:
+                self._ring.move_to_end(key)
+            else:
+                del self._ring[key]
+            self._busy[key] += 1
+            return conn
+        return None
+
+
+class WorkerPool:
+    """A fixed set of threads running submitted calls in submission order (the aside ops')."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[Any], None], Any] | None] = queue.SimpleQueue()
+        self._shut = False
+        self._shutting = threading.Lock()  # a call is queued before the threads' stops, or refused
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{n}", daemon=True)
+                         for n in range(threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit_unless_shut(self, call: Callable[[Any], None], arg: Any) -> bool:
+        """Run call(arg) on a worker thread; False if the pool is shutting down (not run)."""
+        with self._shutting:
+            if not self._shut:
+                self._calls.put((call, arg))
+            return not self._shut
+
+    def shutdown(self) -> None:
+        """Finish the calls already submitted, then stop every thread."""
+        with self._shutting:
+            self._shut = True
+        for _ in self._threads:
+            self._calls.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _work(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, arg = item
+            try:
+                call(arg)
+            except Exception:
+                log.exception("a worker's call failed")

@@ -1,0 +1,386 @@
+"""The server loop both servers share: a fixed set of request threads taking turns.
+
+The turns (runtime.scheduler) go round robin between addresses and their connections, and
+one of them is the lead: the thread leading watches every socket through a selector,
+accepts, reads and decodes frames (framing.FrameDecoder), and queues complete requests on
+their connection, which then waits for its turn. A connection's turn answers one request
+(more while nobody else waits), so a pipeline never holds a thread while others wait, and
+requests of one connection keep their order. Exceptions become error responses in `answer`,
+the one place where that translation happens. An observer (wire.observer) hears of
+connections and answers: metrics, logs and tracing hang there.
+
+With `aside_threads`, an op that waits on another system (the App's `aside_ops`: the buyer's
+purchase, on the payment processor) is answered on threads of its own; its connection stays
+busy meanwhile, so its later requests wait and keep their order.
+
+No thread ever waits for a client to read: an answer the socket will not take at once
+stays in the connection's outbox and the leader sends the rest when the socket is writable.
+Requests wait undecoded, counted at their frame's size (runtime.flow), and a connection (or
+the process) holding too many stops being read until answers drain; admission
+(runtime.admission) bounds connections in all and per address.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import selectors
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from wire.envelope import error_response, request_id
+from wire.errors import InternalError, ProtocolError
+from wire.framing import DEFAULT_MAX_FRAME, encode_frame
+from wire.observer import NO_SERVER_OBSERVER, SUPERVISOR, ServerObserver, now_ns
+
+from .admission import REFUSALS, Admission, evictable, listen, refuse_busy
+from .connection import Connection, decode, discard_unread, op_of
+from .flow import QueuedBytes
+from .reader import Reader
+from .scheduler import LEAD, Scheduler, WorkerPool
+from .tls import TlsChannel
+
+log = logging.getLogger("market.server")
+_SIGNAL_CHECK_S = 0.2  # how often serve_forever's thread looks for a signal to handle
+_BATCH = 8  # requests of one connection answered in a turn while nobody else waits
+
+
+class App(Protocol):
+    """What the loop serves: a message in, a response message out."""
+
+    def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Connection limits of one server process."""
+
+    max_connections: int = 1000
+    max_frame: int = DEFAULT_MAX_FRAME
+    idle_timeout_s: float = 300.0
+    frame_deadline_s: float = 10.0
+    send_timeout_s: float = 10.0  # how long an answer may wait for its client to read more of it
+    threads: int = 3  # on two cores, with the database nearby: the lowest tail (docs/benchmarks.md)
+    aside_threads: int = 0  # threads of their own for the App's aside ops; 0: the request threads
+    # the simulator's 100 clients to one server from one address, twice over (docs/reliability.md)
+    max_connections_per_address: int = 200
+    new_connections_per_s_per_address: float = 100.0  # bursts of max_connections_per_address
+    max_queued_bytes_per_connection: int = 4 * DEFAULT_MAX_FRAME  # requests read, not yet answered
+    max_queued_bytes: int = 64 * DEFAULT_MAX_FRAME  # ... on all connections of the process
+
+
+def answer(app: App, message: dict[str, Any] | ProtocolError,
+           peer: str | None = None) -> tuple[dict[str, Any], bytes]:
+    """The response to one decoded message (or to a framing error), and its frame; never raising.
+    `peer` is the client's address, for the App's limits per address."""
+    if isinstance(message, ProtocolError):
+        return _framed(error_response(None, message))
+    try:
+        response = app.handle(message, peer)
+        return response, encode_frame(response)
+    except ProtocolError as exc:
+        return _framed(error_response(request_id(message), exc))
+    except Exception:
+        log.exception("internal error serving op %r", message.get("op"))
+        return _framed(error_response(request_id(message), InternalError()))
+
+
+def _framed(response: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    return response, encode_frame(response)
+
+
+class Server(Reader):
+    """A threaded TCP server for one App; see the module docstring."""
+
+    def __init__(self, app: App, host: str = "127.0.0.1", port: int = 0,
+                 limits: ServerLimits = ServerLimits(), listener: socket.socket | None = None,
+                 tls: ssl.SSLContext | None = None, observer: ServerObserver = NO_SERVER_OBSERVER) -> None:
+        self.app, self.observer, self.limits, self.tls = app, observer, limits, tls
+        self._listener = listener if listener is not None else listen(host, port)
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # a full pair already wakes the leader: never wait on it
+        self._woken = False
+        self._queued = QueuedBytes(limits.max_queued_bytes)
+        self._memory_paused: set[Connection] = set()  # not read until the process holds less
+        self._admission = Admission(limits.max_connections, limits.max_connections_per_address,
+                                    limits.new_connections_per_s_per_address)
+        self._accept_paused_until: float | None = None
+        self._accept_pause_logged = False
+        self._calls: collections.deque[Callable[[], None]] = collections.deque()
+        self._connections: set[Connection] = set()
+        self._ready: list[Connection] = []  # connections the leader found requests for
+        self._scheduler = Scheduler(limits.threads, self._admission.addresses)
+        self._threads: list[threading.Thread] = []
+        # ops that wait on another system (the buyer's purchase: the payment processor) may run
+        # on threads of their own, so that they never hold every request thread
+        self._aside_ops: frozenset[str] = frozenset(getattr(app, "aside_ops", ()))
+        self._aside = (WorkerPool(limits.aside_threads, "market-aside")
+                       if self._aside_ops and limits.aside_threads else None)
+        self._stopping = threading.Event()
+        self._lead_ended = threading.Event()
+        self._failure: BaseException | None = None
+        self._stopped = threading.Event()
+        self._stop_asked = 0.0
+        self._stop_deadline: float | None = None  # answers still owed at stop are sent until then
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The (host, port) actually bound."""
+        host, port = self._listener.getsockname()[:2]
+        return host, port
+
+    @property
+    def connection_count(self) -> int:
+        """Open client connections."""
+        return len(self._connections)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was asked (the server drains: /readyz says so)."""
+        return self._stopping.is_set()
+
+    def serve_forever(self) -> None:
+        """Serve until shutdown() is called; then finish in-flight work."""
+        self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._scheduler.put_lead()
+        self._threads = [threading.Thread(target=self._work, name=f"market-worker-{n}", daemon=True)
+                         for n in range(self.limits.threads)]
+        for thread in self._threads:
+            thread.start()
+        try:
+            # Woken now and then: Python runs signal handlers on the main thread only, and a
+            # signal the kernel hands to another thread would otherwise wait for this one.
+            while not self._lead_ended.wait(_SIGNAL_CHECK_S):
+                pass
+        finally:
+            self._finish()
+        if self._failure is not None:
+            raise self._failure
+
+    def start(self) -> threading.Thread:
+        """serve_forever in a daemon thread (for tests and embedding)."""
+        thread = threading.Thread(target=self.serve_forever, name="market-io", daemon=True)
+        thread.start()
+        return thread
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop accepting, answer what is queued, close everything."""
+        if not self._stopping.is_set():
+            self._stop_asked = time.monotonic()
+        self._stopping.set()
+        self._wake()
+        if wait:
+            self._stopped.wait()
+
+    def adopt(self, sock: socket.socket) -> None:
+        """Serve a socket connected elsewhere, in plaintext and over no limit (the supervisor's
+        health checks, over a socket pair made before the worker was forked)."""
+        self._call_soon(lambda: self._admit(sock, SUPERVISOR, checked=True))
+
+    # -- the turns ----------------------------------------------------------------
+
+    def _work(self) -> None:
+        while (turn := self._scheduler.take()) is not None:
+            try:
+                if turn is LEAD:
+                    self._lead()
+                else:
+                    self._turn(turn)
+            except Exception:  # a bug costs one turn, never a thread of the pool
+                log.exception("a request thread's turn failed")
+
+    def _lead(self) -> None:
+        """Watch the sockets until a turn waits; the connections found go to the scheduler."""
+        ready = self._watch()
+        if ready is None:  # stopped
+            self._lead_ended.set()
+            return
+        for conn in ready:
+            self._scheduler.put(conn)
+        self._scheduler.put_lead()
+
+    def _watch(self) -> list[Connection] | None:
+        """Run the selector until some connection has requests to answer (None once stopped)."""
+        try:
+            while not self._stopped_serving():
+                runnable = self._scheduler.runnable()
+                for key, events in self._selector.select(timeout=0 if runnable else 0.5):
+                    self._dispatch_event(key.data, events)
+                self._housekeep()
+                if self._ready or runnable:
+                    ready, self._ready = self._ready, []
+                    return ready
+        except BaseException as exc:  # serve_forever raises it once everything is closed
+            self._failure = exc
+            self._stopping.set()
+        return None
+
+    def _turn(self, conn: Connection) -> None:
+        """Answer a connection's next request, or a few while nobody else waits; then, if more
+        wait, it goes to the back of its address's queue."""
+        self.observer.threads_busy(1)
+        try:
+            for _ in range(_BATCH):
+                if not self._answer_next(conn):
+                    return
+                if conn.pending and self._scheduler.waiting():
+                    break
+            self._scheduler.put(conn)
+        finally:
+            self._scheduler.done(conn)
+            self.observer.threads_busy(-1)
+
+    def _answer_next(self, conn: Connection) -> bool:
+        """Answer the connection's next request; False when its queue is done with for now
+        (answered, set aside, or waiting for its client to read)."""
+        with conn.lock:
+            if not conn.pending or conn.closed or self._past_stop_deadline():
+                conn.busy = False
+                item = None
+            else:
+                item = conn.pending.popleft()
+                conn.queued_bytes -= len(item[0]) if isinstance(item[0], bytes) else 0
+        if item is None:
+            self._queue_answered(conn)
+            return False
+        frame, read = item
+        size = len(frame) if isinstance(frame, bytes) else 0
+        answering = now_ns()  # before decoding: a request waits undecoded, its decoding is service
+        message = decode(conn, frame)
+        if self._aside is not None and op_of(message) in self._aside_ops and \
+                self._aside.submit_unless_shut(self._answer_aside, (conn, message, read, size)):
+            return False  # still busy: the aside thread answers (its frame counted till then), in order
+        self._release(size)
+        self.observer.answering(conn.address, message)
+        return self._answer_one(conn, message, read, answering)
+
+    def _answer_one(self, conn: Connection, message: dict[str, Any] | ProtocolError,
+                    read: int, answering: int) -> bool:
+        """Answer one request; False when its answer waits for the socket (the leader then
+        sends the rest and hands the queue on)."""
+        response, answer_frame = answer(self.app, message, conn.address)
+        answered = now_ns()  # before the send: a client may read the answer before it returns
+        sent = self._send(conn, answer_frame)
+        self.observer.answer_sent(conn.address, message, response, (read, answering, answered))
+        if not sent:
+            self._forget_pending(conn)
+        elif isinstance(message, ProtocolError):
+            self._forget_pending(conn)
+            conn.closing = True
+        if conn.blocked_since is not None:  # the rest when the client reads: the leader's
+            self._call_soon(lambda: self._wait_writable(conn))
+            return False
+        return True
+
+    def _answer_aside(self, job: tuple[Connection, dict[str, Any] | ProtocolError, int, int]) -> None:
+        """Answer an aside op's request, then hand the connection back to the scheduler (it
+        stayed busy meanwhile, so its requests keep their order). Past the stop's deadline it
+        is left unanswered, as queued requests are."""
+        conn, message, read, size = job
+        self.observer.threads_busy(1)
+        try:
+            answering = now_ns()  # its wait for an aside thread counts as waiting, not service
+            if self._past_stop_deadline():
+                self.observer.requests_read(-1)  # left unanswered
+            else:
+                self.observer.answering(conn.address, message)
+                if not self._answer_one(conn, message, read, answering):
+                    return  # the leader sends the rest, then hands the queue on
+            self._scheduler.put(conn)
+        finally:
+            self._release(size)
+            self.observer.threads_busy(-1)
+
+    def _send(self, conn: Connection, frame: bytes) -> bool:
+        """Send, or leave in the outbox what the socket will not take now; False if it failed."""
+        try:
+            if not conn.channel.send_nowait(conn.sock, frame):
+                conn.blocked_since = time.monotonic()
+            return True
+        except OSError:
+            conn.closing = True
+            return False
+
+    # -- admission (the leader) ---------------------------------------------------
+
+    def _admit(self, sock: socket.socket, address: str, checked: bool = False) -> None:
+        refusal = "" if checked else self._refusal(address)
+        if refusal:
+            self.observer.connection_refused(address, refusal)
+            refuse_busy(sock, REFUSALS[refusal], plaintext=self.tls is None)
+            return
+        self._accept_pause_logged = False  # a descriptor shortage is logged again once it recurs
+        sock.setblocking(True)
+        if not checked:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.observer.connection_opened(address)
+        conn = Connection(sock, self.limits.max_frame, address)
+        if self.tls is not None and not checked:
+            conn.tls = conn.channel = TlsChannel(self.tls)
+        self._connections.add(conn)
+        self._admission.opened(address)
+        self._watch_events(conn)
+
+    def _refusal(self, address: str) -> str:
+        """Why a new connection is turned away ("" if it is not); a full table first makes
+        room by closing the connection idle longest, if one has been idle a while."""
+        refusal = self._admission.refusal(address, len(self._connections))
+        if refusal == "max_connections" and (idle := evictable(self._connections)) is not None:
+            self.observer.connection_refused(idle.address, "idle_evicted")
+            self._close(idle)
+            refusal = self._admission.refusal(address, len(self._connections))
+        return refusal
+
+    # -- stopping ------------------------------------------------------------------
+
+    def _stopped_serving(self) -> bool:
+        """False while serving; once stopping, False while answers are still owed to clients
+        that read them, for at most send_timeout_s: a write's answer is not thrown away."""
+        if not self._stopping.is_set():
+            return False
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.limits.send_timeout_s
+            self._begin_stopping()
+        owed = self._ready or any(conn.busy for conn in self._connections)
+        return not owed or time.monotonic() >= self._stop_deadline
+
+    def _past_stop_deadline(self) -> bool:
+        """Stopping, and the time for answers owed is up: queued requests are left unanswered."""
+        deadline = self._stop_deadline
+        return deadline is not None and time.monotonic() >= deadline
+
+    def _begin_stopping(self) -> None:
+        """Accept and read no more; what was read is answered (_stopped_serving)."""
+        self._close_listener()
+        for conn in list(self._connections):
+            self._stop_reading(conn)
+
+    def _finish(self) -> None:
+        if self._stop_deadline is None:  # stopped by a failure, not shutdown()
+            self._close_listener()
+        if self._aside is not None:  # first: what it answers goes on with the request threads
+            self._aside.shutdown()
+        self._scheduler.close()
+        for thread in self._threads:
+            thread.join()
+        self._run_calls()
+        connections = list(self._connections)
+        owed = sum(conn.busy for conn in connections)
+        for conn in connections:
+            conn.busy = False
+            discard_unread(conn.sock)
+            self._close(conn)
+        took = time.monotonic() - (self._stop_asked or time.monotonic())
+        log.info("stopped %.1f s after the stop was asked, closing %d connections (%d still owed "
+                 "answers)", took, len(connections), owed)
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        self._stopped.set()
