@@ -402,13 +402,13 @@ def test_hup_usr1_and_usr2_leave_a_server_serving_and_quit_stops_it_gracefully(
     # before: each of SIGHUP (logrotate's), SIGUSR1, SIGUSR2 and SIGQUIT ended the process at once
     server = ServerProcess("buyer", f"sqlite:///{tmp_path / 'market.db'}", 0, *workers).wait_ready()
     try:
-        before = _children(server.proc.pid)
+        before = child_pids(server.proc.pid)
         for signum in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
             server.proc.send_signal(signum)
             for pid in before:
                 os.kill(pid, signum)
             assert server.connect().call("ping")["server"] == "buyer"
-        assert server.proc.poll() is None and _children(server.proc.pid) == before
+        assert server.proc.poll() is None and child_pids(server.proc.pid) == before
         server.proc.send_signal(signal.SIGQUIT)
         assert server.proc.wait(timeout=30) == 0, server.stderr()
         assert "signal 3: stopping" in server.stderr()
