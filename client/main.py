@@ -55,9 +55,11 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)  # before any server starts: a Ctrl-C meanwhile stops them all
     signal.signal(signal.SIGINT, stop)
+    metrics = dict(zip(("buyer", "seller"), args.metrics_port or (), strict=False))
     for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port)):
         if not stopping:
-            procs[role] = _start_server(role, [*extra, "--port", str(port)], parent)
+            own = ["--metrics-port", str(metrics[role])] if role in metrics else []
+            procs[role] = _start_server(role, [*extra, "--port", str(port), *own], parent)
     if stopping:  # a signal between a start and its entry in procs
         stop(signal.SIGTERM, None)
     while not stopping and all(proc.poll() is None for proc in procs.values()):
@@ -71,6 +73,18 @@ def serve(args: argparse.Namespace) -> int:
     codes = [proc.wait() for proc in procs.values()]
     failed = next((code if code > 0 else 1 for code in codes if code != 0), 0)
     return failed or int(on_its_own)
+
+
+def metrics_ports(text: str) -> tuple[int, int]:
+    """An argparse type: the buyer's and the seller's /metrics ports, "BUYER,SELLER", or
+    "PORT" for PORT and PORT+1."""
+    port = port_setting("MARKET_METRICS_PORT")
+    ports = [port(part) for part in text.split(",")]
+    if len(ports) == 1 and ports[0] < 65535:
+        ports.append(ports[0] + 1)
+    if len(ports) != 2 or ports[0] == ports[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PORT, or two ports BUYER,SELLER")
+    return ports[0], ports[1]
 
 
 def _start_server(role: str, args: list[str], parent: int) -> subprocess.Popen[bytes]:
@@ -233,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     for role, variable in PORT_SETTINGS.items():
         p.add_argument(f"--{role}-port", type=port_setting(variable, lowest=0),  # 0: a free port
                        default=env(variable, str(DEFAULT_PORTS[role])))
+    p.add_argument("--metrics-port", type=metrics_ports, default=env("MARKET_METRICS_PORT") or None,
+                   metavar="PORT[,PORT]", help="serve the buyer's /metrics on PORT and the seller's "
+                                              "on PORT+1 (or on the second PORT); default: off")
     p.set_defaults(func=serve)
     p = sub.add_parser("seed", help="bulk-load sellers and items into an idle database")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))

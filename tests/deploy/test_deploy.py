@@ -1037,3 +1037,33 @@ def test_the_vms_servers_serve_tls_from_the_files_startup_installs(role: str) ->
         assert f'"{name}:${{TLS_SECRETS[' in startup, name
     assert '"/etc/market/tls/${pair%%:*}"' in startup
     assert "\"$here/tls.sh\"" in (GCP / "up.sh").read_text(encoding="utf-8")
+
+
+# ---- alert rules ----
+
+def test_the_alert_rules_and_the_scrape_configuration_pass_promtool() -> None:
+    promtool = require_tool("promtool", "prometheus")
+    observe = ROOT / "deploy" / "observe"
+    for check in (["check", "rules", "alerts.yml"], ["check", "config", "prometheus.yml"]):
+        done = subprocess.run([promtool, *check], cwd=observe, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+    rules = yaml.safe_load((observe / "alerts.yml").read_text())["groups"][0]["rules"]
+    assert {rule["alert"] for rule in rules} >= {"MarketErrorRate", "MarketLatencyHigh", "MarketSaturated",
+                                                  "MarketPaymentFailures", "MarketSettlementBacklog"}
+
+
+def test_every_metric_an_alert_or_panel_reads_is_one_the_servers_export() -> None:
+    """... and no panel groups by a label only one scrape configuration adds (`role`)."""
+    from prometheus_client import REGISTRY
+
+    import observe.metrics  # noqa: F401  (registers the servers' metrics)
+
+    exported = {family.name for family in REGISTRY.collect()}
+    observe = ROOT / "deploy" / "observe"
+    dashboard = (observe / "grafana" / "market.json").read_text()
+    read = set(re.findall(r"\bmarket_[a-z_]+", (observe / "alerts.yml").read_text() + dashboard))
+    suffixes = ("_total", "_bucket", "_count", "_sum")
+    unknown = {name for name in read if name not in exported
+               and not any(name.endswith(end) and name[: -len(end)] in exported for end in suffixes)}
+    assert read and not unknown
+    assert "role" not in " ".join(re.findall(r'"expr": "([^"]*)"', dashboard))
