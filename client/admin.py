@@ -1,6 +1,6 @@
 """`market admin`: the operator's commands, run against the database itself (no server needed).
 
-Each action is one small function over db.admin, registered in ACTIONS with its arguments;
+Each action is one small function over operate.admin, registered in ACTIONS with its arguments;
 what it did is printed in one line and written to the audit table `market admin log` shows.
 A bad name or id prints one line and exits 1; a database that cannot be used exits 2.
 """
@@ -36,20 +36,20 @@ class Action:
 
 
 def _operator(args: argparse.Namespace) -> Any:
-    from db.admin import Operator
+    from operate.admin import Operator
 
     return Operator.here(args.reason)
 
 
 def _data_function(name: str) -> Callable[..., Any]:
-    """db.admin's function `name`, imported only when an action runs (the shells never load it)."""
-    from db import admin
+    """operate.admin's function `name`, imported only when an action runs (the shells never load it)."""
+    from operate import admin
 
     return getattr(admin, name)  # type: ignore[no-any-return]
 
 
 def _change(work: str, *target: str) -> Callable[[Any, argparse.Namespace, Output], None]:
-    """An action that changes something: run db.admin's `work` in one transaction, say its outcome."""
+    """An action that changes something: run operate.admin's `work` in one transaction, say its outcome."""
     def run(database: Any, args: argparse.Namespace, out: Output) -> None:
         values, function = [getattr(args, name) for name in target], _data_function(work)
         out.say(database.run(lambda tx: function(tx, _operator(args), *values)))
@@ -82,7 +82,7 @@ def _cell(label: str, value: Any) -> str:
 
 
 def _purge(database: Any, args: argparse.Namespace, out: Output) -> None:
-    from db.purge import LOAD_TEST_PREFIX, preview, purge
+    from operate.purge import LOAD_TEST_PREFIX, preview, purge
 
     if not args.yes:
         out.say(f"would remove {preview(database).sentence()} (accounts named {LOAD_TEST_PREFIX}...); "
@@ -92,7 +92,7 @@ def _purge(database: Any, args: argparse.Namespace, out: Output) -> None:
 
 
 def _log(database: Any, args: argparse.Namespace, out: Output) -> None:
-    from db.admin import action_log
+    from operate.admin import action_log
 
     rows = database.run(lambda tx: action_log(tx, args.limit), write=False)
     columns = ("when", "who", "action", "target", "outcome", "reason")

@@ -129,7 +129,7 @@ def _reaches_its_database(conn: Connection, role: str) -> None:
 def seed(args: argparse.Namespace) -> int:
     """Load a large catalogue into a database (for scale measurements)."""
     from db import Database, DatabaseUnusable
-    from db.seed import SEED_PASSWORD, timed_seed
+    from operate.seed import SEED_PASSWORD, timed_seed
 
     database = Database(args.db_url, pool_size=2)
     try:
@@ -150,7 +150,7 @@ def audit(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import DBAPIError
 
     from db import Database
-    from db.audit import audit_with_totals, ledger_of, ledger_totals
+    from operate.audit import audit_with_totals, ledger_of, ledger_totals
 
     for url in (args.db_url, args.payments_url):
         if url and missing_sqlite_file(url):

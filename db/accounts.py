@@ -163,7 +163,7 @@ def _open_session(tx: Connection, role: str, user_id: int, username: str, hashed
             .where(saved_cart_lines.c.buyer_id == user_id)))
 
 
-# The user's row held shared to the commit: a suspension (db.admin) locks it before it ends the
+# The user's row held shared to the commit: a suspension (operate.admin) locks it before it ends the
 # user's sessions, so a login either sees the suspension or made its session before the end.
 _SUSPENSION = (select(users.c.user_id, suspensions.c.suspended_ms)
                .outerjoin(suspensions, suspensions.c.user_id == users.c.user_id)

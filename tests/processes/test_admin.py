@@ -21,9 +21,9 @@ from support import CARD, PASSWORD, Market, running_market, unique_name
 
 from client.main import main
 from db import Database
-from db.audit import audit
 from db.migrations import head, revision_of
 from db.schema import admin_actions, sessions, suspensions, users
+from operate.audit import audit
 from runtime.config import Settings
 from wire import Connection
 from wire.errors import ConflictError, ForbiddenError, ProtocolError, UnauthenticatedError

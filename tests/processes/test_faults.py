@@ -34,9 +34,9 @@ from support import (
 )
 
 from db import Database
-from db.audit import AckedOrder, audit
 from db.purchases import COMPLETED
 from db.schema import orders
+from operate.audit import AckedOrder, audit
 from wire import Connection, ProtocolError
 from wire.framing import encode_frame
 

@@ -41,9 +41,9 @@ from support import (
 from test_faults import Call, Recorder, Shopper, check_books, list_items, sign_up
 
 from db import Database
-from db.audit import audit
 from db.engine import BATCHES_KEY
 from db.ledger import CAPTURED, Ledger
+from operate.audit import audit
 from simulation.mixes import MIXES
 from simulation.scenario import RunResult, run_once
 from wire import Connection

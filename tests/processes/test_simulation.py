@@ -22,7 +22,7 @@ from support import CARD, Market, free_port, running_market
 
 import simulation.__main__ as sim
 from db import Database
-from db.audit import AckedOrder, audit
+from operate.audit import AckedOrder, audit
 from simulation import scenario, series
 from simulation.behaviour import Buyer, Call, Outcome, make_actor
 from simulation.mixes import DEFAULT
