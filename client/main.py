@@ -7,6 +7,8 @@
   market seed             bulk-load sellers and items into a database (for scale measurements)
   market db upgrade       bring a database to this code's schema (made from nothing if empty)
   market db current       print a database's schema revision, and whether it is the newest
+  market backup FILE      copy a live database to a new file; market restore FILE makes a new
+                          database from one
   market audit            check the books of a whole database and the payment ledger; exit 0 when
                           they balance, 1 when not
   market admin ACTION     the operator's commands: suspend, reinstate, end-sessions, clear-throttle,
@@ -22,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from observe import logs
@@ -173,6 +176,19 @@ def audit(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
+def backup_or_restore(args: argparse.Namespace) -> int:
+    """Copy a live database to a new file (`market backup`), or make a new database from one
+    (`market restore`); one line either way."""
+    from operate.backup import BackupError, backup, restore
+
+    try:
+        print(restore(args.file, args.db_url) if args.restoring else backup(args.db_url, args.file))
+        return 0
+    except BackupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
 def db_upgrade(args: argparse.Namespace) -> int:
     """Bring the database to head under the upgrade lock; say what was done."""
     from db.migrations import upgrade
@@ -270,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the payment ledger's database, when the buyer servers keep it apart "
                         "(default: MARKET_PAYMENTS_URL, else the payments table of --db-url)")
     p.set_defaults(func=audit)
+    for name, text in (("backup", "copy a database, live, to a new FILE (SQLite: a database file; "
+                                  "MariaDB: a mariadb-dump SQL file)"),
+                       ("restore", "make a new, empty database from a backup FILE")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("file", type=Path, metavar="FILE")
+        p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+        p.set_defaults(func=backup_or_restore, restoring=name == "restore")
     add_admin_parser(sub)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")
