@@ -4,7 +4,7 @@ function each, so the code that sees the event spends one line on it.
 """
 from __future__ import annotations
 
-from . import metrics
+from . import metrics, tracing
 from .logs import Bursts, business, security
 
 # Refusals that cost the server nothing (no hash) come in floods: a line a second of each
@@ -68,6 +68,7 @@ def db_connections_in_use(delta: int) -> None:
     """A database connection was taken (+1) for a transaction or given back (-1)."""
     if metrics.served:
         metrics.DB_CONNECTIONS_IN_USE.labels(metrics.server).inc(delta)
+    tracing.transaction(delta)
 
 
 def settlement_due(orders: int) -> None:

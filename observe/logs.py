@@ -29,7 +29,7 @@ access = logging.getLogger("market.access")
 business = logging.getLogger("market.business")  # sign-ups, logins, payments, purchases, admin actions
 # what a record's `extra` may carry into a JSON line (a password, token or card never is one)
 _FIELDS = ("request_id", "op", "code", "duration_ms", "client", "username", "reason", "events",
-           "user_id", "order_id", "amount_cents", "outcome", "action", "target", "trace_id")
+           "user_id", "order_id", "amount_cents", "outcome", "action", "target")
 _BURST_S = 1.0  # at most one line per this many seconds for each kind of event (Bursts)
 
 
