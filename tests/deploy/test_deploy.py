@@ -928,7 +928,7 @@ def test_compose_observe_profile_scrapes_both_servers_on_their_metrics_port() ->
         assert (ROOT / volume.split(":")[0]).is_file(), volume
 
 
-def test_the_dashboard_queries_only_metrics_the_servers_export() -> None:
+def test_the_dashboard_and_the_alerts_query_only_metrics_the_servers_export() -> None:
     from prometheus_client import REGISTRY
 
     import observe.metrics  # noqa: F401  (registers them)
@@ -937,10 +937,13 @@ def test_the_dashboard_queries_only_metrics_the_servers_export() -> None:
     exported = {family.name + suffix for family in REGISTRY.collect()
                 for suffix in suffixes.get(family.type, [])}
     dashboard = json.loads((ROOT / "deploy" / "observe" / "grafana" / "market.json").read_text("utf-8"))
-    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
-               for name in re.findall(r"\bmarket_\w+", target["expr"])}
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    alerts = yaml.safe_load((ROOT / "deploy" / "observe" / "alerts.yml").read_text(encoding="utf-8"))
+    queries += [rule["expr"] for group in alerts["groups"] for rule in group["rules"]]
+    queried = {name for query in queries for name in re.findall(r"\bmarket_\w+", query)}
     titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
     assert queried and queried <= exported, queried - exported
+    assert not [query for query in queries if "role" in query]  # a label only compose's scrape added
     for shown in ("requests per second", "errors", "latency p99", "connections", "pool"):
         assert shown in titles, shown
 
@@ -1050,20 +1053,3 @@ def test_the_alert_rules_and_the_scrape_configuration_pass_promtool() -> None:
     rules = yaml.safe_load((observe / "alerts.yml").read_text())["groups"][0]["rules"]
     assert {rule["alert"] for rule in rules} >= {"MarketErrorRate", "MarketLatencyHigh", "MarketSaturated",
                                                   "MarketPaymentFailures", "MarketSettlementBacklog"}
-
-
-def test_every_metric_an_alert_or_panel_reads_is_one_the_servers_export() -> None:
-    """... and no panel groups by a label only one scrape configuration adds (`role`)."""
-    from prometheus_client import REGISTRY
-
-    import observe.metrics  # noqa: F401  (registers the servers' metrics)
-
-    exported = {family.name for family in REGISTRY.collect()}
-    observe = ROOT / "deploy" / "observe"
-    dashboard = (observe / "grafana" / "market.json").read_text()
-    read = set(re.findall(r"\bmarket_[a-z_]+", (observe / "alerts.yml").read_text() + dashboard))
-    suffixes = ("_total", "_bucket", "_count", "_sum")
-    unknown = {name for name in read if name not in exported
-               and not any(name.endswith(end) and name[: -len(end)] in exported for end in suffixes)}
-    assert read and not unknown
-    assert "role" not in " ".join(re.findall(r'"expr": "([^"]*)"', dashboard))
