@@ -801,7 +801,8 @@ for verb in ("describe", "delete", "create"):
 done()
 '''
 EVERYTHING = ["compute addresses market-ip", "iam service-accounts market-vm@p.iam.gserviceaccount.com",
-              "secrets market-env", "sql instances market-sql", "compute firewall-rules market-net-allow-market",
+              "secrets market-env", "sql instances market-sql",
+              "compute firewall-rules market-net-allow-market",
               "compute firewall-rules market-net-allow-health-checks", "compute addresses market-sql-peering",
               "compute networks subnets market-subnet", "compute networks market-net",
               *(f"compute {kind} market-{role}{suffix}" for role in ("buyer", "seller") for kind, suffix in (
@@ -1053,7 +1054,8 @@ def test_the_vms_servers_serve_tls_from_the_files_startup_installs(role: str) ->
     settings = dict(pair.split("=", 1) for pair in environment)
     files = {name: value for name, value in settings.items() if name.startswith("MARKET_TLS_")}
     # the health checks' port, the one config.sh opens to Google's checkers
-    assert f'HEALTH_PORT={settings["MARKET_METRICS_PORT"]} ' in (GCP / "config.sh").read_text(encoding="utf-8")
+    config = (GCP / "config.sh").read_text(encoding="utf-8")
+    assert f'HEALTH_PORT={settings["MARKET_METRICS_PORT"]} ' in config
     assert settings["MARKET_METRICS_HOST"] == "0.0.0.0" and settings["MARKET_LOG_FORMAT"] == "json"
     tls = "/etc/market/tls"
     assert files == {"MARKET_TLS_CERT": f"{tls}/server.pem", "MARKET_TLS_KEY": f"{tls}/server.key",
@@ -1097,7 +1099,8 @@ def test_up_dry_run_prints_the_whole_plan_and_changes_nothing(tmp_path: Path) ->
     wanted = {
         "gcloud sql instances create": ["--availability-type=REGIONAL", "--enable-bin-log",
                                         "--retained-transaction-log-days=7", "--deletion-protection"],
-        "gcloud compute health-checks create http market-buyer-live": ["--port=9100", "--request-path=/healthz"],
+        "gcloud compute health-checks create http market-buyer-live": ["--port=9100",
+                                                                        "--request-path=/healthz"],
         "gcloud compute health-checks create http market-seller-ready": ["--request-path=/readyz"],
         "gcloud compute instance-groups managed create market-buyer": [
             "--size=2", "--health-check=projects/p/regions/us-central1/healthChecks/market-buyer-live"],
@@ -1105,7 +1108,8 @@ def test_up_dry_run_prints_the_whole_plan_and_changes_nothing(tmp_path: Path) ->
             "--protocol=TCP", "--health-checks=market-seller-ready", "--connection-draining-timeout=60"],
         "gcloud compute forwarding-rules create market-buyer": ["--ports=7001", "--address=market-ip"],
         "gcloud compute forwarding-rules create market-seller": ["--ports=7002", "--address=market-ip"],
-        "gcloud compute instance-templates create market-buyer-": ["--no-address", "--metadata=market-role=buyer"],
+        "gcloud compute instance-templates create market-buyer-": ["--no-address",
+                                                                    "--metadata=market-role=buyer"],
         "gcloud compute images create market-": ["--family=market", "--source-disk=market-image-builder"],
         "gcloud compute instances create market-image-builder": [f"proxy-sha256={'ab' * 32}"],
     }
