@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from observe import logs
 from runtime.config import DEFAULT_DB_URL, env, positive_int
 from wire import ProtocolError
 from wire.values import format_money, format_time
@@ -49,10 +51,14 @@ def _data_function(name: str) -> Callable[..., Any]:
 
 
 def _change(work: str, *target: str) -> Callable[[Any, argparse.Namespace, Output], None]:
-    """An action that changes something: run operate.admin's `work` in one transaction, say its outcome."""
+    """An action that changes something: run operate.admin's `work` in one transaction, say its
+    outcome, and log it (INFO, logger market.business) besides the audit table."""
     def run(database: Any, args: argparse.Namespace, out: Output) -> None:
         values, function = [getattr(args, name) for name in target], _data_function(work)
-        out.say(database.run(lambda tx: function(tx, _operator(args), *values)))
+        outcome = database.run(lambda tx: function(tx, _operator(args), *values))
+        logs.business.info("admin %s: %s", work, outcome, extra={
+            "action": work, "target": " ".join(map(str, values)), "reason": args.reason})
+        out.say(outcome)
     return run
 
 
@@ -156,6 +162,10 @@ def run_admin(args: argparse.Namespace) -> int:
     if missing_sqlite_file(args.db_url):
         print(f"market admin: no such database file: {args.db_url}", file=sys.stderr)
         return 2
+    if not logging.getLogger().handlers:  # a process of its own (not a host that logs already)
+        logs.configure_leniently("admin", str(env("MARKET_LOG_LEVEL", "INFO")),
+                                 str(env("MARKET_LOG_FORMAT", "text")))
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # its schema check says each step
     out = Output(args.format)
     database = Database(args.db_url, pool_size=1)
     try:
