@@ -257,16 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     for role in PORT_SETTINGS:
         add_shell_arguments(sub.add_parser(role, help=f"the {role} shell (interactive, or a "
                                                        "script with -c/stdin)"), role)
-    p = sub.add_parser("serve", help="run both servers in the foreground")
-    p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
-    p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
-    for role, variable in PORT_SETTINGS.items():
-        p.add_argument(f"--{role}-port", type=port_setting(variable, lowest=0),  # 0: a free port
-                       default=env(variable, str(DEFAULT_PORTS[role])))
-    p.add_argument("--metrics-port", type=metrics_ports, default=env("MARKET_METRICS_PORT") or None,
-                   metavar="PORT[,PORT]", help="serve the buyer's /metrics on PORT and the seller's "
-                                              "on PORT+1 (or on the second PORT); default: off")
-    p.set_defaults(func=serve)
+    _add_serve_parser(sub)
     p = sub.add_parser("seed", help="bulk-load sellers and items into an idle database")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
     p.add_argument("--sellers", type=positive_int, default=100_000)
@@ -286,13 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the payment ledger's database, when the buyer servers keep it apart "
                         "(default: MARKET_PAYMENTS_URL, else the payments table of --db-url)")
     p.set_defaults(func=audit)
-    for name, text in (("backup", "copy a database, live, to a new FILE (SQLite: a database file; "
-                                  "MariaDB: a mariadb-dump SQL file)"),
-                       ("restore", "make a new, empty database from a backup FILE")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("file", type=Path, metavar="FILE")
-        p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
-        p.set_defaults(func=backup_or_restore, restoring=name == "restore")
+    _add_backup_parsers(sub)
     add_admin_parser(sub)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")
@@ -302,6 +287,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_tls_arguments(p)
     p.set_defaults(func=health)
     return parser
+
+
+def _add_serve_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run both servers in the foreground")
+    p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+    p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
+    for role, variable in PORT_SETTINGS.items():
+        p.add_argument(f"--{role}-port", type=port_setting(variable, lowest=0),  # 0: a free port
+                       default=env(variable, str(DEFAULT_PORTS[role])))
+    p.add_argument("--metrics-port", type=metrics_ports, default=env("MARKET_METRICS_PORT") or None,
+                   metavar="PORT[,PORT]", help="serve the buyer's /metrics on PORT and the seller's "
+                                              "on PORT+1 (or on the second PORT); default: off")
+    p.set_defaults(func=serve)
+
+
+def _add_backup_parsers(sub: Any) -> None:
+    for name, text in (("backup", "copy a database, live, to a new FILE (SQLite: a database file; "
+                                  "MariaDB: a mariadb-dump SQL file)"),
+                       ("restore", "make a new, empty database from a backup FILE")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("file", type=Path, metavar="FILE")
+        p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+        p.set_defaults(func=backup_or_restore, restoring=name == "restore")
 
 
 def main(argv: list[str] | None = None) -> int:
