@@ -5,9 +5,8 @@ the `request_id` of every log line written while the request is answered, and na
 INTERNAL or UNAVAILABLE answer's message. With an OTLP endpoint set (the SDK's own
 OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; OTEL_SERVICE_NAME,
 OTEL_RESOURCE_ATTRIBUTES and the sampler's OTEL_TRACES_SAMPLER are read by the SDK too) each
-request is also a span: its op, the client's address, the answer's code, a child span for
-each transaction run inside it and one for each statement SQLAlchemy executes; the request id
-is then the trace id.
+request is also a span: its op, the client's address, the answer's code, and a child span
+for each database transaction run inside it; the request id is then the trace id.
 """
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ from wire.errors import ProtocolError
 from .logs import REQUEST
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-_SPANS = "market_spans"  # Connection.info's key: the statement spans open on a connection
 
 
 class LoggedScope(RequestScope):
@@ -93,10 +91,10 @@ class TracedScope(LoggedScope):
 
 def install(server: str, provider: Any = None) -> None:
     """Give every App of this process its request ids and, with an OTLP endpoint set (or a
-    TracerProvider given: a test's), its spans and its statements'."""
+    TracerProvider given: a test's), its spans and its transactions'."""
     if provider is None and not any(os.environ.get(name) for name in ENDPOINT_VARIABLES):
         App.scope = LoggedScope()
-        _untrace_statements()
+        _tracer.clear()
         return
     if provider is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -109,9 +107,10 @@ def install(server: str, provider: Any = None) -> None:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     tracer = provider.get_tracer("market")
     App.scope = TracedScope(tracer)
-    _trace_statements(tracer)
+    _tracer[:] = [tracer]
 
 
+_tracer: list[Any] = []  # the transactions' spans are made by it while tracing is on
 # the transactions open on this thread, each a span made current until it ends
 _open: contextvars.ContextVar[tuple[tuple[Any, Any] | None, ...]] = contextvars.ContextVar("market_tx",
                                                                                           default=())
@@ -119,8 +118,8 @@ _open: contextvars.ContextVar[tuple[tuple[Any, Any] | None, ...]] = contextvars.
 
 def transaction(delta: int) -> None:
     """A transaction took a database connection (+1) or gave it back (-1): with tracing on,
-    a span from one to the other, its statements' spans inside."""
-    if not _statements:
+    a span from one to the other, inside the request's."""
+    if not _tracer:
         return
     from opentelemetry import context, trace
 
@@ -128,7 +127,7 @@ def transaction(delta: int) -> None:
         if not trace.get_current_span().is_recording():  # housekeeping's, say: in no request
             _open.set((*_open.get(), None))
             return
-        span = _statements[0].start_span("transaction", kind=trace.SpanKind.CLIENT)
+        span = _tracer[0].start_span("transaction", kind=trace.SpanKind.CLIENT)
         _open.set((*_open.get(), (span, context.attach(trace.set_span_in_context(span)))))
     elif opened := _open.get():
         _open.set(opened[:-1])
@@ -136,55 +135,3 @@ def transaction(delta: int) -> None:
             span, token = opened[-1]
             context.detach(token)
             span.end()
-
-
-_statements: list[Any] = []  # the tracer the statement spans are made by (set once listening)
-
-
-def _trace_statements(tracer: Any) -> None:
-    """A child span for each SQL statement of every engine (SQLAlchemy's public events)."""
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
-
-    if not _statements:
-        event.listen(Engine, "before_cursor_execute", _statement_started)
-        event.listen(Engine, "after_cursor_execute", _statement_ended)
-        event.listen(Engine, "handle_error", _statement_failed)
-    _statements[:] = [tracer]
-
-
-def _untrace_statements() -> None:
-    if _statements:
-        from sqlalchemy import event
-        from sqlalchemy.engine import Engine
-
-        event.remove(Engine, "before_cursor_execute", _statement_started)
-        event.remove(Engine, "after_cursor_execute", _statement_ended)
-        event.remove(Engine, "handle_error", _statement_failed)
-        _statements.clear()
-
-
-def _statement_started(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-    from opentelemetry.trace import SpanKind, get_current_span
-
-    if not get_current_span().is_recording():  # in no request: a migration's, housekeeping's
-        return
-    verb = statement.split(None, 1)[0].upper() if statement.strip() else "SQL"
-    span = _statements[0].start_span(verb, kind=SpanKind.CLIENT, attributes={
-        "db.system": conn.dialect.name, "db.statement": statement[:2000]})
-    conn.info.setdefault(_SPANS, []).append(span)
-
-
-def _statement_ended(conn: Any, *_: Any) -> None:
-    if spans := conn.info.get(_SPANS):
-        spans.pop().end()
-
-
-def _statement_failed(context: Any) -> None:
-    from opentelemetry.trace import Status, StatusCode
-
-    spans = context.connection.info.get(_SPANS) if context.connection is not None else None
-    if spans:
-        span = spans.pop()
-        span.set_status(Status(StatusCode.ERROR, type(context.original_exception).__name__))
-        span.end()
