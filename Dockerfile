@@ -13,7 +13,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     MARKET_HOST=0.0.0.0 \
-    MARKET_METRICS_PORT=9100
+    MARKET_METRICS_PORT=9100 \
+    MARKET_LOG_FORMAT=json
 
 RUN useradd --system --uid 10001 --user-group --home-dir /app --shell /usr/sbin/nologin market \
  && install -d -o market -g market /app /app/sim-results /app/tls

@@ -82,15 +82,16 @@ class Checkout:
     def _authorise(self, order: OpenOrder, card: Card) -> None:
         """Authorise the total; on a decline or a failure, undo the order before answering.
         Nothing was captured, and nothing will be: only this thread captures a pending order."""
+        facts = order.order_id, order.buyer_id, order.total_cents
         try:
             self.processor.authorise(order.payment_key, order.buyer_id, order.total_cents, card)
-            events.payment("approved")
+            events.payment("approved", *facts)
         except PaymentDeclinedError:
-            events.payment("declined")
+            events.payment("declined", *facts)
             self._undo_or_leave(order.order_id, order.payment_key)
             raise
         except Exception:
-            events.payment("error")
+            events.payment("error", *facts)
             log.exception("order %d: the payment could not be authorised", order.order_id)
             self._undo_or_leave(order.order_id, order.payment_key)
             raise UnavailableError("the payment could not be authorised; nothing was charged") from None
@@ -143,6 +144,7 @@ class Checkout:
                 # not moved: completed already, by a settler or by this very step run again
                 # after its COMMIT landed and the answer was lost (never undone: captured)
                 self.db.run(lambda tx: purchases.complete(tx, purchase))
+                events.purchased(purchase.order_id, purchase.buyer_id)
                 return
             except ProtocolError as exc:  # the database away, or busy
                 log.warning("order %d: captured, not yet marked paid (%s)", purchase.order_id, exc)
@@ -195,6 +197,7 @@ class Checkout:
         """Settle every order due now (pending for over `pending_for_s`); how many were."""
         due = self.db.run(lambda tx: purchases.due_orders(tx, now_ms() - int(pending_for_s * 1000)),
                           write=False)
+        events.settlement_due(len(due))
         for order in due:
             try:
                 self.settle(order)

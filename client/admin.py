@@ -1,6 +1,6 @@
 """`market admin`: the operator's commands, run against the database itself (no server needed).
 
-Each action is one small function over db.admin, registered in ACTIONS with its arguments;
+Each action is one small function over operate.admin, registered in ACTIONS with its arguments;
 what it did is printed in one line and written to the audit table `market admin log` shows.
 A bad name or id prints one line and exits 1; a database that cannot be used exits 2.
 """
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from observe import logs
 from runtime.config import DEFAULT_DB_URL, env, positive_int
 from wire import ProtocolError
 from wire.values import format_money, format_time
@@ -36,23 +38,27 @@ class Action:
 
 
 def _operator(args: argparse.Namespace) -> Any:
-    from db.admin import Operator
+    from operate.admin import Operator
 
     return Operator.here(args.reason)
 
 
 def _data_function(name: str) -> Callable[..., Any]:
-    """db.admin's function `name`, imported only when an action runs (the shells never load it)."""
-    from db import admin
+    """operate.admin's function `name`, imported only when an action runs (the shells never load it)."""
+    from operate import admin
 
     return getattr(admin, name)  # type: ignore[no-any-return]
 
 
 def _change(work: str, *target: str) -> Callable[[Any, argparse.Namespace, Output], None]:
-    """An action that changes something: run db.admin's `work` in one transaction, say its outcome."""
+    """An action that changes something: run operate.admin's `work` in one transaction, say its
+    outcome, and log it (INFO, logger market.business) besides the audit table."""
     def run(database: Any, args: argparse.Namespace, out: Output) -> None:
         values, function = [getattr(args, name) for name in target], _data_function(work)
-        out.say(database.run(lambda tx: function(tx, _operator(args), *values)))
+        outcome = database.run(lambda tx: function(tx, _operator(args), *values))
+        logs.business.info("admin %s: %s", work, outcome, extra={
+            "action": work, "target": " ".join(map(str, values)), "reason": args.reason})
+        out.say(outcome)
     return run
 
 
@@ -82,7 +88,7 @@ def _cell(label: str, value: Any) -> str:
 
 
 def _purge(database: Any, args: argparse.Namespace, out: Output) -> None:
-    from db.purge import LOAD_TEST_PREFIX, preview, purge
+    from operate.purge import LOAD_TEST_PREFIX, preview, purge
 
     if not args.yes:
         out.say(f"would remove {preview(database).sentence()} (accounts named {LOAD_TEST_PREFIX}...); "
@@ -92,7 +98,7 @@ def _purge(database: Any, args: argparse.Namespace, out: Output) -> None:
 
 
 def _log(database: Any, args: argparse.Namespace, out: Output) -> None:
-    from db.admin import action_log
+    from operate.admin import action_log
 
     rows = database.run(lambda tx: action_log(tx, args.limit), write=False)
     columns = ("when", "who", "action", "target", "outcome", "reason")
@@ -156,6 +162,10 @@ def run_admin(args: argparse.Namespace) -> int:
     if missing_sqlite_file(args.db_url):
         print(f"market admin: no such database file: {args.db_url}", file=sys.stderr)
         return 2
+    if not logging.getLogger().handlers:  # a process of its own (not a host that logs already)
+        logs.configure_leniently("admin", str(env("MARKET_LOG_LEVEL", "INFO")),
+                                 str(env("MARKET_LOG_FORMAT", "text")))
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # its schema check says each step
     out = Output(args.format)
     database = Database(args.db_url, pool_size=1)
     try:

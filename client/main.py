@@ -7,6 +7,8 @@
   market seed             bulk-load sellers and items into a database (for scale measurements)
   market db upgrade       bring a database to this code's schema (made from nothing if empty)
   market db current       print a database's schema revision, and whether it is the newest
+  market backup FILE      copy a live database to a new file; market restore FILE makes a new
+                          database from one
   market audit            check the books of a whole database and the payment ledger; exit 0 when
                           they balance, 1 when not
   market admin ACTION     the operator's commands: suspend, reinstate, end-sessions, clear-throttle,
@@ -22,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from observe import logs
@@ -55,9 +58,11 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)  # before any server starts: a Ctrl-C meanwhile stops them all
     signal.signal(signal.SIGINT, stop)
+    metrics = dict(zip(("buyer", "seller"), args.metrics_port or (), strict=False))
     for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port)):
         if not stopping:
-            procs[role] = _start_server(role, [*extra, "--port", str(port)], parent)
+            own = ["--metrics-port", str(metrics[role])] if role in metrics else []
+            procs[role] = _start_server(role, [*extra, "--port", str(port), *own], parent)
     if stopping:  # a signal between a start and its entry in procs
         stop(signal.SIGTERM, None)
     while not stopping and all(proc.poll() is None for proc in procs.values()):
@@ -71,6 +76,18 @@ def serve(args: argparse.Namespace) -> int:
     codes = [proc.wait() for proc in procs.values()]
     failed = next((code if code > 0 else 1 for code in codes if code != 0), 0)
     return failed or int(on_its_own)
+
+
+def metrics_ports(text: str) -> tuple[int, int]:
+    """An argparse type: the buyer's and the seller's /metrics ports, "BUYER,SELLER", or
+    "PORT" for PORT and PORT+1."""
+    port = port_setting("MARKET_METRICS_PORT")
+    ports = [port(part) for part in text.split(",")]
+    if len(ports) == 1 and ports[0] < 65535:
+        ports.append(ports[0] + 1)
+    if len(ports) != 2 or ports[0] == ports[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PORT, or two ports BUYER,SELLER")
+    return ports[0], ports[1]
 
 
 def _start_server(role: str, args: list[str], parent: int) -> subprocess.Popen[bytes]:
@@ -115,7 +132,7 @@ def _reaches_its_database(conn: Connection, role: str) -> None:
 def seed(args: argparse.Namespace) -> int:
     """Load a large catalogue into a database (for scale measurements)."""
     from db import Database, DatabaseUnusable
-    from db.seed import SEED_PASSWORD, timed_seed
+    from operate.seed import SEED_PASSWORD, timed_seed
 
     database = Database(args.db_url, pool_size=2)
     try:
@@ -136,7 +153,7 @@ def audit(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import DBAPIError
 
     from db import Database
-    from db.audit import audit_with_totals, ledger_of, ledger_totals
+    from operate.audit import audit_with_totals, ledger_of, ledger_totals
 
     for url in (args.db_url, args.payments_url):
         if url and missing_sqlite_file(url):
@@ -157,6 +174,19 @@ def audit(args: argparse.Namespace) -> int:
         print(violation)
     print(_totals_line(found, totals))
     return 1 if found else 0
+
+
+def backup_or_restore(args: argparse.Namespace) -> int:
+    """Copy a live database to a new file (`market backup`), or make a new database from one
+    (`market restore`); one line either way."""
+    from operate.backup import BackupError, backup, restore
+
+    try:
+        print(restore(args.file, args.db_url) if args.restoring else backup(args.db_url, args.file))
+        return 0
+    except BackupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def db_upgrade(args: argparse.Namespace) -> int:
@@ -227,13 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     for role in PORT_SETTINGS:
         add_shell_arguments(sub.add_parser(role, help=f"the {role} shell (interactive, or a "
                                                        "script with -c/stdin)"), role)
-    p = sub.add_parser("serve", help="run both servers in the foreground")
-    p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
-    p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
-    for role, variable in PORT_SETTINGS.items():
-        p.add_argument(f"--{role}-port", type=port_setting(variable, lowest=0),  # 0: a free port
-                       default=env(variable, str(DEFAULT_PORTS[role])))
-    p.set_defaults(func=serve)
+    _add_serve_parser(sub)
     p = sub.add_parser("seed", help="bulk-load sellers and items into an idle database")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
     p.add_argument("--sellers", type=positive_int, default=100_000)
@@ -253,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the payment ledger's database, when the buyer servers keep it apart "
                         "(default: MARKET_PAYMENTS_URL, else the payments table of --db-url)")
     p.set_defaults(func=audit)
+    _add_backup_parsers(sub)
     add_admin_parser(sub)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")
@@ -262,6 +287,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_tls_arguments(p)
     p.set_defaults(func=health)
     return parser
+
+
+def _add_serve_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run both servers in the foreground")
+    p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+    p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
+    for role, variable in PORT_SETTINGS.items():
+        p.add_argument(f"--{role}-port", type=port_setting(variable, lowest=0),  # 0: a free port
+                       default=env(variable, str(DEFAULT_PORTS[role])))
+    p.add_argument("--metrics-port", type=metrics_ports, default=env("MARKET_METRICS_PORT") or None,
+                   metavar="PORT[,PORT]", help="serve the buyer's /metrics on PORT and the seller's "
+                                              "on PORT+1 (or on the second PORT); default: off")
+    p.set_defaults(func=serve)
+
+
+def _add_backup_parsers(sub: Any) -> None:
+    for name, text in (("backup", "copy a database, live, to a new FILE (SQLite: a database file; "
+                                  "MariaDB: a mariadb-dump SQL file)"),
+                       ("restore", "make a new, empty database from a backup FILE")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("file", type=Path, metavar="FILE")
+        p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+        p.set_defaults(func=backup_or_restore, restoring=name == "restore")
 
 
 def main(argv: list[str] | None = None) -> int:

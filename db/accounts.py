@@ -97,6 +97,7 @@ def create_account(db: Database, role: str, guards: AccountGuards, peer: str | N
         user_id = db.run(lambda tx: inserted_id(tx.execute(insert(users).values(row))))
     except IntegrityError:
         raise ConflictError(f"username {username!r} is taken") from None
+    events.signed_up(username, user_id)
     return {"user_id": user_id}
 
 
@@ -121,6 +122,7 @@ def login(db: Database, role: str, policy: SessionPolicy, guards: AccountGuards,
     user_id = found[0]
     token = secrets.token_urlsafe(32)
     db.run(lambda tx: _open_session(tx, role, user_id, username, token_hash(token), policy))
+    events.logged_in(username, user_id)
     return {"token": token, "user_id": user_id, "idle_timeout_s": policy.idle_s}
 
 
@@ -161,7 +163,7 @@ def _open_session(tx: Connection, role: str, user_id: int, username: str, hashed
             .where(saved_cart_lines.c.buyer_id == user_id)))
 
 
-# The user's row held shared to the commit: a suspension (db.admin) locks it before it ends the
+# The user's row held shared to the commit: a suspension (operate.admin) locks it before it ends the
 # user's sessions, so a login either sees the suspension or made its session before the end.
 _SUSPENSION = (select(users.c.user_id, suspensions.c.suspended_ms)
                .outerjoin(suspensions, suspensions.c.user_id == users.c.user_id)

@@ -1,7 +1,8 @@
 """One logging set-up for the servers, their supervisor and `market serve`: plain text, or JSON
 lines (MARKET_LOG_FORMAT=json) with the request's id, op and client address on every line
 logged while it is answered. Security events go to the logger "market.security", the
-sampled access log to "market.access".
+sampled access log to "market.access", sign-ups, logins, payments, purchases and the
+operator's actions (at INFO) to "market.business".
 
 The standard library's logging, with a small JSON formatter over orjson: every module of
 the project already logs through it, and the formatter is all a JSON line needs.
@@ -25,8 +26,10 @@ REQUEST: contextvars.ContextVar[tuple[Any, str, str] | None] = contextvars.Conte
 _REQUEST_FIELDS = ("request_id", "op", "client")
 security = logging.getLogger("market.security")
 access = logging.getLogger("market.access")
+business = logging.getLogger("market.business")  # sign-ups, logins, payments, purchases, admin actions
 # what a record's `extra` may carry into a JSON line (a password, token or card never is one)
-_FIELDS = ("request_id", "op", "code", "duration_ms", "client", "username", "reason", "events")
+_FIELDS = ("request_id", "op", "code", "duration_ms", "client", "username", "reason", "events",
+           "user_id", "order_id", "amount_cents", "outcome", "action", "target")
 _BURST_S = 1.0  # at most one line per this many seconds for each kind of event (Bursts)
 
 

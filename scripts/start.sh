@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set everything up and start both servers on the embedded SQLite default (market.db here).
-# Extra arguments go to `market serve`, e.g. --db-url mysql://root@127.0.0.1:3306/market
+# Extra arguments go to `market serve`, e.g. --db-url mysql://root@127.0.0.1:3306/market, or
+# --metrics-port 7660 (the buyer's /metrics on 7660, the seller's on 7661)
 # shellcheck source=scripts/_venv.sh
 source "$(dirname "$0")/_venv.sh" runtime
 # On the SQLite default (market.db here) the servers upgrade its schema themselves; another

@@ -7,5 +7,5 @@
 # shellcheck source=scripts/_venv.sh
 source "$(dirname "$0")/_venv.sh" dev
 .venv/bin/ruff check .
-.venv/bin/mypy wire db runtime buyer_server seller_server client simulation observe
+.venv/bin/mypy wire db runtime buyer_server seller_server client simulation observe operate
 exec .venv/bin/python -m pytest -n "${MARKET_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -18,8 +18,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from db.audit import AckedOrder
-from db.purge import LOAD_TEST_PREFIX  # `market admin purge-test-data` removes what is named so
+from operate.audit import AckedOrder
+from operate.purge import LOAD_TEST_PREFIX  # `market admin purge-test-data` removes what is named so
 from wire import Connection, ConnectionLostError
 from wire.errors import ConflictError, ProtocolError, UnauthenticatedError
 

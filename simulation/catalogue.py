@@ -1,6 +1,6 @@
 """`python -m simulation.catalogue`: how read latency holds up as the catalogue grows.
 
-Seeds a database to a given size (db.seed: sellers and items in bulk), starts both
+Seeds a database to a given size (operate.seed: sellers and items in bulk), starts both
 servers on it, and times the reads a shopper makes most — keyword search (with and
 without a category), search by text (`query`, one and three words), category browsing,
 item pages, and a seeded seller's first `display_items` page — one call at a time from
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from db import Database, DatabaseUnusable
-from db.seed import SEED_PASSWORD, VOCABULARY, timed_seed
+from operate.seed import SEED_PASSWORD, VOCABULARY, timed_seed
 from runtime.config import positive_int
 from wire import Connection
 

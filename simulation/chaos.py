@@ -24,10 +24,10 @@ from typing import Any
 from sqlalchemy import select
 
 from db import Database
-from db.audit import AckedOrder, audit
 from db.ledger import CAPTURED, Ledger
 from db.purchases import COMPLETED, PAID, VOID
 from db.schema import orders
+from operate.audit import AckedOrder, audit
 from runtime.config import env, positive_int
 from wire import Connection, ProtocolError
 

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from db.audit import AckedOrder
+from operate.audit import AckedOrder
 from wire import Connection
 
 from .behaviour import Actor, Buyer, Call, make_actor

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from db import Database
-from db.audit import audit, ledger_of
+from operate.audit import audit, ledger_of
 
 from .mixes import MIXES
 from .scenario import Address, RunResult, run_once

@@ -35,10 +35,10 @@ from sqlalchemy.pool import NullPool
 
 from buyer_server.ops import build_app as build_buyer_app
 from db import Database
-from db.audit import AckedOrder, audit
 from db.engine import driver_url
 from db.purchases import COMPLETED
 from db.schema import login_failures, orders
+from operate.audit import AckedOrder, audit
 from runtime.config import Settings
 from runtime.server import Server, ServerLimits
 from seller_server.ops import build_app as build_seller_app

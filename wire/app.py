@@ -9,15 +9,31 @@ others itself.
 """
 from __future__ import annotations
 
+import copy
+import logging
+import os
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .envelope import ok_response, parse_request, request_id
-from .errors import BadRequestError, UnauthenticatedError, UnknownOpError
+from .errors import BadRequestError, InternalError, ProtocolError, UnauthenticatedError, UnknownOpError
 from .ops import OpSpec
 
 Handler = Callable[..., dict[str, Any]]
+log = logging.getLogger("market.app")
+UNKNOWN_OP = "unknown"  # the op of a request naming none this server serves (a client's text is no label)
+SERVER_FAULTS = frozenset({"INTERNAL", "UNAVAILABLE"})  # answers whose message names the request id
+
+
+class RequestScope:
+    """Wraps the dispatch of each request: `request(op, peer)` is entered around it and gives
+    the request's id, made by the server and unique across servers and restarts. This one
+    makes the id alone; observe.tracing's also sets the log context and makes a span."""
+
+    def request(self, op: str, peer: str | None) -> AbstractContextManager[str]:
+        return nullcontext(os.urandom(8).hex())
 
 
 class Gate(Protocol):
@@ -51,7 +67,10 @@ class App:
     Public handlers are called as handler(**args), those named in `addressed` as
     handler(peer, **args) with the client's address (None when unknown), for limits per
     address; private ones as handler(tx, session, **args) inside the gate's transaction.
+    Every request runs inside `scope.request` (set on the class, for every App of a process).
     """
+
+    scope: RequestScope = RequestScope()
 
     def __init__(self, specs: dict[str, OpSpec], handlers: dict[str, Handler | Stepwise], gate: Gate,
                  addressed: frozenset[str] = frozenset(), background: Sequence[Background] = ()) -> None:
@@ -63,7 +82,24 @@ class App:
         self.aside_ops = frozenset(op for op, handler in handlers.items() if isinstance(handler, Stepwise))
 
     def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]:
-        """The response to one request message from `peer` (errors are raised, not returned)."""
+        """The response to one request message from `peer` (errors are raised, not returned;
+        those that are the server's fault name the request's id, which its log lines carry)."""
+        op = message.get("op")
+        with self.scope.request(op if isinstance(op, str) and op in self.specs else UNKNOWN_OP, peer) as rid:
+            try:
+                return self._dispatch(message, peer)
+            except ProtocolError as exc:
+                if exc.code not in SERVER_FAULTS:
+                    raise
+                named = copy.copy(exc)
+                named.message = f"{exc.message} (request {rid})"
+                raise named from exc
+            except Exception:
+                log.exception("internal error serving op %r", message.get("op"))
+                fault = f"internal error; details are in the server log (request {rid})"
+                raise InternalError(fault) from None
+
+    def _dispatch(self, message: dict[str, Any], peer: str | None) -> dict[str, Any]:
         op = message.get("op")
         if not isinstance(op, str):
             raise BadRequestError("op: required, must be a string")

@@ -77,8 +77,9 @@ class UnavailableError(ProtocolError):
 class InternalError(ProtocolError):
     code = "INTERNAL"
 
-    def __init__(self, message: str = "internal error; details are in the server log") -> None:
-        super().__init__(message)
+    def __init__(self, message: str = "internal error; details are in the server log", *,
+                 retryable: bool | None = None) -> None:
+        super().__init__(message, retryable=retryable)
 
 
 ERROR_CLASSES: dict[str, type[ProtocolError]] = {

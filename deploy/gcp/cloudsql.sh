@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# Cloud SQL for MySQL 8 with a private IP only, the `market` database and user, and the VM's
-# settings file (with the user's password) in Secret Manager. The password is never printed and
+# Cloud SQL for MySQL 8 with a private IP only, highly available with point-in-time recovery,
+# the `market` database and user, and the VMs' settings file (with the user's password) in
+# Secret Manager. The password is never printed and
 # never on a command line: gcloud reads it from its standard input (see private_gcloud).
 set -euo pipefail
 # shellcheck source=deploy/gcp/config.sh
 source "$(dirname "$0")/config.sh"
 
+# High availability (a standby in another zone, failed over to by Cloud SQL), daily backups,
+# point-in-time recovery from the binary logs, and deletion protection (teardown.sh lifts it).
+protection=(--availability-type="$SQL_AVAILABILITY" --backup-start-time=03:00 --enable-bin-log
+            --retained-transaction-log-days="$SQL_LOG_DAYS" --deletion-protection)
 if ! exists gcloud sql instances describe "$SQL_INSTANCE" --project "$PROJECT"; then
   gcloud sql instances create "$SQL_INSTANCE" --project "$PROJECT" --region "$REGION" \
     --database-version="$SQL_VERSION" --edition=enterprise --tier="$SQL_TIER" \
     --network="projects/$PROJECT/global/networks/$NETWORK" --no-assign-ip \
-    --storage-auto-increase --backup-start-time=03:00
+    --storage-auto-increase "${protection[@]}"
+elif [ "$(gcloud sql instances describe "$SQL_INSTANCE" --project "$PROJECT" \
+    --format='value(settings.availabilityType,settings.backupConfiguration.binaryLogEnabled,settings.deletionProtectionEnabled)')" \
+    != "$SQL_AVAILABILITY"$'\t'True$'\t'True ]; then
+  # an instance made before: brought to the same settings (a change of availability restarts it)
+  gcloud sql instances patch "$SQL_INSTANCE" --project "$PROJECT" "${protection[@]}" --quiet
 fi
 if ! exists gcloud sql databases describe "$DB_NAME" --instance "$SQL_INSTANCE" --project "$PROJECT"; then
   gcloud sql databases create "$DB_NAME" --instance "$SQL_INSTANCE" --project "$PROJECT" \
     --charset=utf8mb4 --collation=utf8mb4_bin
 fi
 
-# The settings file of the VM. The servers reach the database through the Cloud SQL Auth
-# Proxy on the VM's loopback. Each call waits for the database over the network, so more
+# The settings file of the VMs. The servers reach the database through the Cloud SQL Auth
+# Proxy on each VM's loopback. Each call waits for the database over the network, so more
 # calls stay in flight than on one machine (MARKET_THREADS 16, not 3): with the database 2 ms
 # away, 16 threads served 1.8 times the calls of 3 and 32 no more, and on two cores more
 # processes did not help (docs/studies.md#a-remote-database); every other MARKET_* setting
@@ -70,7 +80,7 @@ else
   if [ "$updated" != "$current" ]; then
     printf '%s\n' "$updated" | private_gcloud secrets versions add "$ENV_SECRET" --project "$PROJECT" \
       --data-file=-
-    echo "$ENV_SECRET: the servers' ports are now $BUYER_PORT and $SELLER_PORT; vm.sh (or a reset of" \
-      "the VM) applies them"
+    echo "$ENV_SECRET: the servers' ports are now $BUYER_PORT and $SELLER_PORT; mig.sh (a rolling" \
+      "replacement of the VMs) applies them"
   fi
 fi

@@ -2,11 +2,12 @@
 # shellcheck disable=SC2034  # the variables are used by the scripts that source this file
 # The settings of every deploy/gcp script, sourced at their top. Override any of them from the
 # environment, e.g.  PROJECT=my-project REGION=europe-west1 deploy/gcp/up.sh
+# Every script takes --dry-run: it prints what it would change, and changes nothing.
 set -euo pipefail
 
 PROJECT=${PROJECT:-$(gcloud config get-value project 2>/dev/null)}
 REGION=${REGION:-us-central1}
-ZONE=${ZONE:-}  # the VM's zone; empty: the first of REGION's zones (need_zone, below)
+ZONE=${ZONE:-}  # the image builder's zone; empty: the first of REGION's zones (need_zone, below)
 
 NETWORK=${NETWORK:-market-net}
 SUBNET=${SUBNET:-market-subnet}
@@ -23,6 +24,8 @@ IAP_SSH_RULE=${NETWORK}-allow-iap-ssh                 # only while deploy/gcp/ia
 SQL_INSTANCE=${SQL_INSTANCE:-market-sql}
 SQL_VERSION=${SQL_VERSION:-MYSQL_8_0}
 SQL_TIER=${SQL_TIER:-db-custom-1-3840}
+SQL_AVAILABILITY=${SQL_AVAILABILITY:-REGIONAL}        # a standby in another zone; ZONAL halves the cost
+SQL_LOG_DAYS=${SQL_LOG_DAYS:-7}                       # point-in-time recovery: binary logs kept this long
 DB_NAME=${DB_NAME:-market}
 DB_USER=${DB_USER:-market}
 ENV_SECRET=${ENV_SECRET:-market-env}                  # Secret Manager: the VM's /etc/market/market.env
@@ -36,12 +39,24 @@ TLS_KEY=${TLS_KEY:-}
 TLS_CA=${TLS_CA:-}
 TLS_NAMES=${TLS_NAMES:-}                              # host names in the certificate, besides the VM's IP
 
-VM_NAME=${VM_NAME:-market-vm}
+# The servers: per role, a regional managed instance group of VMs made from a baked image
+# (image.sh), behind a regional TCP (passthrough) load balancer on ADDRESS (mig.sh).
+GROUP_SIZE=${GROUP_SIZE:-2}                           # VMs per role, spread over REGION's zones
 VM_MACHINE_TYPE=${VM_MACHINE_TYPE:-e2-small}
-VM_ADDRESS=${VM_ADDRESS:-market-ip}                   # a static external IP for the clients
+ADDRESS=${ADDRESS:-market-ip}                         # the load balancers' static IP (both ports)
 VM_SA_NAME=${VM_SA_NAME:-market-vm}
-BUCKET=${BUCKET:-${PROJECT}-market-release}           # the release: a wheel and the systemd units
+IMAGE_FAMILY=${IMAGE_FAMILY:-market}                  # the baked images; the newest serves
+BUILDER=${BUILDER:-market-image-builder}              # the VM that bakes one (deleted after)
+HEALTH_PORT=9100                                      # each VM's /healthz, /readyz, /metrics (the units')
+BUCKET=${BUCKET:-${PROJECT}-market-release}           # the release: a wheel, the lock file, the units
 PROXY_VERSION=${PROXY_VERSION:-v2.14.1}               # Cloud SQL Auth Proxy
+# Its linux.amd64 binary's SHA-256, from the release's page (github.com/GoogleCloudPlatform/
+# cloud-sql-proxy/releases): image.sh refuses to bake without it, and the builder checks it.
+PROXY_SHA256=${PROXY_SHA256:-}
+# Google's health checkers and passthrough load balancers come from these ranges.
+HEALTH_CHECK_RANGES=35.191.0.0/16,209.85.152.0/22,209.85.204.0/22
+HEALTH_RULE=${NETWORK}-allow-health-checks
+ROLES=(buyer seller)
 
 VM_SA=${VM_SA_NAME}@${PROJECT}.iam.gserviceaccount.com
 SQL_CONNECTION=${PROJECT}:${REGION}:${SQL_INSTANCE}
@@ -57,6 +72,26 @@ TLS_DIR=${TLS_DIR:-$HOME/.config/market/tls-$PROJECT}  # the private CA's files 
 
 # True when a `gcloud ... describe` (the arguments) finds the resource.
 exists() { "$@" >/dev/null 2>&1; }
+
+# --dry-run (or DRY_RUN=1): gcloud reads (describe, list, ...) run, every change is printed
+# instead ("would run: gcloud ..."), so the output is the plan against the project as it is.
+DRY_RUN=${DRY_RUN:-}
+for arg in "$@"; do
+  if [ "$arg" = --dry-run ]; then DRY_RUN=1; fi
+done
+if [ -n "$DRY_RUN" ]; then
+  gcloud() {
+    case " $* " in
+      *" describe "* | *" describe-from-family "* | *" list "* | *" get-value "* | *" versions access "*)
+        command gcloud "$@" ;;
+      *) printf 'would run: gcloud%s\n' "$(printf ' %q' "$@")" ;;
+    esac
+  }
+fi
+# A step that changes something outside gcloud (a local build, an upload): printed in a dry run.
+run() {
+  if [ -n "$DRY_RUN" ]; then printf 'would run:%s\n' "$(printf ' %q' "$@")"; else "$@"; fi
+}
 
 # gcloud for the commands that see a password or a private key. gcloud logs every command's
 # arguments to a file under its configuration folder (~/.config/gcloud/logs, mode 644 under the

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The network: a VPC with one subnet, private services access (Cloud SQL gets a private IP
-# in it), one firewall rule letting in the buyer and seller ports from CLIENT_RANGES, nothing
-# else, and the VM's static external IP (named in its TLS certificate: tls.sh).
+# in it), one firewall rule letting in the buyer and seller ports from CLIENT_RANGES, one
+# letting Google's health checkers reach HEALTH_PORT, nothing else, and the load balancers'
+# static external IP (named in the servers' TLS certificate: tls.sh).
 set -euo pipefail
 # shellcheck source=deploy/gcp/config.sh
 source "$(dirname "$0")/config.sh"
 
 gcloud services enable compute.googleapis.com sqladmin.googleapis.com servicenetworking.googleapis.com \
   secretmanager.googleapis.com storage.googleapis.com iam.googleapis.com --project "$PROJECT"
-need_zone  # a ZONE that vm.sh cannot use stops here, before anything is created
+need_zone  # a ZONE that image.sh cannot use stops here, before anything is created
 
 # This machine's public address, as the web sees it (CALLER_ADDRESS skips the question).
 caller_address() {
@@ -60,7 +61,7 @@ if ! gcloud services vpc-peerings list --network="$NETWORK" --project "$PROJECT"
     --ranges="$PEERING_RANGE" --network="$NETWORK"
 fi
 
-# A custom-mode VPC denies all ingress by default; this is the only rule that opens anything.
+# A custom-mode VPC denies all ingress by default; this rule and the health checks' open the rest.
 # A re-run keeps the rule's ranges unless CLIENT_RANGES is given.
 if exists gcloud compute firewall-rules describe "$FIREWALL_RULE" --project "$PROJECT"; then
   gcloud compute firewall-rules update "$FIREWALL_RULE" --project "$PROJECT" \
@@ -74,6 +75,13 @@ case ",${CLIENT_RANGES:-}," in
   *,0.0.0.0/0,*) echo "warning: CLIENT_RANGES opens the servers' ports to every address" >&2 ;;
 esac
 
-if ! exists gcloud compute addresses describe "$VM_ADDRESS" --region "$REGION" --project "$PROJECT"; then
-  gcloud compute addresses create "$VM_ADDRESS" --region "$REGION" --project "$PROJECT"
+# Health checks (autohealing's and the load balancers') reach each VM's HEALTH_PORT only.
+if ! exists gcloud compute firewall-rules describe "$HEALTH_RULE" --project "$PROJECT"; then
+  gcloud compute firewall-rules create "$HEALTH_RULE" --project "$PROJECT" --network "$NETWORK" \
+    --direction=INGRESS --action=ALLOW --rules="tcp:$HEALTH_PORT" --source-ranges="$HEALTH_CHECK_RANGES" \
+    --target-tags="$SERVER_TAG"
+fi
+
+if ! exists gcloud compute addresses describe "$ADDRESS" --region "$REGION" --project "$PROJECT"; then
+  gcloud compute addresses create "$ADDRESS" --region "$REGION" --project "$PROJECT"
 fi

@@ -1,58 +1,36 @@
 #!/usr/bin/env bash
-# The VM's startup script: runs as root at every boot. Installs the Cloud SQL Auth Proxy, the
-# release from the bucket into /opt/market/venv (its dependencies from the lock file), the
-# settings and the TLS certificate from Secret Manager into /etc/market/, the systemd units, then
-# (re)starts the proxy, upgrades the database's schema, and (re)starts the servers.
+# A server VM's startup script, at every boot. Nothing is installed here (the image holds it
+# all: build.sh): the settings and the TLS files from Secret Manager into /etc/market/, then
+# the Cloud SQL Auth Proxy, the schema's upgrade (many VMs boot at once: it waits for its
+# lock, and is a no-op when done) and the one server of the VM's role.
 set -euo pipefail
 
 attribute() {
   curl -fsS -H 'Metadata-Flavor: Google' \
     "http://metadata.google.internal/computeMetadata/v1/instance/attributes/$1"
 }
-BUCKET=$(attribute market-bucket)
+ROLE=$(attribute market-role)
 ENV_SECRET=$(attribute market-secret)
 TLS_SECRETS=("$(attribute market-tls-cert)" "$(attribute market-tls-key)" "$(attribute market-tls-ca)")
-PROXY_VERSION=$(attribute proxy-version)
 APP=/opt/market
-SERVICES=(cloud-sql-proxy.service market-buyer.service market-seller.service)
+case $ROLE in
+  buyer | seller) ;;
+  *) echo "market-role is $ROLE: buyer or seller expected" >&2; exit 1 ;;
+esac
 
-apt-get update -qq
-apt-get install -y -qq python3-venv >/dev/null
-if ! id market >/dev/null 2>&1; then
-  useradd --system --user-group --home-dir /var/lib/market --create-home --shell /usr/sbin/nologin market
-fi
-
-proxy=/usr/local/bin/cloud-sql-proxy
-if ! "$proxy" --version 2>/dev/null | grep -q "${PROXY_VERSION#v}"; then
-  curl -fsSLo "$proxy.new" \
-    "https://storage.googleapis.com/cloud-sql-connectors/cloud-sql-proxy/$PROXY_VERSION/cloud-sql-proxy.linux.amd64"
-  install -m 755 "$proxy.new" "$proxy" && rm -f "$proxy.new"
-fi
-
-release=$(mktemp -d)
-trap 'rm -rf "$release"' EXIT
-gcloud storage cp "gs://$BUCKET/release/*" "$release/"
-[ -x "$APP/venv/bin/python" ] || python3 -m venv "$APP/venv"
-# The dependencies from the lock file (exact versions, every file's hash checked), then the
-# wheel without dependencies: nothing unpinned comes in. Same version, new code: reinstalled.
-"$APP/venv/bin/pip" install --quiet --require-hashes --no-deps -r "$release/runtime.txt"
-"$APP/venv/bin/pip" install --quiet --force-reinstall --no-deps "$release"/*.whl
-
-install -d -m 750 -o root -g market /etc/market
-gcloud secrets versions access latest --secret="$ENV_SECRET" >"$release/market.env"
-install -m 640 -o root -g market "$release/market.env" /etc/market/market.env
+fetched=$(mktemp -d)
+trap 'rm -rf "$fetched"' EXIT
+install -d -m 750 -o root -g market /etc/market /etc/market/tls
+gcloud secrets versions access latest --secret="$ENV_SECRET" >"$fetched/market.env"
+install -m 640 -o root -g market "$fetched/market.env" /etc/market/market.env
 # TLS: the files the units' MARKET_TLS_CERT, MARKET_TLS_KEY and MARKET_TLS_CA name
-install -d -m 750 -o root -g market /etc/market/tls
 for pair in "server.pem:${TLS_SECRETS[0]}" "server.key:${TLS_SECRETS[1]}" "ca.pem:${TLS_SECRETS[2]}"; do
-  gcloud secrets versions access latest --secret="${pair#*:}" >"$release/tls-file"
-  install -m 640 -o root -g market "$release/tls-file" "/etc/market/tls/${pair%%:*}"
+  gcloud secrets versions access latest --secret="${pair#*:}" >"$fetched/tls-file"
+  install -m 640 -o root -g market "$fetched/tls-file" "/etc/market/tls/${pair%%:*}"
 done
 
-install -m 644 "$release"/*.service /etc/systemd/system/
-systemctl daemon-reload
-systemctl enable "${SERVICES[@]}"
-# The schema's upgrade, a step of its own between the proxy and the servers (they refuse a
-# database not at their release's revision): as the servers' user, with their settings; tried
+# The schema's upgrade, a step of its own between the proxy and the server (which refuses a
+# database not at its release's revision): as the servers' user, with their settings; tried
 # for a minute while the proxy comes up.
 systemctl restart cloud-sql-proxy.service
 upgraded=no
@@ -65,5 +43,5 @@ for _ in $(seq 30); do
   fi
   sleep 2
 done
-[ "$upgraded" = yes ] || { echo "market db upgrade failed: the servers are not restarted" >&2; exit 1; }
-systemctl restart market-buyer.service market-seller.service
+[ "$upgraded" = yes ] || { echo "market db upgrade failed: the server is not started" >&2; exit 1; }
+systemctl restart "market-$ROLE.service"

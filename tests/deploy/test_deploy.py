@@ -309,13 +309,22 @@ def test_the_lock_files_pin_every_package_with_hashes_and_keep_the_servers_lean(
                          "dev": {"matplotlib", "numpy", "locust"}}[name], (name, heavy)
 
 
-def test_the_vm_installs_the_release_from_the_lock() -> None:
-    vm, startup = ((GCP / name).read_text(encoding="utf-8") for name in ("vm.sh", "startup.sh"))
-    assert '"$REPO/requirements/runtime.txt" "$release/"' in vm
-    installs = [line for line in startup.splitlines() if "pip\" install" in line]
+def test_the_image_installs_the_release_from_the_lock_and_checks_every_download() -> None:
+    image, build, startup = ((GCP / name).read_text(encoding="utf-8")
+                             for name in ("image.sh", "build.sh", "startup.sh"))
+    assert '"$REPO/requirements/runtime.txt" "$release/"' in image
+    installs = [line for line in build.splitlines() if "pip\" install" in line]
     assert installs == [
         '"$APP/venv/bin/pip" install --quiet --require-hashes --no-deps -r "$release/runtime.txt"',
-        '"$APP/venv/bin/pip" install --quiet --force-reinstall --no-deps "$release"/*.whl']
+        '"$APP/venv/bin/pip" install --quiet --no-deps "$release"/*.whl']
+    # the proxy against its pinned SHA-256, the release's files against the sums made here
+    assert 'echo "$PROXY_SHA256  $proxy" | sha256sum --check --strict' in build
+    assert 'sha256sum --check --strict --quiet "$release.sums"' in build
+    assert "(cd \"$release\" && sha256sum -- *) >\"$release.sums\"" in image
+    downloads = [line for line in build.splitlines() if re.search(r"\bcurl -\w*o\b|wget ", line)]
+    assert downloads == ['curl -fsSLo "$proxy" \\']
+    # nothing is installed at a server VM's boot
+    assert not re.search(r"apt-get|\bpip\b|curl -fsSLo|useradd", startup)
 
 
 # ---- docker-compose.yml ----
@@ -362,11 +371,11 @@ def test_the_vm_upgrades_the_schema_after_the_proxy_and_before_the_servers() -> 
     startup = (GCP / "startup.sh").read_text(encoding="utf-8")
     proxy = startup.index("systemctl restart cloud-sql-proxy.service")
     upgrade = startup.index('"$APP/venv/bin/market" db upgrade')
-    servers = startup.index("systemctl restart market-buyer.service market-seller.service")
+    servers = startup.index('systemctl restart "market-$ROLE.service"')
     assert proxy < upgrade < servers
     assert "-p EnvironmentFile=/etc/market/market.env" in startup  # the servers' own settings
     assert "--uid=market" in startup
-    assert 'systemctl restart "${SERVICES[@]}"' not in startup  # the servers not before it
+    assert startup.count("systemctl restart") == 2  # the proxy, then the server: not before it
 
 
 @pytest.mark.parametrize("service", ["buyer", "seller", "sim", "migrate"])
@@ -745,6 +754,10 @@ if any(command.startswith(refused) for refused in state.get("refuse", [])):
 if command.startswith("compute addresses describe") and "--format=value(address)" in args:
     found = "compute addresses " + words[3] in resources
     done(0, [state.get("address", "203.0.113.7")]) if found else done(1)
+if command.startswith("compute images describe-from-family"):
+    done(0, [state["image"]]) if "image" in state else done(1)
+if "--format=value(status)" in args:
+    done(0, [state.get("status", "RUNNING")]) if "compute instances " + words[3] in resources else done(1)
 if command.startswith("compute regions describe"):
     done(0, state["regions"][words[3]]) if words[3] in state["regions"] else done(1)
 if command.startswith("compute networks peerings delete"):
@@ -787,10 +800,14 @@ for verb in ("describe", "delete", "create"):
         done()
 done()
 '''
-EVERYTHING = ["compute instances market-vm", "compute addresses market-ip", "iam service-accounts "
-              "market-vm@p.iam.gserviceaccount.com", "secrets market-env", "sql instances market-sql",
-              "compute firewall-rules market-net-allow-market", "compute addresses market-sql-peering",
-              "compute networks subnets market-subnet", "compute networks market-net"]
+EVERYTHING = ["compute addresses market-ip", "iam service-accounts market-vm@p.iam.gserviceaccount.com",
+              "secrets market-env", "sql instances market-sql",
+              "compute firewall-rules market-net-allow-market",
+              "compute firewall-rules market-net-allow-health-checks", "compute addresses market-sql-peering",
+              "compute networks subnets market-subnet", "compute networks market-net",
+              *(f"compute {kind} market-{role}{suffix}" for role in ("buyer", "seller") for kind, suffix in (
+                  ("forwarding-rules", ""), ("backend-services", ""), ("instance-groups managed", ""),
+                  ("health-checks", "-live"), ("health-checks", "-ready")))]
 
 
 class FakeGcloud:
@@ -928,7 +945,7 @@ def test_compose_observe_profile_scrapes_both_servers_on_their_metrics_port() ->
         assert (ROOT / volume.split(":")[0]).is_file(), volume
 
 
-def test_the_dashboard_queries_only_metrics_the_servers_export() -> None:
+def test_the_dashboard_and_the_alerts_query_only_metrics_the_servers_export() -> None:
     from prometheus_client import REGISTRY
 
     import observe.metrics  # noqa: F401  (registers them)
@@ -937,10 +954,13 @@ def test_the_dashboard_queries_only_metrics_the_servers_export() -> None:
     exported = {family.name + suffix for family in REGISTRY.collect()
                 for suffix in suffixes.get(family.type, [])}
     dashboard = json.loads((ROOT / "deploy" / "observe" / "grafana" / "market.json").read_text("utf-8"))
-    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
-               for name in re.findall(r"\bmarket_\w+", target["expr"])}
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    alerts = yaml.safe_load((ROOT / "deploy" / "observe" / "alerts.yml").read_text(encoding="utf-8"))
+    queries += [rule["expr"] for group in alerts["groups"] for rule in group["rules"]]
+    queried = {name for query in queries for name in re.findall(r"\bmarket_\w+", query)}
     titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
     assert queried and queried <= exported, queried - exported
+    assert not [query for query in queries if "role" in query]  # a label only compose's scrape added
     for shown in ("requests per second", "errors", "latency p99", "connections", "pool"):
         assert shown in titles, shown
 
@@ -948,7 +968,9 @@ def test_the_dashboard_queries_only_metrics_the_servers_export() -> None:
 # ---- the GCP scripts: who may connect, and TLS ----
 
 def firewall_calls(fake: FakeGcloud) -> list[str]:
-    return [c for c in fake.commands() if c.startswith("compute firewall-rules")]
+    """The calls on the clients' firewall rule (the health checkers' has ranges of its own)."""
+    return [c for c in fake.commands() if c.startswith("compute firewall-rules")
+            and "market-net-allow-market" in c]
 
 
 def test_without_client_ranges_only_this_machine_may_reach_the_servers(tmp_path: Path) -> None:
@@ -960,6 +982,8 @@ def test_without_client_ranges_only_this_machine_may_reach_the_servers(tmp_path:
     assert len(created) == 1 and "--source-ranges=198.51.100.23/32 " in created[0], created
     assert "0.0.0.0/0" not in " ".join(fake.commands())
     assert "only this machine (198.51.100.23/32)" in result.stderr
+    health = [c for c in fake.commands() if "firewall-rules create market-net-allow-health-checks" in c]
+    assert len(health) == 1 and "--rules=tcp:9100 --source-ranges=35.191.0.0/16," in health[0]
 
 
 def test_without_client_ranges_or_this_machines_address_nothing_is_created(tmp_path: Path) -> None:
@@ -1027,7 +1051,12 @@ def test_tls_sh_uploads_your_own_certificate_and_refuses_half_of_one(tmp_path: P
 @pytest.mark.parametrize("role", SERVERS)
 def test_the_vms_servers_serve_tls_from_the_files_startup_installs(role: str) -> None:
     environment = " ".join(unit(f"market-{role}.service")["Environment"]).split()
-    files = dict(pair.split("=", 1) for pair in environment)
+    settings = dict(pair.split("=", 1) for pair in environment)
+    files = {name: value for name, value in settings.items() if name.startswith("MARKET_TLS_")}
+    # the health checks' port, the one config.sh opens to Google's checkers
+    config = (GCP / "config.sh").read_text(encoding="utf-8")
+    assert f'HEALTH_PORT={settings["MARKET_METRICS_PORT"]} ' in config
+    assert settings["MARKET_METRICS_HOST"] == "0.0.0.0" and settings["MARKET_LOG_FORMAT"] == "json"
     tls = "/etc/market/tls"
     assert files == {"MARKET_TLS_CERT": f"{tls}/server.pem", "MARKET_TLS_KEY": f"{tls}/server.key",
                      "MARKET_TLS_CA": f"{tls}/ca.pem"}
@@ -1037,3 +1066,107 @@ def test_the_vms_servers_serve_tls_from_the_files_startup_installs(role: str) ->
         assert f'"{name}:${{TLS_SECRETS[' in startup, name
     assert '"/etc/market/tls/${pair%%:*}"' in startup
     assert "\"$here/tls.sh\"" in (GCP / "up.sh").read_text(encoding="utf-8")
+
+
+# ---- alert rules ----
+
+def test_the_alert_rules_and_the_scrape_configuration_pass_promtool() -> None:
+    promtool = require_tool("promtool", "prometheus")
+    observe = ROOT / "deploy" / "observe"
+    for check in (["check", "rules", "alerts.yml"], ["check", "config", "prometheus.yml"]):
+        done = subprocess.run([promtool, *check], cwd=observe, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+    rules = yaml.safe_load((observe / "alerts.yml").read_text())["groups"][0]["rules"]
+    assert {rule["alert"] for rule in rules} >= {"MarketErrorRate", "MarketLatencyHigh", "MarketSaturated",
+                                                  "MarketPaymentFailures", "MarketSettlementBacklog"}
+
+
+# ---- the GCP scripts: instance groups, load balancers, Cloud SQL's protection, --dry-run ----
+
+READS = ("describe", "list", "get-value", "access", "describe-from-family")
+
+
+def test_up_dry_run_prints_the_whole_plan_and_changes_nothing(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path)
+    result = subprocess.run(["bash", str(GCP / "up.sh"), "--dry-run"], cwd=ROOT, stdin=subprocess.DEVNULL,
+                            env={**fake.env, "CLIENT_RANGES": "203.0.113.0/24", "PROXY_SHA256": "ab" * 32,
+                                 "TLS_DIR": str(tmp_path / "tls")},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert all(set(call["args"]) & set(READS) for call in fake.calls()), fake.commands()  # reads alone
+    assert fake.current()["resources"] == [] and not (tmp_path / "tls").exists()
+    plan = [line for line in result.stdout.splitlines() if line.startswith("would run:")]
+    wanted = {
+        "gcloud sql instances create": ["--availability-type=REGIONAL", "--enable-bin-log",
+                                        "--retained-transaction-log-days=7", "--deletion-protection"],
+        "gcloud compute health-checks create http market-buyer-live": ["--port=9100",
+                                                                        "--request-path=/healthz"],
+        "gcloud compute health-checks create http market-seller-ready": ["--request-path=/readyz"],
+        "gcloud compute instance-groups managed create market-buyer": [
+            "--size=2", "--health-check=projects/p/regions/us-central1/healthChecks/market-buyer-live"],
+        "gcloud compute backend-services create market-seller": [
+            "--protocol=TCP", "--health-checks=market-seller-ready", "--connection-draining-timeout=60"],
+        "gcloud compute forwarding-rules create market-buyer": ["--ports=7001", "--address=market-ip"],
+        "gcloud compute forwarding-rules create market-seller": ["--ports=7002", "--address=market-ip"],
+        "gcloud compute instance-templates create market-buyer-": ["--no-address",
+                                                                    "--metadata=market-role=buyer"],
+        "gcloud compute images create market-": ["--family=market", "--source-disk=market-image-builder"],
+        "gcloud compute instances create market-image-builder": [f"proxy-sha256={'ab' * 32}"],
+    }
+    for command, flags in wanted.items():
+        lines = [line for line in plan if command in line]
+        assert len(lines) == 1, (command, plan)
+        assert all(flag in lines[0] for flag in flags), (flags, lines[0])
+
+
+def test_the_image_is_not_baked_without_the_proxys_checksum(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path)
+    result = fake.run("image.sh")
+    assert result.returncode == 2 and "PROXY_SHA256" in result.stderr
+    assert not [c for c in fake.commands() if " create " in f" {c} "]
+
+
+def test_mig_sh_makes_both_groups_then_rolls_them_onto_a_new_image_without_losing_capacity(
+        tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path, resources=["compute addresses market-ip"], image="market-20260101-000000")
+    first = fake.run("mig.sh")
+    assert first.returncode == 0, first.stderr
+    made = fake.current()["resources"]
+    for role in ("buyer", "seller"):
+        for kind in ("instance-groups managed", "backend-services", "forwarding-rules"):
+            assert f"compute {kind} market-{role}" in made
+    again = fake.run("mig.sh")  # nothing changed: no new template, and the groups stay on theirs
+    assert again.returncode == 0, again.stderr
+    assert not [c for c in fake.commands() if "instance-templates create" in c]
+    state = fake.current()
+    state["image"] = "market-20260102-000000"
+    fake.state_path.write_text(json.dumps(state))
+    rolled = fake.run("mig.sh")
+    assert rolled.returncode == 0, rolled.stderr
+    templates = [c for c in fake.commands() if "instance-templates create" in c]
+    assert len(templates) == 2 and all("--image=market-20260102-000000" in c for c in templates)
+    updates = [c for c in fake.commands() if "rolling-action start-update" in c]
+    assert len(updates) == 2
+    for update in updates:
+        assert "--max-unavailable=0" in update and "--max-surge=3" in update and "--type=proactive" in update
+    assert not [c for c in fake.commands() if " delete " in f" {c} "]
+
+
+def test_cloudsql_brings_an_older_instance_to_high_availability_and_protection(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path, resources=["sql instances market-sql", "sql databases market",
+                                           "secrets market-env"],
+                      secrets={"market-env": "MARKET_BUYER_PORT=7001\nMARKET_SELLER_PORT=7002"})
+    result = fake.run("cloudsql.sh")
+    assert result.returncode == 0, result.stderr
+    patches = [c for c in fake.commands() if c.startswith("sql instances patch market-sql")]
+    assert len(patches) == 1
+    for flag in ("--availability-type=REGIONAL", "--enable-bin-log", "--deletion-protection"):
+        assert flag in patches[0]
+
+
+def test_teardown_lifts_the_databases_deletion_protection_only_to_delete_it(tmp_path: Path) -> None:
+    fake = FakeGcloud(tmp_path, resources=["sql instances market-sql"])
+    assert fake.run("teardown.sh", YES="1").returncode == 0
+    sql = [c for c in fake.commands() if c.startswith("sql instances") and "describe" not in c]
+    assert sql == ["sql instances patch market-sql --project p --no-deletion-protection --quiet",
+                   "sql instances delete market-sql --project p --quiet"]

@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import select
 from support import CARD, PASSWORD, Market, race, running_market
 
-from db.audit import audit
 from db.carts import MAX_CART_LINES
 from db.ledger import Ledger
 from db.schema import item_keywords, items
+from operate.audit import audit
 from runtime.config import Settings
 from wire import Connection
 from wire.errors import (

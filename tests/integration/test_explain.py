@@ -31,7 +31,7 @@ from db.login_throttle import _FAILURES
 from db.orders import _HISTORY, _VOTE_OF_BUYER
 from db.purchases import CART_LINES, DUE_ORDERS
 from db.schema import cart_lines, items, login_failures, metadata, sessions
-from db.seed import seed
+from operate.seed import seed
 
 # Run in parallel (scripts/test.sh), the module stays on one worker: its seeded database is made once.
 pytestmark = pytest.mark.xdist_group("explain")

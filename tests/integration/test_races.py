@@ -11,8 +11,8 @@ import pytest
 from support import CARD, PASSWORD, Market, codes, race
 
 from db import Database
-from db.audit import audit, violations
 from db.engine import WRITE_KEY
+from operate.audit import audit, violations
 from wire import Connection, ProtocolError
 
 

@@ -12,7 +12,6 @@ from sqlalchemy import insert, select, text
 from support import CARD, Market
 
 from db import Database
-from db.audit import audit
 from db.migrations import revision_of
 from db.schema import (
     item_word_pairs,
@@ -23,7 +22,8 @@ from db.schema import (
     word_pair_hash,
     word_rows,
 )
-from db.seed import seed
+from operate.audit import audit
+from operate.seed import seed
 from wire import Connection
 from wire.errors import BadRequestError
 from wire.values import item_search_words, search_words

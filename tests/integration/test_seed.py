@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import func, select
 from support import Market
 
-from db.audit import audit
 from db.schema import item_keywords, item_words, items, users
-from db.seed import SEED_PASSWORD, seed
+from operate.audit import audit
+from operate.seed import SEED_PASSWORD, seed
 
 
 def test_seeded_items_are_consistent_and_searchable(market: Market) -> None:

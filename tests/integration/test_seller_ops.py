@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from support import Market
 
-from db.audit import audit
+from operate.audit import audit
 from wire.errors import BadRequestError, ConflictError, ForbiddenError, NotFoundError, UnknownOpError
 
 

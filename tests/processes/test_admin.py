@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -21,9 +22,9 @@ from support import CARD, PASSWORD, Market, running_market, unique_name
 
 from client.main import main
 from db import Database
-from db.audit import audit
 from db.migrations import head, revision_of
 from db.schema import admin_actions, sessions, suspensions, users
+from operate.audit import audit
 from runtime.config import Settings
 from wire import Connection
 from wire.errors import ConflictError, ForbiddenError, ProtocolError, UnauthenticatedError
@@ -313,6 +314,13 @@ def test_market_admin_runs_as_the_installed_program(market: Market) -> None:
                             capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == f"market admin: no buyer named 'x{name}'\n"
+    result = subprocess.run([MARKET, "admin", "--db-url", market.db.url, "suspend", "buyer", name,
+                             "--reason", "fraud report 7"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "MARKET_LOG_FORMAT": "json"})
+    assert result.returncode == 0, result.stderr
+    logged = [json.loads(line) for line in result.stderr.splitlines()]
+    assert [(line["logger"], line["level"], line["action"], line["target"], line["reason"]) for line in logged
+            ] == [("market.business", "INFO", "suspend", f"buyer {name} False", "fraud report 7")]
 
 
 def test_purging_test_data_gives_back_what_the_load_tools_took_and_the_books_balance(

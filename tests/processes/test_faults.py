@@ -37,7 +37,7 @@ from support import (
 )
 
 from db import Database
-from db.audit import audit
+from operate.audit import audit
 from wire import Connection
 from wire.framing import encode_frame
 

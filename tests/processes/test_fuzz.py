@@ -33,7 +33,7 @@ from sqlalchemy import MetaData, select
 from support import CARD, Market, ServerProcess, unique_name
 
 from db import Database
-from db.audit import audit
+from operate.audit import audit
 from wire import Connection, ProtocolError
 from wire.framing import HEADER, decode_body, encode_frame
 

@@ -34,10 +34,10 @@ from support import (
 from buyer_server.checkout import KILL_POINTS
 from buyer_server.payments import Card, PaymentRefusedError, SimulatedProcessor
 from db import Database, accounts, purchases
-from db.audit import audit
 from db.ledger import CAPTURED, DECLINED, VOIDED, Ledger, Payment
 from db.purchases import PAID, PENDING
 from db.schema import orders, users
+from operate.audit import audit
 from runtime.config import Settings, database_pool_size, server_settings
 from runtime.runner import limits_of
 from runtime.server import ServerLimits

@@ -10,6 +10,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -114,11 +116,14 @@ def test_a_known_sequence_of_calls_gives_exactly_its_counts(start) -> None:  # t
     timed = sum(v for (name, _), v in samples.items() if name == "market_request_duration_seconds_count")
     assert answered == timed == 7
     assert value(samples, "market_request_duration_seconds_count", server="buyer", op="login") == 2
-    assert value(samples, "market_logins_refused_total", reason="wrong_credentials") == 1
+    assert value(samples, "market_logins_refused_total", server="buyer", reason="wrong_credentials") == 1
     assert value(samples, "market_connections_open", server="buyer") == 0
     assert value(samples, "market_threads_busy", server="buyer") == 0
     assert value(samples, "market_requests_queued", server="buyer") == 0
-    assert value(samples, "market_db_connections_in_use") == 0
+    assert value(samples, "market_db_connections_in_use", server="buyer") == 0
+    assert value(samples, "market_requests_total", server="buyer", op="add_to_cart", code="INTERNAL") == 0
+    assert ("market_payments_total", frozenset({("server", "buyer"), ("outcome", "error")})) in samples
+    assert any(name == "market_build_info" and dict(labels)["server"] == "buyer" for name, labels in samples)
     assert server.stop() == 0
 
 
@@ -207,6 +212,9 @@ def test_json_logs_carry_the_request_and_never_a_secret(start) -> None:  # type:
                 if line["logger"] == "market.security"]
     assert ("login failed", name) in security and ("login throttled", name) in security
     assert any(message == "frame rejected" for message, _ in security)
+    business = [(line["message"], line.get("username")) for line in lines
+                if line["logger"] == "market.business"]
+    assert business == [("signed up", name), ("logged in", name)]
     failed = next(line for line in lines if line["message"] == "login failed")
     assert failed["client"] == "127.0.0.1" and failed["op"] == "login"
     for secret in (SECRET_PASSWORD, token, CARD["card_number"], CARD["card_number"][-8:]):
@@ -238,7 +246,7 @@ def test_a_wrong_observing_setting_is_one_line(setting: tuple[str, str], tmp_pat
 
 def sample(name: str, **labels: str) -> float:
     """A sample of this process's own registry (the data layer's counters, in-process)."""
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    return REGISTRY.get_sample_value(name, {"server": metrics.server, **labels}) or 0.0
 
 
 def test_a_transaction_run_again_is_counted_by_cause_and_holds_one_connection(
@@ -455,3 +463,46 @@ def test_a_hostile_request_id_is_cut_short_and_printable_in_the_access_log(
             time.sleep(0.02)
     logged = caplog.records[0].request_id  # type: ignore[attr-defined]
     assert len(logged) <= 64 and "\n" not in logged and logged.startswith("'x\\nFAKE LINE")
+
+
+def test_market_serve_gives_each_server_its_metrics_port(tmp_path: Path) -> None:
+    """`market serve --metrics-port P`: the buyer's /metrics on P, the seller's on P+1, each
+    series labelled with its server and there from the start."""
+    buyer_port, seller_port, metrics_port = free_port(), free_port(), free_port()
+    while not _free(metrics_port + 1):
+        metrics_port = free_port()
+    serve = subprocess.Popen([sys.executable, "-m", "client.main", "serve", "--db-url",
+                              f"sqlite:///{tmp_path / 'served.db'}", "--buyer-port", str(buyer_port),
+                              "--seller-port", str(seller_port), "--metrics-port", str(metrics_port)],
+                             stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "MARKET_UPGRADE_SCHEMA": "1"})
+    try:
+        found = {role: _scrape_when_up(serve, port) for role, port in
+                 (("buyer", metrics_port), ("seller", metrics_port + 1))}
+        serve.send_signal(signal.SIGINT)
+        _, err = serve.communicate(timeout=30)
+    finally:
+        serve.kill()
+    assert serve.returncode == 0, err[-3000:]
+    for role, samples in found.items():
+        servers = {dict(labels).get("server") for (name, labels) in samples if name.startswith("market_")}
+        assert servers == {role}
+        assert value(samples, "market_requests_total", server=role, op="ping", code="OK") == 0
+        for name, labels in (("market_requests_total", {"op": "ping", "code": "INTERNAL"}),
+                             ("market_logins_refused_total", {"reason": "throttled"})):
+            assert (name, frozenset({"server": role, **labels}.items())) in samples
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _scrape_when_up(serve: subprocess.Popen[str], port: int) -> Samples:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return scrape(port)
+        except OSError:
+            assert serve.poll() is None and time.monotonic() < deadline, "market serve did not serve /metrics"
+            time.sleep(0.2)

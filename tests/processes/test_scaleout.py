@@ -47,9 +47,9 @@ from support import (
 )
 
 from db import Database
-from db.audit import audit
 from db.engine import BATCHES_KEY
 from db.ledger import CAPTURED, Ledger
+from operate.audit import audit
 from simulation.mixes import MIXES
 from simulation.scenario import RunResult, run_once
 from wire import Connection

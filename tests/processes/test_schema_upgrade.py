@@ -20,9 +20,9 @@ from sqlalchemy import Connection, insert, inspect, select, text, update
 from support import ServerProcess, fresh_mysql_database
 
 from db import Database, DatabaseUnusable
-from db.audit import audit
 from db.migrations import head, make_current, revision_of, upgrade, upgrade_lock
 from db.schema import item_keyword_pairs, item_keywords, items, metadata, orders, schema_info, users
+from operate.audit import audit
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 LAST_VERSION = 3  # schema_info's version when migrations came: schema3

@@ -21,7 +21,7 @@ from support import CARD, Link, Market, Relay, free_port, running_market
 
 import simulation.__main__ as sim
 from db import Database
-from db.audit import AckedOrder, audit
+from operate.audit import AckedOrder, audit
 from runtime.server import ServerLimits
 from simulation import scenario, series
 from simulation.behaviour import Buyer, Call, Outcome, make_actor

@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ("wire", "observe", "db", "runtime", "buyer_server", "seller_server", "client", "simulation")
+PACKAGES = ("wire", "observe", "db", "operate", "runtime", "buyer_server", "seller_server", "client",
+            "simulation")
 # What each package may import of the others (itself always): the packages point one way.
 ALLOWED = {
     "wire": set(),
     "observe": {"wire"},
     "db": {"wire.errors", "wire.values", "observe"},
+    # the operator's tools (market admin, audit, backup, seed): over db/, imported by no server
+    "operate": {"wire", "db", "observe", "runtime.config"},
 }
 
 
@@ -181,3 +184,9 @@ def test_the_rules_see_a_violation(tmp_path: Path) -> None:
     assert set(cycle([(i.importer, i.target) for i in imports if i.importer.startswith("client")])) \
         == {"client.commands", "client.shell"}
     assert private_uses(tmp_path / "db" / "shop.py", tmp_path) == ["db.shop:1 imports wire.values._rule"]
+
+
+def test_no_server_imports_the_operators_tools() -> None:
+    servers = ("wire", "db", "observe", "runtime", "buyer_server", "seller_server")
+    assert [str(i) for i in project_imports()
+            if package_of(i.importer) in servers and package_of(i.target) == "operate"] == []

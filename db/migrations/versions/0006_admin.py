@@ -1,4 +1,4 @@
-"""The operator's commands: suspensions and admin_actions (db.admin)."""
+"""The operator's commands: suspensions and admin_actions (operate.admin)."""
 import sqlalchemy as sa
 from alembic import op
 

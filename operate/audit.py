@@ -15,10 +15,10 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, case, distinct, exists, func, inspect, select
 
-from .database import Database, now_ms
-from .ledger import CAPTURED, Payment, payments
-from .purchases import COMPLETED, PAID, PENDING, VOID, VOIDING, is_completed
-from .schema import (
+from db.database import Database, now_ms
+from db.ledger import CAPTURED, Payment, payments
+from db.purchases import COMPLETED, PAID, PENDING, VOID, VOIDING, is_completed
+from db.schema import (
     feedback,
     item_keyword_pairs,
     item_keywords,

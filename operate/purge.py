@@ -17,13 +17,12 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, inspect, select, update
 
-from .accounts import end_sessions
-from .admin import Operator, record, withdraw
-from .catalog import relist
-from .database import Database
-from .ledger import payments
-from .purchases import COMPLETED
-from .schema import (
+from db.accounts import end_sessions
+from db.catalog import relist
+from db.database import Database
+from db.ledger import payments
+from db.purchases import COMPLETED
+from db.schema import (
     cart_lines,
     feedback,
     item_keyword_pairs,
@@ -39,6 +38,8 @@ from .schema import (
     suspensions,
     users,
 )
+
+from .admin import Operator, record, withdraw
 
 # What the load tools (market-sim, locust) name their accounts and items from.
 LOAD_TEST_PREFIX = "loadtest-"

@@ -16,12 +16,10 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
 
-from wire.errors import ConflictError, NotFoundError
-
-from .accounts import end_sessions
-from .catalog import unlist
-from .database import now_ms
-from .schema import (
+from db.accounts import end_sessions
+from db.catalog import unlist
+from db.database import now_ms
+from db.schema import (
     admin_actions,
     cart_lines,
     items,
@@ -33,6 +31,7 @@ from .schema import (
     suspensions,
     users,
 )
+from wire.errors import ConflictError, NotFoundError
 
 ROLES = ("buyer", "seller")
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from sqlalchemy import Table, func, insert, select
 
-from .database import Database, now_ms
-from .passwords import hash_password
-from .schema import (
+from db.database import Database, now_ms
+from db.passwords import hash_password
+from db.schema import (
     item_keyword_pairs,
     item_keywords,
     item_word_pairs,
@@ -33,7 +33,7 @@ from .schema import (
     word_pair_rows,
     word_rows,
 )
-from .unit_of_work import UnitOfWork
+from db.unit_of_work import UnitOfWork
 
 SEED_PASSWORD = "seeded-password"
 WORDS = ["lamp", "desk", "chair", "light", "table", "sofa", "bed", "rug", "shelf", "clock",
