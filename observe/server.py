@@ -43,7 +43,8 @@ class LogObserver(ServerObserver):
 
     def connection_refused(self, address: str, reason: str) -> None:
         if events := self._bursts.due(f"refused {reason}"):
-            message = "connection paused" if reason == "memory" else "connection refused"
+            message = {"memory": "connection paused", "idle_evicted": "idle connection closed for a new one"
+                       }.get(reason, "connection refused")
             security.warning(message, extra={"client": address, "reason": reason, "events": events})
 
     def answering(self, address: str, message: Message) -> None:

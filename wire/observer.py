@@ -24,8 +24,9 @@ class ServerObserver:
         """A connection was turned away, or a client went unheard for a while; reason:
         "max_connections", "max_connections_per_address", "new_connections_per_address" (the
         connection answered BUSY and closed), "tls_handshake" (closed), "out_of_descriptors"
-        (an accept failed; the client waits in the backlog, address "") or "memory" (the
-        process holds too many unanswered requests: this connection is not read for now)."""
+        (an accept failed; the client waits in the backlog, address ""), "memory" (the
+        process holds too many unanswered requests: this connection is not read for now) or
+        "idle_evicted" (the table was full: this connection, idle longest, was closed for a new one)."""
 
     def requests_read(self, count: int) -> None:
         """`count` complete requests were read and queued for an answer (negative: that many

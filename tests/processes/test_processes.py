@@ -28,12 +28,14 @@ from support import (
     a_frozen_worker_is_replaced,
     child_pids,
     free_port,
+    read_messages,
     unique_name,
 )
 
 from db.engine import driver_url
 from wire import Connection
 from wire.errors import UnauthenticatedError
+from wire.framing import encode_frame
 
 
 @pytest.fixture
@@ -783,3 +785,56 @@ def test_the_metrics_port_bounds_its_connections_threads_and_time(tmp_path: Path
         for sock in idle:
             sock.close()
         server.proc.kill()
+
+
+SLOW_SEARCHES = """
+import sys, time
+from buyer_server.ops import build_app as buyer_app
+from runtime import runner
+
+class SlowSearches:  # the buyer's App, each search taking 0.5 s first (as a long search would)
+    def __init__(self, app):
+        self.app = app
+        self.specs, self.aside_ops, self.background = app.specs, app.aside_ops, app.background
+
+    def handle(self, message, peer=None):
+        if message.get("op") == "search_items":
+            time.sleep(0.5)
+        return self.app.handle(message, peer)
+
+sys.exit(runner.main("buyer", lambda settings, database: SlowSearches(buyer_app(settings, database)),
+                     sys.argv[1:]))
+"""
+
+
+def test_health_checks_are_answered_while_pipelines_of_slow_requests_fill_every_worker(
+        tmp_path: Path) -> None:
+    # before: the health check's ping waited behind whole pipelines (8 x 0.5 s here) and the
+    # supervisor killed healthy workers after MARKET_WORKER_TIMEOUT_S (3 s here)
+    log = (tmp_path / "stderr.log").open("w+")
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SEARCHES, "--port", "0", "--workers", "2",
+                             "--db-url", f"sqlite:///{tmp_path / 'market.db'}"], stdout=subprocess.PIPE,
+                            stderr=log, text=True, env={**os.environ, "MARKET_WORKER_TIMEOUT_S": "3"})
+    try:
+        assert proc.stdout is not None
+        match = LISTENING.match(proc.stdout.readline().strip())
+        assert match, log.read()
+        workers = child_pids(proc.pid)
+        search = encode_frame({"op": "search_items", "args": {"query": "lamp"}})
+        port = int(match.group(2))
+        attack = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(8)]
+        for _ in range(2):  # two rounds of 8 pipelines of 8: about 11 s of work for each worker
+            for sock in attack:
+                sock.sendall(search * 8)
+            for sock in attack:
+                assert len(read_messages(sock, 8)) == 8
+        assert child_pids(proc.pid) == workers
+        log.seek(0)
+        assert "did not answer a health check" not in log.read()
+        for sock in attack:
+            sock.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
