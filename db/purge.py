@@ -25,6 +25,7 @@ from .ledger import payments
 from .purchases import COMPLETED
 from .schema import (
     cart_lines,
+    device_tokens,
     feedback,
     item_keyword_pairs,
     item_keywords,
@@ -202,6 +203,7 @@ def _take_back_votes(tx: Connection, votes: Sequence[Any]) -> None:
 
 def _delete_account(tx: Connection, user_id: int) -> None:
     tx.execute(delete(suspensions).where(suspensions.c.user_id == user_id))
+    tx.execute(delete(device_tokens).where(device_tokens.c.user_id == user_id))
     tx.execute(delete(users).where(users.c.user_id == user_id))
 
 
