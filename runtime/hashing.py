@@ -56,8 +56,8 @@ class FairShare:
             self.window_start = now
             self.line = {a: at for a, at in self.line.items() if at > now - self.window_s}
         free = self.size - sum(self.held.values())
-        ahead = next((n for n, a in enumerate(self.line) if a == address),
-                     len(self.line) if self.served[address] else 0)
+        ahead = next((n for n, a in enumerate(self.line) if a == address), len(self.line)) \
+            if self.served[address] else 0
         if ahead >= free:
             if address in self.line or len(self.line) < MAX_WAITING:
                 self.line[address] = now

@@ -123,10 +123,12 @@ def guessing(address: Address, args: argparse.Namespace) -> None:
 
     watcher = threading.Thread(target=owner, daemon=True)
     watcher.start()
+    started = time.monotonic()
     paced(args.rate, args.seconds, guess)
+    elapsed = time.monotonic() - started
     watcher.join()
     sent = sum(heard.values())
-    print(f"guessing: {sent} wrong logins from {min(sent, args.addresses)} addresses in {args.seconds:.0f} s "
+    print(f"guessing: {sent} wrong logins from {min(sent, args.addresses)} addresses in {elapsed:.1f} s "
           f"({args.rate:.0f}/s): {heard['checked']} passwords checked, "
           f"{heard['refused']} refused by the account's throttle, "
           f"other answers {({k: v for k, v in heard.items() if k not in ('checked', 'refused')})}")
