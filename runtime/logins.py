@@ -7,6 +7,7 @@ device token of the account passes by.
 """
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 import time
@@ -60,23 +61,25 @@ class Backoff:
                 self._counts[key] = (failures - 1, last_ms)
 
 
-class RecentKeys:
-    """Keys seen in the last `ttl_s`."""
+class Waits:
+    """When each key was told it may try again, for `ttl_s` after."""
 
     def __init__(self, ttl_s: float) -> None:
         self._ttl_s, self._lock = ttl_s, threading.Lock()
-        self._seen: dict[Hashable, float] = {}
+        self._due: dict[Hashable, float] = {}
 
-    def add(self, key: Hashable) -> None:
+    def told(self, key: Hashable, wait_s: float) -> None:
         now = time.monotonic()
         with self._lock:
-            if len(self._seen) >= _MAX_KEYS:
-                self._seen = {k: at for k, at in self._seen.items() if at > now - self._ttl_s}
-            self._seen[key] = now
+            if len(self._due) >= _MAX_KEYS:
+                self._due = {k: due for k, due in self._due.items() if due > now - self._ttl_s}
+            self._due[key] = now + wait_s
 
-    def __contains__(self, key: Hashable) -> bool:
+    def waited(self, key: Hashable) -> bool:
+        """Whether the key was told to wait lately and waited as long as it was told."""
         with self._lock:
-            return self._seen.get(key, -self._ttl_s) > time.monotonic() - self._ttl_s
+            due = self._due.get(key)
+        return due is not None and due <= time.monotonic() < due + self._ttl_s
 
 
 class SignupLimit:
@@ -114,7 +117,7 @@ class AccountGuards:
     by_username: Backoff  # failed logins per (address, role, username)
     by_address: Backoff  # failed logins per address, whatever the username
     account: AccountBucket  # logins without a device token per account, from any address
-    told_to_wait: RecentKeys  # (address, role, username) the account's bucket refused lately
+    told_to_wait: Waits  # (address, role, username) the account's bucket refused lately
 
     @classmethod
     def for_settings(cls, settings: Any) -> AccountGuards:
@@ -125,7 +128,7 @@ class AccountGuards:
                    Backoff(ThrottlePolicy(settings.login_address_free_failures, settings.login_max_delay_s),
                            "too many login attempts from your address", "address_throttled"),
                    AccountBucket(settings.login_account_free_failures, settings.login_account_step_s),
-                   RecentKeys(60.0))
+                   Waits(60.0))
 
 
 def create_account(db: Database, role: str, guards: AccountGuards, peer: str | None, username: str,
@@ -150,15 +153,15 @@ def login(db: Database, role: str, policy: accounts.SessionPolicy, guards: Accou
     with guards.hashing.admitted(peer, on_full=lambda reason: events.login_refused(reason, username)):
         guards.by_address.claim(peer, username)
         failed_here = guards.by_username.claim(attempt, username) > 0
-        lane = FAILED if failed_here else COMING_BACK if attempt in guards.told_to_wait else NEW
+        lane = FAILED if failed_here else COMING_BACK if guards.told_to_wait.waited(attempt) else NEW
         check = db.run(lambda tx: accounts.check_login(tx, guards.account, role, username,
                                                        device_token, lane))
         if check.wait_ms:  # no password checked: not a failure of the address
             guards.by_username.succeeded(attempt, clear=False)
-            guards.told_to_wait.add(attempt)
+            wait_s = math.ceil(check.wait_ms / 1000)  # one that comes back sooner waits again
+            guards.told_to_wait.told(attempt, wait_s)
             events.login_refused("throttled", username)
-            raise UnauthenticatedError("too many login attempts for this account; "
-                                       f"try again in {max(1, round(check.wait_ms / 1000))} s")
+            raise UnauthenticatedError(f"too many login attempts for this account; try again in {wait_s} s")
         if not guards.hashing.verify(check.password_hash, password) or check.user_id is None:
             events.login_refused("wrong_credentials", username)
             if check.trusted and device_token:
