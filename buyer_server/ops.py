@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 from db import Database, accounts, carts, catalog, orders
-from db.address_limits import AccountGuards
 from db.ledger import Ledger
 from runtime.cached_app import server_app
 from runtime.config import Settings
+from runtime.logins import ADDRESSED_OPS, AccountGuards, account_handlers
 from wire import BUYER_OPS, __version__
 from wire.app import App, Stepwise
 from wire.errors import ProtocolError
@@ -35,7 +35,7 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
     checkout = Checkout(db, processor, settings.test_kill_at)
     background.append(Settler(checkout, settings.settle_period_s, settings.settle_after_s))
     handlers = {
-        **accounts.account_handlers(db, "buyer", policy,
+        **account_handlers(db, "buyer", policy,
                                     __version__, AccountGuards.for_settings(settings)),
         "search_items": catalog.search_items,
         "get_item": catalog.get_item,
@@ -50,7 +50,7 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
         "get_purchase_history": orders.get_purchase_history,
     }
     app = server_app(settings, BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy),
-                     accounts.ADDRESSED_OPS, background)
+                     ADDRESSED_OPS, background)
     app.checkout = checkout  # type: ignore[attr-defined]  # for tests and tools that settle now
     return app
 

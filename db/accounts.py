@@ -1,4 +1,4 @@
-"""Accounts and sessions: sign-up, login, logout and the token check of every call.
+"""Accounts and sessions: the SQL of sign-up, login and logout, and the token check of every call.
 
 Tokens are `secrets.token_urlsafe(32)` and only their SHA-256 is stored. A session
 ends at logout, after `idle_s` without a request, or `max_s` after login. The
@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import secrets
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
@@ -27,14 +26,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from observe import events
-from wire.errors import BusyError, ConflictError, ForbiddenError, ProtocolError, UnauthenticatedError
+from wire.errors import ConflictError, ForbiddenError, ProtocolError, UnauthenticatedError
 
 from . import login_throttle
-from .address_limits import AccountGuards, Backoff
 from .database import Database, inserted_id, now_ms
 from .engine import LOCK_WAIT_S
-from .schema import cart_lines, saved_cart_lines, sessions, suspensions, users
+from .schema import cart_lines, device_tokens, saved_cart_lines, sessions, suspensions, users
 from .unit_of_work import Answer, UnitOfWork
 
 log = logging.getLogger("market.sessions")
@@ -81,86 +78,81 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def create_account(db: Database, role: str, guards: AccountGuards, peer: str | None, username: str,
-                   password: str, name: str) -> dict[str, Any]:
-    """A new buyer or seller account from the address `peer`; CONFLICT when the username is taken."""
-    with guards.hashing.admitted(peer, on_full=lambda reason: events.signup_refused(reason, username)):
-        try:
-            guards.signups.take(peer)
-        except BusyError:
-            events.signup_refused("address_limit", username)
-            raise
-        password_hash = guards.hashing.hash(password)
+MAX_SESSIONS = 20  # live sessions per account (PROTOCOL.md): a login beyond ends the oldest
+MAX_DEVICE_TOKENS = 20  # device tokens kept per account: a new one past it forgets the oldest
+
+
+@dataclass(frozen=True)
+class LoginCheck:
+    """What a login learns before its password is checked."""
+
+    user_id: int | None  # None: no such account (a hash is checked all the same)
+    password_hash: str | None
+    trusted: bool  # it presented a device token of this account
+    wait_ms: int  # > 0: the account's throttle refused it, without checking its password
+
+
+def add_user(db: Database, role: str, username: str, name: str, password_hash: str) -> int:
+    """A new account's user_id; CONFLICT when the username is taken."""
     row = {"role": role, "username": username, "name": name, "password_hash": password_hash,
            "created_ms": now_ms()}
     try:
-        user_id = db.run(lambda tx: inserted_id(tx.execute(insert(users).values(row))))
+        return db.run(lambda tx: inserted_id(tx.execute(insert(users).values(row))))
     except IntegrityError:
         raise ConflictError(f"username {username!r} is taken") from None
-    events.signed_up(username, user_id)
-    return {"user_id": user_id}
 
 
-def login(db: Database, role: str, policy: SessionPolicy, guards: AccountGuards, peer: str | None,
-          username: str, password: str) -> dict[str, Any]:
-    """A new session; the same UNAUTHENTICATED message for a wrong username or password.
-
-    Failures slow down their own address first (per username, then past a higher count
-    per address); the account's own count stops only addresses that failed for it, so a
-    stranger's guesses never keep the right password from another address out."""
-    attempt = (peer, role, username)
-    # first: an attempt answered BUSY is not counted
-    with guards.hashing.admitted(peer, on_full=lambda reason: events.login_refused(reason, username)):
-        _claim(guards.by_address, peer, username)
-        failed_here = _claim(guards.by_username, attempt, username) > 0
-        found = db.run(lambda tx: _claim_attempt_and_find_user(tx, role, policy, username, failed_here))
-        if not guards.hashing.verify(found[1] if found else None, password) or found is None:
-            events.login_refused("wrong_credentials", username)
-            raise UnauthenticatedError(WRONG_CREDENTIALS)  # counted as a failure already
-    guards.by_username.succeeded(attempt, clear=True)
-    guards.by_address.succeeded(peer, clear=False)  # a right login of one's own clears no guesses
-    user_id = found[0]
-    token = secrets.token_urlsafe(32)
-    db.run(lambda tx: _open_session(tx, role, user_id, username, token_hash(token), policy))
-    events.logged_in(username, user_id)
-    return {"token": token, "user_id": user_id, "idle_timeout_s": policy.idle_s}
+_DEVICE = (device_tokens.c.user_id == users.c.user_id) & (device_tokens.c.token_hash == bindparam("device"))
+_LOGIN = (select(users.c.user_id, users.c.password_hash, device_tokens.c.token_hash)
+          .outerjoin(device_tokens, _DEVICE)
+          .where(users.c.role == bindparam("role"), users.c.username == bindparam("username")))
 
 
-def _claim(backoff: Backoff, key: Hashable, username: str) -> int:
-    """backoff.claim(key), a refusal counted and logged under the backoff's reason."""
-    try:
-        return backoff.claim(key)
-    except UnauthenticatedError:
-        events.login_refused(backoff.reason, username)
-        raise
+def check_login(tx: Connection, bucket: login_throttle.AccountBucket, role: str, username: str,
+                device_token: str | None, lane: int) -> LoginCheck:
+    """The account, whether the device token is its own, and (without one) the attempt
+    counted by the account's throttle, or the wait it says."""
+    row = tx.execute(_LOGIN, {"role": role, "username": username,
+                              "device": token_hash(device_token) if device_token else ""}).first()
+    trusted = row is not None and row.token_hash is not None
+    wait_ms = 0 if trusted else login_throttle.claim(tx, bucket, role, username, lane)
+    return LoginCheck(row.user_id if row else None, row.password_hash if row else None, trusted, wait_ms)
 
 
-def _claim_attempt_and_find_user(tx: Connection, role: str, policy: SessionPolicy,
-                                 username: str, enforce: bool) -> tuple[int, str] | None:
-    login_throttle.claim_attempt(tx, policy.throttle, role, username, enforce)
-    return _find_user(tx, role, username)
+def forget_device(tx: Connection, device_token: str) -> None:
+    """A device token that came with a wrong password is no longer trusted."""
+    tx.execute(delete(device_tokens).where(device_tokens.c.token_hash == token_hash(device_token)))
 
 
-def _find_user(tx: Connection, role: str, username: str) -> tuple[int, str] | None:
-    row = tx.execute(select(users.c.user_id, users.c.password_hash)
-                     .where(users.c.role == role, users.c.username == username)).first()
-    return (row.user_id, row.password_hash) if row else None
-
-
-def _open_session(tx: Connection, role: str, user_id: int, username: str, hashed: str,
-                  policy: SessionPolicy) -> None:
+def open_session(tx: Connection, role: str, username: str, check: LoginCheck, token: str,
+                 device_token: str, policy: SessionPolicy) -> None:
+    """The session of a right login, ending the account's oldest past MAX_SESSIONS; a device
+    token new to the account (not `check.trusted`) is kept."""
+    assert check.user_id is not None
     now = now_ms()
-    refuse_if_suspended(tx, user_id)
-    login_throttle.clear_failures(tx, role, username)
-    _end_expired_sessions(tx, user_id, policy, now)
+    _end_old_sessions(tx, check.user_id, policy, now)  # sessions locked before the user's row
+    refuse_if_suspended(tx, check.user_id)
+    if not check.trusted:
+        login_throttle.give_back(tx, role, username)
+        _keep_device(tx, check.user_id, device_token, now)
     session_id = inserted_id(tx.execute(insert(sessions).values(
-        token_hash=hashed, user_id=user_id, role=role, created_ms=now, last_seen_ms=now,
+        token_hash=token_hash(token), user_id=check.user_id, role=role, created_ms=now, last_seen_ms=now,
     )))
-    if role == "buyer":
+    if role == "buyer":  # at most MAX_CART_LINES: a saved cart is a session's cart saved
         tx.execute(insert(cart_lines).from_select(
             ["session_id", "item_id", "quantity"],
             select(literal(session_id), saved_cart_lines.c.item_id, saved_cart_lines.c.quantity)
-            .where(saved_cart_lines.c.buyer_id == user_id)))
+            .where(saved_cart_lines.c.buyer_id == check.user_id)))
+
+
+def _keep_device(tx: Connection, user_id: int, device_token: str, now: int) -> None:
+    tx.execute(insert(device_tokens).values(token_hash=token_hash(device_token), user_id=user_id,
+                                            created_ms=now))
+    oldest = tx.execute(select(device_tokens.c.token_hash).where(device_tokens.c.user_id == user_id)
+                        .order_by(device_tokens.c.created_ms.desc(), device_tokens.c.token_hash)
+                        .offset(MAX_DEVICE_TOKENS)).scalars().all()
+    if oldest:
+        tx.execute(delete(device_tokens).where(device_tokens.c.token_hash.in_(oldest)))
 
 
 # The user's row held shared to the commit: a suspension (operate.admin) locks it before it ends the
@@ -179,12 +171,24 @@ def refuse_if_suspended(tx: Connection, user_id: int) -> None:
         raise ForbiddenError(SUSPENDED)
 
 
-def _end_expired_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: int) -> None:
-    expired = select(sessions.c.session_id).where(sessions.c.user_id == user_id,
-                                                  ended_long_ago(policy, now))
-    # locked, and at READ COMMITTED the condition is checked again on what a request in
-    # flight on one of them commits: a session just used is not ended, nor its cart line lost
-    ids = tx.execute(expired.with_for_update()).scalars().all()
+def _end_old_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: int) -> None:
+    """End the account's sessions that ended long ago, and its oldest past MAX_SESSIONS - 1.
+
+    Found without locks, then locked by primary key: at READ COMMITTED the condition is
+    checked again on what a request in flight on one commits, so a session just used is not
+    ended as expired, nor its cart line lost."""
+    ended = ended_long_ago(policy, now)
+    found = tx.execute(select(sessions.c.session_id, ended.label("ended"))
+                       .where(sessions.c.user_id == user_id)
+                       .order_by(sessions.c.session_id.desc())).all()
+    live = [row.session_id for row in found if not row.ended]
+    over = live[MAX_SESSIONS - 1:]
+    candidates = [row.session_id for row in found if row.ended] + over
+    if not candidates:
+        return
+    ids = tx.execute(select(sessions.c.session_id)
+                     .where(sessions.c.session_id.in_(candidates), ended | sessions.c.session_id.in_(over))
+                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
     if ids:
         end_sessions(tx, ids)
 
@@ -381,17 +385,3 @@ class SessionGate:
             self.db.run(lambda tx: touch_session(tx, live))
         except ProtocolError as exc:
             log.warning("could not record a session's activity: %s", exc)
-
-
-ADDRESSED_OPS = frozenset({"create_account", "login"})  # handlers called with the client's address
-
-
-def account_handlers(db: Database, role: str, policy: SessionPolicy, version: str,
-                     guards: AccountGuards) -> dict[str, Any]:
-    """The ops both servers have: ping, create_account, login, logout."""
-    return {
-        "ping": lambda: {"server": role, "version": version},
-        "create_account": lambda peer, **a: create_account(db, role, guards, peer, **a),
-        "login": lambda peer, **a: login(db, role, policy, guards, peer, **a),
-        "logout": logout,
-    }

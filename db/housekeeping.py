@@ -1,6 +1,6 @@
-"""Housekeeping: a thread of each server process deletes the rows nobody will read again,
-expired sessions with their cart lines, failed-login counts long past, and the commit
-tokens nobody will ask about (db.commit_tokens).
+"""Housekeeping's SQL: deleting the rows nobody will read again, expired sessions with their
+cart lines, failed-login counts long past, and the commit tokens nobody will ask about
+(db.commit_tokens). A thread of each server process sweeps (runtime.housekeeping).
 
 Small batches, one short transaction each: a batch's rows are found without locks, then
 locked or deleted by primary key only if they still qualify, so any number of processes may sweep at once,
@@ -8,11 +8,7 @@ on SQLite or MySQL, and none holds a lock for long. Saved carts stay: they are t
 """
 from __future__ import annotations
 
-import logging
-import random
-import threading
 from collections.abc import Callable
-from typing import Any
 
 from sqlalchemy import Connection, delete, select, tuple_
 
@@ -22,7 +18,6 @@ from .database import Database, now_ms
 from .schema import login_failures as lf
 from .schema import sessions
 
-log = logging.getLogger("market.housekeeping")
 BATCH = 200  # rows per transaction: a statement of bounded size and a lock held briefly
 # A failed-login count untouched this long is forgotten (its wait ran out long before).
 FORGET_FAILURES_AFTER_MS = 24 * 3600 * 1000
@@ -72,39 +67,3 @@ def sweep(db: Database, policy: SessionPolicy, batch: int = BATCH,
             if count < size:
                 break
     return deleted
-
-
-class Housekeeper:
-    """A thread sweeping every `interval_s` (give or take a tenth, so processes spread out)."""
-
-    def __init__(self, db: Database, policy: SessionPolicy, interval_s: float) -> None:
-        self._db, self._policy, self._interval_s = db, policy, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._keep, name="market-housekeeping", daemon=True)
-
-    @classmethod
-    def for_settings(cls, db: Database, settings: Any) -> Housekeeper:
-        """The housekeeper a server's settings (runtime.config.Settings) ask for."""
-        return cls(db, SessionPolicy.from_settings(settings), settings.housekeeping_interval_s)
-
-    def start(self) -> Housekeeper:
-        """Start sweeping; returns self."""
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop after the batch in hand."""
-        self._stop.set()
-        if self._thread.ident is not None:  # started
-            self._thread.join()
-
-    def _keep(self) -> None:
-        while not self._stop.wait(self._interval_s * random.uniform(0.9, 1.1)):
-            try:
-                deleted = sweep(self._db, self._policy, stop=self._stop.is_set)
-            except Exception:  # a database away for a while: the next sweep tries again
-                log.exception("housekeeping failed; trying again in %.0f s", self._interval_s)
-                continue
-            if deleted:
-                log.info("housekeeping deleted %d expired sessions, old failed-login counts and "
-                         "commit tokens", deleted)

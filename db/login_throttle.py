@@ -1,14 +1,16 @@
-"""Login backoff per account against password guessing from many addresses, kept in the
-database so that every server process sees the same count (db.address_limits slows down
-each address first).
+"""The account's throttle against password guessing from many addresses, kept in the
+database so that every server process sees the same level.
 
-After `free_failures` consecutive failed logins for one username (existing or not,
-so the answer reveals nothing), each further attempt from an address that failed for it
-before must wait 1, 2, 4, ... seconds after the last failure, up to `max_delay_s`; until
-then even the right password is refused, without checking it. Every attempt counts as a
-failure before its password is checked (so that attempts made at once take turns); a
-successful login clears the count. Nobody is locked out for longer than `max_delay_s`
-after their last failed attempt.
+A leaky bucket per (role, username), existing or not (so the answer reveals nothing): each
+login without a valid device token of the account adds one before its password is checked,
+and the level drains by one every `step_s`. A login is let through while the bucket has room
+for it, and the last places are kept by lane: a login from an address new to the username
+leaves a fifth of the bucket to those coming back when told, not sooner; one from an address
+whose password was wrong for it leaves about three fifths, so that an owner on a new client,
+told to wait while strangers guess, gets in when he comes back. A right password
+takes its unit back. Whatever the number of addresses, at most `burst + T / step_s`
+passwords are checked for one account in T seconds, and no login is told to wait longer than
+a few steps. A login with the account's device token never touches the bucket.
 """
 from __future__ import annotations
 
@@ -17,16 +19,13 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from observe import events
-from wire.errors import UnauthenticatedError
-
 from .database import RetryTransaction, now_ms
 from .schema import login_failures as lf
 
 
 @dataclass(frozen=True)
 class ThrottlePolicy:
-    """How failed logins slow down the next ones."""
+    """Exponential waits after failures (the limits per address, runtime.guards)."""
 
     free_failures: int = 5
     max_delay_s: float = 900.0
@@ -39,21 +38,43 @@ class ThrottlePolicy:
         return int(min(self.max_delay_s, 2.0 ** doublings) * 1000)
 
 
+@dataclass(frozen=True)
+class AccountBucket:
+    """The account's bucket: `burst` places, one drained every `step_s`."""
+
+    burst: int = 5
+    step_s: float = 1.25
+
+    def kept(self, lane: int) -> int:
+        """The places a login of the lane leaves: 0 coming back, 1 new, 2 failed before."""
+        return (0, self.burst // 5, (self.burst - 1) * 3 // 5)[lane]
+
+    def level(self, units: int, last_ms: int, now: int) -> int:
+        """The units left in the bucket at `now` of `units` put in by `last_ms`."""
+        return max(0, min(self.burst, units) - (now - last_ms) // self.step_ms)
+
+    @property
+    def step_ms(self) -> int:
+        return max(1, int(self.step_s * 1000))
+
+    def wait_ms(self, units: int, last_ms: int, now: int, lane: int) -> int:
+        """0 when one more unit fits now; else how long until it does."""
+        over = self.level(units, last_ms, now) + 1 + self.kept(lane) - self.burst
+        if over <= 0:
+            return 0
+        return over * self.step_ms - (now - last_ms) % self.step_ms
+
+
 _FAILURES = select(lf.c.failures, lf.c.last_failure_ms).where(
     lf.c.role == bindparam("role"), lf.c.username == bindparam("username")).with_for_update()
 
 
-def claim_attempt(tx: Connection, policy: ThrottlePolicy, role: str, username: str,
-                  enforce: bool = True) -> None:
-    """Count this attempt as a failure before its password is checked (a successful login
-    clears the count), or UNAUTHENTICATED, with the wait, while the username must wait and
-    `enforce` says to (an attempt from an address with no failures for it is let through).
+COMING_BACK, NEW, FAILED = 0, 1, 2  # the lanes
 
-    Counted first, under the row's lock, so that attempts made at once take turns: checked
-    first and counted after the hash, a hundred guesses sent together all passed the check.
-    The price: an attempt in flight counts, so past the free failures a right login made at
-    the same moment as another may be told to wait.
-    """
+
+def claim(tx: Connection, bucket: AccountBucket, role: str, username: str, lane: int) -> int:
+    """Put this attempt's unit in the account's bucket, under its row's lock (attempts made
+    at once take turns); 0, or how many ms to wait when there is no room for it."""
     key = {"role": role, "username": username}
     row = tx.execute(_FAILURES, key).first()
     now = now_ms()
@@ -62,16 +83,17 @@ def claim_attempt(tx: Connection, policy: ThrottlePolicy, role: str, username: s
             tx.execute(insert(lf).values(**key, failures=1, last_failure_ms=now))
         except IntegrityError:
             raise RetryTransaction from None  # another attempt counted itself at the same moment
-        return
-    wait_ms = row.last_failure_ms + policy.delay_ms(row.failures) - now
-    if wait_ms > 0 and enforce:
-        events.login_refused("throttled", username)
-        raise UnauthenticatedError("too many login attempts for this username; "
-                                   f"try again in {max(1, round(wait_ms / 1000))} s")
-    tx.execute(update(lf).where((lf.c.role == role) & (lf.c.username == username))
-               .values(failures=lf.c.failures + 1, last_failure_ms=now))
+        return 0
+    wait_ms = bucket.wait_ms(row.failures, row.last_failure_ms, now, lane)
+    if wait_ms == 0:
+        level = bucket.level(row.failures, row.last_failure_ms, now)
+        tx.execute(update(lf).where((lf.c.role == role) & (lf.c.username == username))
+                   .values(failures=level + 1, last_failure_ms=now))
+    return wait_ms
 
 
-def clear_failures(tx: Connection, role: str, username: str) -> None:
-    """Forget failed logins after a successful one."""
-    tx.execute(delete(lf).where((lf.c.role == role) & (lf.c.username == username)))
+def give_back(tx: Connection, role: str, username: str) -> None:
+    """Take a right login's unit back out of the account's bucket (the row goes with the last)."""
+    key = (lf.c.role == role) & (lf.c.username == username)
+    if not tx.execute(delete(lf).where(key & (lf.c.failures <= 1))).rowcount:
+        tx.execute(update(lf).where(key).values(failures=lf.c.failures - 1))

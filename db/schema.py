@@ -38,7 +38,8 @@ from wire.values import MAX_WORD_LENGTH, item_search_words
 # orders.payment_key, for purchases in steps (db.purchases); 5: item_words and item_word_pairs, the search by
 # text's indexes ; 6: suspensions and
 # admin_actions, the operator's commands; 7: commit_tokens, how a COMMIT whose answer was lost
-# is known to have committed or not; 8: orders.session_id (revisions in db/migrations/versions)
+# is known to have committed or not; 8: orders.session_id; 9: device_tokens (revisions in
+# db/migrations/versions)
 metadata = MetaData()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.
@@ -291,6 +292,16 @@ login_failures = Table(
     Column("failures", Integer, nullable=False),
     Column("last_failure_ms", BigInteger, nullable=False),
     PrimaryKeyConstraint("role", "username"),
+    **_MYSQL,
+)
+
+# Device tokens (PROTOCOL.md): a client that logged in to the account, which the account's
+# throttle never slows (db.login_throttle). Only the token's SHA-256 is kept.
+device_tokens = Table(
+    "device_tokens", metadata,
+    Column("token_hash", String(64), primary_key=True),
+    Column("user_id", BigInteger, ForeignKey("users.user_id"), nullable=False, index=True),
+    Column("created_ms", BigInteger, nullable=False),
     **_MYSQL,
 )
 

@@ -24,6 +24,7 @@ from db.ledger import payments
 from db.purchases import COMPLETED
 from db.schema import (
     cart_lines,
+    device_tokens,
     feedback,
     item_keyword_pairs,
     item_keywords,
@@ -203,6 +204,7 @@ def _take_back_votes(tx: Connection, votes: Sequence[Any]) -> None:
 
 def _delete_account(tx: Connection, user_id: int) -> None:
     tx.execute(delete(suspensions).where(suspensions.c.user_id == user_id))
+    tx.execute(delete(device_tokens).where(device_tokens.c.user_id == user_id))
     tx.execute(delete(users).where(users.c.user_id == user_id))
 
 

@@ -53,10 +53,11 @@ class Settings:
     login_free_failures: int = 5
     login_max_delay_s: float = 900.0
     login_address_free_failures: int = 50
-    login_account_free_failures: int = 100
+    login_account_free_failures: int = 5  # the account's bucket (db.login_throttle)
+    login_account_step_s: float = 1.25
     signups_per_address_hour: int = 300
-    hash_queue: int = 0  # 0: threads - 1 (db.passwords.admitted_hashes)
-    hash_queue_per_address: int = 0  # 0: half the queue (db.passwords.hashes_per_address)
+    hash_queue: int = 0  # 0: threads - 1 (runtime.hashing)
+    hash_queue_per_address: int = 0  # 0: half the queue (runtime.hashing)
     housekeeping_interval_s: float = 60.0
     worker_timeout_s: float = 30.0
     tls_cert: str | None = None
@@ -164,6 +165,7 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "access_log": ("MARKET_ACCESS_LOG", 0, 1),
     "login_address_free_failures": ("MARKET_LOGIN_ADDRESS_FREE_FAILURES", 0, 10**9),
     "login_account_free_failures": ("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", 0, 10**9),
+    "login_account_step_s": ("MARKET_LOGIN_ACCOUNT_STEP_S", 0.001, 3600),
     "signups_per_address_hour": ("MARKET_SIGNUPS_PER_ADDRESS_HOUR", 0, 10**9),
     "hash_queue": ("MARKET_HASH_QUEUE", 0, 1_000_000),
     "hash_queue_per_address": ("MARKET_HASH_QUEUE_PER_ADDRESS", 0, 1_000_000),
@@ -279,6 +281,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
                                            default.login_address_free_failures),
         login_account_free_failures=number("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", int,
                                            default.login_account_free_failures),
+        login_account_step_s=number("MARKET_LOGIN_ACCOUNT_STEP_S", float, default.login_account_step_s),
         signups_per_address_hour=number("MARKET_SIGNUPS_PER_ADDRESS_HOUR", int,
                                         default.signups_per_address_hour),
         hash_queue=number("MARKET_HASH_QUEUE", int, default.hash_queue),

@@ -159,8 +159,9 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
            listener: socket.socket | None = None) -> None:
     """One server process: its own database pool, App and loop."""
     from db import Database
-    from db.housekeeping import Housekeeper
     from observe import serving
+
+    from .housekeeping import Housekeeper
 
     stops.hold()  # threads start from here: a signal must not cut that short
     database = Database(settings.db_url, pool_size=database_pool_size(settings),

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from db import Database, accounts, catalog
-from db.address_limits import AccountGuards
 from runtime.cached_app import server_app
 from runtime.config import Settings
+from runtime.logins import ADDRESSED_OPS, AccountGuards, account_handlers
 from wire import SELLER_OPS, __version__
 from wire.app import App
 
@@ -13,7 +13,7 @@ def build_app(settings: Settings, db: Database) -> App:
     """The seller server's App over a database."""
     policy = accounts.SessionPolicy.from_settings(settings)
     handlers = {
-        **accounts.account_handlers(db, "seller", policy,
+        **account_handlers(db, "seller", policy,
                                     __version__, AccountGuards.for_settings(settings)),
         "get_seller_rating": catalog.get_seller_rating,
         "put_item": catalog.put_item,
@@ -22,4 +22,4 @@ def build_app(settings: Settings, db: Database) -> App:
         "display_items": catalog.display_items,
     }
     return server_app(settings, SELLER_OPS, handlers, accounts.SessionGate(db, "seller", policy),
-                      accounts.ADDRESSED_OPS)
+                      ADDRESSED_OPS)

@@ -53,7 +53,8 @@ COMMON_OPS = _specs(
     OpSpec("ping", public=True),
     OpSpec("create_account", {"username": v.username, "password": v.password,
                               "name": v.person_name}, public=True, writes=True),
-    OpSpec("login", {"username": v.username, "password": v.password}, public=True, writes=True),
+    OpSpec("login", {"username": v.username, "password": v.password},
+           {"device_token": v.text(1, 128)}, public=True, writes=True),
     OpSpec("logout", writes=True),
 )
 

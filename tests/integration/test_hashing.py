@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import pytest
 from support import PASSWORD, Market, NoSessions, running_market, unique_name
 
-from db import Database, accounts, passwords
+from db import Database
 from db.accounts import SessionPolicy
-from db.address_limits import AccountGuards
+from runtime import hashing, logins
 from runtime.config import Settings
 from runtime.server import Server, ServerLimits
 from wire import Connection, OpSpec, values
@@ -40,7 +40,7 @@ class Flood:
                                                  "name": "Flood"})
                     self.hashed.append(time.perf_counter() - started)
                 except BusyError as exc:
-                    assert exc.message in (passwords.HASHES_FULL, passwords.ADDRESS_HASHES_FULL)
+                    assert exc.message in (hashing.HASHES_FULL, hashing.ADDRESS_HASHES_FULL)
                     self.busy.append(time.perf_counter() - started)
                     time.sleep(0.005)  # a client that retries at once, short of a busy loop
 
@@ -133,15 +133,15 @@ def _answer(conn: Connection, op: str, args: dict[str, str]) -> str:
 
 def test_a_login_answered_busy_is_not_counted_as_an_attempt(database: Database) -> None:
     settings = Settings(role="buyer", hash_queue=1, login_free_failures=1, login_account_free_failures=1)
-    guards, policy = AccountGuards.for_settings(settings), SessionPolicy.from_settings(settings)
+    guards, policy = logins.AccountGuards.for_settings(settings), SessionPolicy.from_settings(settings)
     name = unique_name()
-    accounts.create_account(database, "buyer", guards, "127.0.0.1", name, PASSWORD, "N")
+    logins.create_account(database, "buyer", guards, "127.0.0.1", name, PASSWORD, "N")
     with guards.hashing.admitted():  # the queue's one place taken
         for _ in range(3):
             with pytest.raises(BusyError, match="too many sign-ups and logins"):
-                accounts.login(database, "buyer", policy, guards, "127.0.0.1", name, "guess guess")
+                logins.login(database, "buyer", policy, guards, "127.0.0.1", name, "guess guess")
     # with one free failure, a counted attempt would have made this one wait
-    assert accounts.login(database, "buyer", policy, guards, "127.0.0.1", name, PASSWORD)["token"]
+    assert logins.login(database, "buyer", policy, guards, "127.0.0.1", name, PASSWORD)["token"]
 
 
 def test_a_client_tries_a_busy_login_again_until_the_queue_drains() -> None:
@@ -153,7 +153,7 @@ def test_a_client_tries_a_busy_login_again_until_the_queue_drains() -> None:
     def login(username: str, password: str) -> dict[str, str]:
         calls.append(time.monotonic())
         if time.monotonic() < full_until:
-            raise BusyError(passwords.HASHES_FULL)
+            raise BusyError(hashing.HASHES_FULL)
         return {"token": "t"}
 
     spec = OpSpec("login", required={"username": values.text(1, 32), "password": values.text(1, 64)},

@@ -13,6 +13,7 @@ from db import Database, housekeeping
 from db.accounts import CLEANUP_GRACE_MS, SessionPolicy
 from db.database import now_ms
 from db.schema import cart_lines, login_failures, saved_cart_lines, sessions
+from runtime.housekeeping import Housekeeper
 
 POLICY = SessionPolicy()
 LONG_AGO_MS = POLICY.max_s * 1000 + CLEANUP_GRACE_MS + 60_000
@@ -101,7 +102,7 @@ def test_two_housekeepers_racing_delete_every_old_row_once(market: Market, db_ur
 
 def test_the_housekeeping_thread_sweeps_until_closed(market: Market) -> None:
     _many_old_rows(market, 30)
-    keeper = housekeeping.Housekeeper(market.db, POLICY, interval_s=0.05).start()
+    keeper = Housekeeper(market.db, POLICY, interval_s=0.05).start()
     try:
         deadline = now_ms() + 10_000
         while _count(market.db, login_failures) and now_ms() < deadline:

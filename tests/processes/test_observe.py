@@ -25,11 +25,11 @@ from support import CARD, PASSWORD, Market, ServerProcess, child_pids, free_port
 
 import simulation.__main__ as sim
 from buyer_server.ops import build_app as build_buyer_app
-from db import Database, RetryTransaction, accounts
+from db import Database, RetryTransaction
 from db.accounts import SessionPolicy
-from db.address_limits import AccountGuards
 from observe import metrics
 from observe.server import LogObserver, MarketObserver
+from runtime import logins as login_ops
 from runtime.config import Settings
 from runtime.server import Server, ServerLimits
 from simulation import server_latency
@@ -279,7 +279,7 @@ def test_refused_logins_and_sign_ups_are_counted_by_reason(database: Database) -
     """Each guard before a hash counts its refusals under its own reason."""
     settings = Settings(role="buyer", hash_queue=1, signups_per_address_hour=1, login_free_failures=1,
                         login_address_free_failures=3, login_account_free_failures=100)
-    guards, policy = AccountGuards.for_settings(settings), SessionPolicy.from_settings(settings)
+    guards, policy = login_ops.AccountGuards.for_settings(settings), SessionPolicy.from_settings(settings)
     def refused(metric: str, *reasons: str) -> dict[str, float]:
         return {reason: sample(f"market_{metric}_refused_total", reason=reason) for reason in reasons}
 
@@ -288,18 +288,20 @@ def test_refused_logins_and_sign_ups_are_counted_by_reason(database: Database) -
     name, address = unique_name(), "192.0.2.1"
 
     def login(password: str, username: str = name) -> None:
-        accounts.login(database, "buyer", policy, guards, address, username, password)
+        login_ops.login(database, "buyer", policy, guards, address, username, password)
 
-    accounts.create_account(database, "buyer", guards, address, name, PASSWORD, "N")
+    login_ops.create_account(database, "buyer", guards, address, name, PASSWORD, "N")
     with pytest.raises(BusyError):  # one sign-up an hour from the address
-        accounts.create_account(database, "buyer", guards, address, unique_name(), PASSWORD, "N")
+        login_ops.create_account(database, "buyer", guards, address, unique_name(), PASSWORD, "N")
     with guards.hashing.admitted():  # the queue's one place taken
         with pytest.raises(BusyError):
             login(PASSWORD)
         with pytest.raises(BusyError):
-            accounts.create_account(database, "buyer", guards, "192.0.2.2", unique_name(), PASSWORD, "N")
+            login_ops.create_account(database, "buyer", guards, "192.0.2.2", unique_name(), PASSWORD, "N")
     with pytest.raises(UnauthenticatedError, match="wrong username"):
         login("guess")
+    # the addresses refused come back in turn (runtime.hashing keeps freed places for them)
+    login_ops.create_account(database, "buyer", guards, "192.0.2.2", unique_name(), PASSWORD, "N")
     with pytest.raises(UnauthenticatedError, match="for this username"):  # one free failure
         login("guess")
     with pytest.raises(UnauthenticatedError, match="wrong username"):  # another name: the third

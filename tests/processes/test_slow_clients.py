@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support import PASSWORD, ServerProcess, unique_name
 
-from db import passwords
+from runtime import hashing
 from wire.framing import encode_frame
 
 SLOW_CONNECTIONS = 1000
@@ -138,6 +138,6 @@ def test_a_thousand_slow_clients_are_closed_at_the_frame_deadline_and_others_are
     assert latest <= CLOSE_BOUND_S
     # the pool, the main thread, SQLite's log keeper, the housekeeper, the buyer server's
     # settler and the hashing threads: a fixed number, however many clients connect
-    fixed = THREADS + 4 + passwords.hashing_slots(os.cpu_count() or 1)
+    fixed = THREADS + 4 + hashing.hashing_slots(os.cpu_count() or 1)
     assert most_threads <= fixed, "more threads than the pool and the server's own few"
     assert normal.p99() < LATENCY_BOUND_S
