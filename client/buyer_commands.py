@@ -1,13 +1,17 @@
 """The buyer shell's commands, one per buyer op: search, the cart, buying, rating, history.
 
 Each command's alias is its op's wire name, so `help add_to_cart` finds `add`. Every purchase
-carries a fresh idempotency key, so a purchase cut off in flight is safely sent again.
+carries a fresh idempotency key, so a purchase cut off in flight is safely sent again, and the
+total the buyer was shown (`expected_total`, protocol 1.2), so that a changed price is asked
+about again instead of charged.
 """
 from __future__ import annotations
 
 import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from wire.errors import BadRequestError, ConflictError
 
 from . import fields
 from .common_commands import COMMON
@@ -122,6 +126,7 @@ def cart_can_be_bought(shell: Shell) -> None:
              if line["quantity"] > line["available"]]
     if short:
         raise RefusedError(f"not enough in stock: {'; '.join(short)} (`remove ITEM_ID N` first)")
+    shell.out.say(f"Your cart: {shell.cart.summary()}; total {money(content['total'])}.")
 
 
 @BUYER.command("buy", "Buy everything in your cart.",
@@ -132,11 +137,37 @@ def cart_can_be_bought(shell: Shell) -> None:
                    hint="MM/YY, not past"),
                aliases=("make_purchase",), check=cart_can_be_bought)
 def buy(shell: Shell, args: dict[str, Any]) -> None:
-    """make_purchase, under a new idempotency key."""
-    receipt = shell.call("make_purchase", {**args, "idempotency_key": str(uuid.uuid4())})
+    """make_purchase for the total shown; a total changed meanwhile is asked about again."""
+    while True:
+        expected = money(shell.cart.total or "0")
+        try:
+            receipt = purchase(shell, args, expected)
+            break
+        except ConflictError:
+            content = shell.call("display_cart")["cart"]
+            shell.cart.seen(content)
+            now = money(content["total"])
+            if now == expected or not content["items"]:
+                raise  # not the total: the stock
+            changed = f"the cart's total is now {now}, not {expected}"
+            if not (shell.interactive and shell.confirm(f"The total changed: {now}, not {expected}. "
+                                                        f"Buy for {now}?")):
+                raise RefusedError(f"{changed}: nothing was bought; `buy` again to pay {now}") from None
     shell.cart.bought()
     shell.out.table(receipt_table(receipt))
     shell.out.say(f"Bought: order {receipt['order_id']}, total {money(receipt['total'])}.")
+
+
+def purchase(shell: Shell, args: dict[str, Any], expected: str) -> dict[str, Any]:
+    """make_purchase under a new idempotency key, expecting this total (a server of protocol 1.1
+    knows no expected_total and refuses it: sent again without it, after the total was shown)."""
+    request = {**args, "idempotency_key": str(uuid.uuid4()), "expected_total": expected}
+    try:
+        return shell.call("make_purchase", request)
+    except BadRequestError as exc:
+        if not exc.message.startswith("expected_total: unknown field"):
+            raise
+        return shell.call("make_purchase", {**args, "idempotency_key": str(uuid.uuid4())})
 
 
 @BUYER.command("rate", "Give an item you bought a thumbs up or down.", ITEM_ID,

@@ -30,6 +30,7 @@ from runtime.runner import die_with_parent
 from wire import PROTOCOL_VERSION, Connection, ProtocolError, __version__
 from wire.errors import UnauthenticatedError
 from wire.tls import optional_client_context
+from wire.values import format_money
 
 from .admin import add_admin_parser, missing_sqlite_file
 from .launch import PORT_SETTINGS, add_shell_arguments
@@ -211,11 +212,8 @@ def _totals_line(found: list[str], totals: dict[str, int]) -> str:
     verdict = "the books balance" if not found else f"{len(found)} violation{'s' * (len(found) != 1)}"
     taken, captured = totals.pop("cents taken"), totals.pop("cents captured")
     counted = ", ".join(f"{count} {name}" for name, count in totals.items())
-    return f"audit: {verdict}; checked {counted}, {_money(taken)} taken, {_money(captured)} captured"
-
-
-def _money(cents: int) -> str:
-    return f"{cents // 100}.{cents % 100:02d}"
+    return (f"audit: {verdict}; checked {counted}, {format_money(taken)} taken, "
+            f"{format_money(captured)} captured")
 
 
 def build_parser() -> argparse.ArgumentParser:
