@@ -74,9 +74,10 @@ def run_all(plan: Plan, buyer: Address, seller: Address, database: Database,
 
 
 # The first estimate's guesses, before a run is measured: calls/s (benchmarks.md: 2,000 to 4,000 at
-# 100 + 100 on two cores; fewer users make fewer) and set-up seconds per user (a password hash).
+# 100 + 100 on two cores; fewer users make fewer) and set-up seconds per user (two password hashes,
+# a sign-up's and a login's, with waits on the server's limits: 0.2 to 0.6 s on two cores).
 GUESSED_CALLS_PER_S = 1_500.0
-GUESSED_SETUP_S_PER_USER = 0.02
+GUESSED_SETUP_S_PER_USER = 0.3
 
 
 def estimate(runs: Sequence[tuple[str, int, int]], calls: int, measured: Sequence[RunResult]) -> str:
@@ -110,8 +111,8 @@ def describe(result: RunResult) -> str:
     calls = sum(len(op.latencies) for op in result.ops.values()) + errors  # made, answered or not
     conflicts = sum(op.conflicts for op in result.ops.values())
     audit_text = "consistent" if not result.violations else f"{len(result.violations)} VIOLATIONS"
-    waited = (f", {result.setup_busy} sign-ups/logins answered BUSY waited on the server's limits"
-              if result.setup_busy else "")
+    waited = (f"; {result.setup_busy} sign-ups and logins answered BUSY by the server's limits of "
+              "password hashing, sent again after a pause" if result.setup_busy else "")
     return (f"{result.mix} N={result.users} run {result.run + 1}: {calls} calls in {result.elapsed_s:.2f} s,"
             f" {errors} errors, {conflicts} conflicts, {len(result.acknowledged)} purchases, {audit_text}"
             f" (set-up before: {result.setup_s:.2f} s{waited})")

@@ -47,7 +47,7 @@ def test_market_sim_starts_the_servers_runs_and_finds_the_books_balanced(
     output = capsys.readouterr().out
     assert code == 0, output
     assert "consistency: OK" in output
-    assert "1 run, 80 calls in all: about 0 s to run (a guess at 1,500 calls/s)" in output  # before any
+    assert "1 run, 80 calls in all: about 1 s to run (a guess at 1,500 calls/s)" in output  # before any
     assert "calls in" in output and "(set-up before: " in output  # the set-up's time, said apart
     rows = _csv_rows(tmp_path)
     assert rows["ALL"]["calls"] == str(2 * 2 * 20) and rows["ALL"]["errors"] == "0"
@@ -422,7 +422,8 @@ def test_a_run_says_how_long_its_set_up_took_and_what_waited_on_the_servers_limi
     # before: a run of 0.36 s under a progress bar that said 5 s, the sign-ups' waits unsaid
     line = series.describe(_result(2, 0.36, setup_s=4.6, setup_busy=37))
     assert "400 calls in 0.36 s" in line
-    assert "(set-up before: 4.60 s, 37 sign-ups/logins answered BUSY waited on the server's limits)" in line
+    assert ("(set-up before: 4.60 s; 37 sign-ups and logins answered BUSY by the server's limits of "
+            "password hashing, sent again after a pause)") in line
     assert "answered BUSY" not in series.describe(_result(2, 0.36, setup_s=0.1))
 
 
@@ -430,7 +431,7 @@ def test_the_length_of_a_series_is_estimated_before_it_starts_and_again_as_it_go
     # before: plain market-sim started 1, 10, 100 users x 1,000 calls x 10 runs without a word
     runs = [("default", users, run) for users in (1, 10, 100) for run in range(10)]
     assert series.estimate(runs, 1000, []) == (
-        "about 25 min to run (a guess at 1,500 calls/s); -n, -k and -r make it shorter")
+        "about 36 min to run (a guess at 1,500 calls/s); -n, -k and -r make it shorter")
     measured = [_result(1, 2.0, setup_s=0.5)]  # 100 calls/s at N=1; 0.25 s of set-up per user
     left = [("default", 1, 1), ("default", 10, 0)]
     # 2 x (100 / 100 + 0.25) = 2.5 s, and N=10 at N=1's rate: 20 x 1.25 = 25 s
