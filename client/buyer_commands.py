@@ -33,11 +33,6 @@ ITEM_ID, LIMIT = fields.ITEM_ID, fields.LIMIT
 QUANTITY = Arg("quantity", convert=fields.quantity, required=False, default=1,
                hint=fields.QUANTITY_RANGE)
 
-# Whether `search WORDS` asks the server's search by text (`query`, protocol 1.1), or sends the
-# words as keywords, as protocol 1.0 has them (for servers older than 1.1).
-SEARCH_SENDS_QUERY = True
-
-
 @BUYER.command("search", "Find items on sale by words, category and/or exact keywords "
                "(best match first).",
                Arg("words", convert=list, required=False, many=True, default=[]),
@@ -48,20 +43,16 @@ SEARCH_SENDS_QUERY = True
                aliases=("search_items",))
 def search(shell: Shell, args: dict[str, Any]) -> None:
     """search_items."""
-    request = search_request(args, by_text=SEARCH_SENDS_QUERY)
-    shell.page("search_items", request, lambda result: items_table(result["items"]))
+    shell.page("search_items", search_request(args), lambda result: items_table(result["items"]))
 
 
-def search_request(args: dict[str, Any], by_text: bool) -> dict[str, Any]:
-    """The search_items arguments of a `search` line: its words as a `query` (by_text), or as
-    keywords; `--keywords` is always the exact keyword search."""
-    words, keywords = args["words"], args["keywords"]
-    if words and keywords and by_text:
+def search_request(args: dict[str, Any]) -> dict[str, Any]:
+    """The search_items arguments of a `search` line: its words as a `query` (search by text),
+    or `--keywords`, the exact keyword search."""
+    if args["words"] and args["keywords"]:
         raise UsageError("give words to search for or --keywords, not both")
-    request = {"category": args["category"], "limit": args["limit"]}
-    if words and by_text:
-        return {**request, "query": " ".join(words)}
-    return {**request, "keywords": word_list([*keywords, *words])}
+    text = {"query": " ".join(args["words"])} if args["words"] else {"keywords": args["keywords"]}
+    return {"category": args["category"], "limit": args["limit"], **text}
 
 
 @BUYER.command("item", "Show one item.", ITEM_ID, aliases=("get_item",))

@@ -1,21 +1,19 @@
 """The device tokens a shell keeps (protocol 1.2): one per server and username, in a small file
-readable by its owner only (MARKET_DEVICES_FILE, default ~/.market_devices), sent with later
-logins so that the throttles against password guessing never slow this device down.
+readable by its owner only (~/.market_devices), sent with later logins so that the throttles
+against password guessing never slow this device down.
 """
 from __future__ import annotations
 
 import json
 import os
 
-from runtime.config import env
-
 
 class DeviceTokens:
     """Device tokens by `ROLE HOST:PORT USERNAME`; a file that cannot be read or written is
     no token (the login goes on without one)."""
 
-    def __init__(self, path: str | None = None) -> None:
-        self.path = os.path.expanduser(path or env("MARKET_DEVICES_FILE", "~/.market_devices"))
+    def __init__(self, path: str = "~/.market_devices") -> None:
+        self.path = os.path.expanduser(path)
 
     def get(self, key: str) -> str | None:
         """The token kept for this key, if any."""

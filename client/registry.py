@@ -98,13 +98,6 @@ class Command:
             return f"{len(words)} unexpected word(s)"
         return f"unrecognized arguments: {' '.join(words)}"
 
-    def check_given(self, words: list[str]) -> None:
-        """UsageError if the words do not fit, or a value given is not valid (nothing is asked)."""
-        raw = self.parse(words)
-        for arg in self.args:
-            if raw[arg.name]:
-                _value(arg, raw[arg.name], None)
-
     def values(self, words: list[str], ask: Ask | None) -> dict[str, Any]:
         """Converted values; a missing required one, or one not valid, is asked for (again),
         or without `ask` an error; `asked` optional ones only along with a required one."""

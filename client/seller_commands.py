@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 SELLER = Registry()
 
-ITEM_ID = Arg("item_id", convert=fields.item_id)
+ITEM_ID = fields.ITEM_ID
 PRICE = Arg("price", "--price", convert=fields.price, hint=fields.PRICE_RANGE)
 
 

@@ -200,14 +200,13 @@ class Shell:
             self.misread = True
             raise RefusedError(f"you are not logged in; `{command.name}` needs "
                                "`login USERNAME` or `signup USERNAME` first")
-        if self.interactive:  # a value that is not valid is asked for again
-            command.parse(words)
-        else:  # a line that does not fit is refused before any request
-            command.check_given(words)
+        # a line that does not fit is refused before any request; in a script, a value that is
+        # not valid too (in a terminal, it is asked for again, after the check)
+        values = None if self.interactive else command.values(words, None)
+        command.parse(words)
         if command.check is not None:
             command.check(self)
-        values = command.values(words, self.ask if self.interactive else None)
-        command.handler(self, values)
+        command.handler(self, values if values is not None else command.values(words, self.ask))
 
     def _unauthenticated(self, exc: ProtocolError) -> None:
         # a refused `login` arrives as RefusedError, so a session is only on hand here when

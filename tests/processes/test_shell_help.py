@@ -246,6 +246,10 @@ def test_json_gives_one_document_per_command_that_json_tool_reads(market: Market
     tool = subprocess.run([sys.executable, "-m", "json.tool", "--json-lines"], input=done.stdout,
                           capture_output=True, text=True, timeout=60)
     assert tool.returncode == 0 and tool.stderr == ""
+    usage = subprocess.run([MARKET, "buyer", "-h"], capture_output=True, text=True, timeout=60,
+                           env=shell_env(home, COLUMNS="400"))
+    assert "json (JSON Lines: one object per command" in usage.stdout
+    assert "`python -m json.tool --json-lines`" in usage.stdout
 
 
 def test_tsv_holds_only_rows(market: Market, home: Path) -> None:
@@ -279,15 +283,13 @@ def test_tables_fit_80_columns_without_cutting_a_price(market: Market, home: Pat
     child.expect(pexpect.EOF)
 
 
-def test_search_words_become_a_query_once_the_switch_is_on() -> None:
+def test_search_words_are_a_query_and_keywords_stay_exact() -> None:
     args = {"words": ["desk", "lamp"], "keywords": [], "category": 2, "limit": 20}
-    assert search_request(args, by_text=True) == {"category": 2, "limit": 20, "query": "desk lamp"}
-    assert search_request(args, by_text=False) == {"category": 2, "limit": 20,
-                                                   "keywords": ["desk", "lamp"]}
+    assert search_request(args) == {"category": 2, "limit": 20, "query": "desk lamp"}
     exact = {**args, "words": [], "keywords": ["desk"]}
-    assert search_request(exact, by_text=True) == {"category": 2, "limit": 20, "keywords": ["desk"]}
+    assert search_request(exact) == {"category": 2, "limit": 20, "keywords": ["desk"]}
     with pytest.raises(UsageError, match="not both"):
-        search_request({**args, "keywords": ["desk"]}, by_text=True)
+        search_request({**args, "keywords": ["desk"]})
 
 
 def test_the_shell_module_does_not_import_the_command_modules() -> None:
