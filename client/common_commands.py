@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from runtime.config import env
 from wire.errors import UnauthenticatedError
 
 from . import fields
@@ -48,7 +49,8 @@ def login(shell: Shell, args: dict[str, Any]) -> None:
         result = shell.call("login", {**args, **({"device_token": token} if token else {})})
     except UnauthenticatedError as exc:  # the session on hand, if any, stays as it was
         other = "seller" if shell.role == "buyer" else "buyer"
-        apart = (f"; buyer and seller accounts are apart: a {other} account logs in with "
+        given = " (the password in MARKET_PASSWORD)" if args["password"] == env("MARKET_PASSWORD") else ""
+        apart = (f"{given}; buyer and seller accounts are apart: a {other} account logs in with "
                  f"`market {other}`" if "wrong username or password" in exc.message else "")
         raise RefusedError(f"{exc.message}{apart}") from None
     if result.get("device_token"):

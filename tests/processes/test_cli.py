@@ -409,7 +409,8 @@ def test_script_mode_reads_standard_input_and_never_prompts(market: Market, home
     assert missing.returncode == 1 and "missing password" in missing.stderr
     assert "password:" not in missing.stdout
     wrong = script("buyer", port, home, f"login {name}", "cart", MARKET_PASSWORD="wrong password")
-    assert wrong.returncode == 1 and "error: wrong username or password" in wrong.stderr
+    assert wrong.returncode == 1
+    assert "error: wrong username or password (the password in MARKET_PASSWORD);" in wrong.stderr
     assert "UNAUTHENTICATED" not in wrong.stderr and "cart" not in wrong.stdout
 
 
