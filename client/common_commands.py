@@ -23,14 +23,14 @@ COMMON = Registry()
 
 USERNAME = Arg("username", convert=fields.username, hint="3 to 32 letters, digits, _ . -")
 PASSWORD = Arg("password", "--password", "-p", secret=True, env="MARKET_PASSWORD",
-               convert=fields.login_password)
+               convert=fields.password("wrong password: "))
 DEVICES = DeviceTokens()
 
 
 @COMMON.command("signup", "Create an account and log in to it.", USERNAME,
                 Arg("name", "--name", hint="your name as others see it, 1 to 32 characters"),
                 Arg("password", "--password", "-p", secret=True, confirm=True,
-                    env="MARKET_PASSWORD", convert=fields.new_password, hint="8 to 128 characters"),
+                    env="MARKET_PASSWORD", convert=fields.password(), hint="8 to 128 characters"),
                 aliases=("create_account",), login=False)
 def signup(shell: Shell, args: dict[str, Any]) -> None:
     """create_account, then login."""

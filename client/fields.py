@@ -106,18 +106,15 @@ def card_expiry(text: str) -> str:
     return str(wire_rule(values.card_expiry, "card_expiry")(f"{int(month):02d}/{year}"))
 
 
-def new_password(text: str) -> str:
-    """A password for a new account: 8 to 128 characters."""
-    if not 8 <= len(text) <= 128:
-        raise ValueError(f"a password has 8 to 128 characters, not {len(text)}")
-    return text
-
-
-def login_password(text: str) -> str:
-    """A password to log in with; one of the wrong length is wrong, said before any request."""
-    if not 8 <= len(text) <= 128:
-        raise ValueError(f"wrong password: every password has 8 to 128 characters, not {len(text)}")
-    return text
+def password(wrong: str = "") -> Convert:
+    """A password's rule, 8 to 128 characters, checked before any request; `wrong`: how a
+    login says that one of another length cannot be right."""
+    def convert(text: str) -> str:
+        if not 8 <= len(text) <= 128:
+            raise ValueError(f"{wrong}{'every' if wrong else 'a'} password has 8 to 128 characters, "
+                             f"not {len(text)}")
+        return text
+    return convert
 
 
 def keywords(text: str | list[str]) -> list[str]:

@@ -34,6 +34,17 @@ def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     db.close()
 
 
+@pytest.fixture(scope="module")
+def unhurried_market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
+    """Both servers with sessions of the default idle limit: questions answered one by one on a
+    loaded machine may take longer than the 2 s of the module's market."""
+    db = Database(f"sqlite:///{tmp_path_factory.mktemp('unhurried') / 'market.db'}", pool_size=4)
+    db.create_schema()
+    with running_market(db) as m:
+        yield m
+    db.close()
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     """A home folder of its own, so that history files do not leak between tests."""
@@ -56,8 +67,8 @@ def saved_cart(market: Market, home: Path, name: str) -> str:
     return done.stdout + done.stderr  # its rows, or the sentence saying it is empty
 
 
-def test_categories_are_shown_and_accepted_by_name(market: Market, home: Path) -> None:
-    seller = spawn("seller", port_of(market, "seller"), home)
+def test_categories_are_shown_and_accepted_by_name(unhurried_market: Market, home: Path) -> None:
+    seller = spawn("seller", port_of(unhurried_market, "seller"), home)
     name = unique_name("cats")
     me = f"{name}@seller> "
     run(seller, f"signup {name} --name C -p '{PASSWORD}'", me)
@@ -74,13 +85,13 @@ def test_categories_are_shown_and_accepted_by_name(market: Market, home: Path) -
     assert "missing category" in wait(seller, me)
     seller.sendline("quit")
     seller.expect(pexpect.EOF)
-    found = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name B",
+    found = script("buyer", port_of(unhurried_market, "buyer"), home, f"signup {unique_name()} --name B",
                    "search --category Garden", MARKET_PASSWORD=PASSWORD)
     assert "Rake\tGarden\t" in found.stdout, found.stderr
 
 
-def test_a_wrong_answer_at_a_prompt_is_said_and_asked_again(market: Market, home: Path) -> None:
-    seller = spawn("seller", port_of(market, "seller"), home)
+def test_a_wrong_answer_at_a_prompt_is_said_and_asked_again(unhurried_market: Market, home: Path) -> None:
+    seller = spawn("seller", port_of(unhurried_market, "seller"), home)
     name = unique_name("asks")
     me = f"{name}@seller> "
     run(seller, f"signup {name} --name A -p '{PASSWORD}'", me)
@@ -109,11 +120,11 @@ def test_help_lists_the_ranges_of_sell_and_buy(market: Market, home: Path) -> No
     assert "--expiry CARD_EXPIRY: MM/YY" in buy.stderr
 
 
-def test_buy_looks_at_the_cart_before_asking_for_a_card(market: Market, home: Path) -> None:
-    buyer, me, _name = buyer_logged_in(market, home)
+def test_buy_looks_at_the_cart_before_asking_for_a_card(unhurried_market: Market, home: Path) -> None:
+    buyer, me, _name = buyer_logged_in(unhurried_market, home)
     out = run(buyer, "buy", me)  # before: card name, number and expiry were asked, then CONFLICT
     assert "your cart is empty: `add ITEM_ID` first" in out and "card name" not in out
-    lamp = market.item(market.user("seller"), quantity=3)
+    lamp = unhurried_market.item(unhurried_market.user("seller"), quantity=3)
     assert f"Item {lamp} (Lamp): 3 in stock, 2 in your cart." in run(buyer, f"add {lamp} 2", me)
     buyer.sendline("buy")
     answer(buyer, "card name: ", "S Buyer")

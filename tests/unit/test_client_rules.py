@@ -46,10 +46,10 @@ def test_an_expiry_says_which_part_is_wrong(text: str, said: str) -> None:
 
 def test_a_password_of_the_wrong_length_is_wrong_before_any_request() -> None:
     with pytest.raises(ValueError, match="^wrong password: every password has 8 to 128 characters, not 5$"):
-        fields.login_password("short")
-    with pytest.raises(ValueError, match="not 5$"):
-        fields.new_password("short")
-    assert fields.login_password("long enough") == "long enough"
+        fields.password("wrong password: ")("short")
+    with pytest.raises(ValueError, match="^a password has 8 to 128 characters, not 5$"):
+        fields.password()("short")
+    assert fields.password("wrong password: ")("long enough") == "long enough"
 
 
 def test_a_password_from_the_environment_says_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
