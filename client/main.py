@@ -237,13 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sellers", type=positive_int, default=100_000)
     p.add_argument("--items", type=positive_int, default=1_000_000)
     p.set_defaults(func=seed)
-    p = sub.add_parser("db", help="the database's schema: upgrade it, or show its revision")
-    db_sub = p.add_subparsers(dest="db_command", required=True)
-    for name, func, text in (("upgrade", db_upgrade, "bring the database to this code's schema"),
-                             ("current", db_current, "print the database's revision; exit 1 if not head")):
-        q = db_sub.add_parser(name, help=text)
-        q.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
-        q.set_defaults(func=func)
+    _add_db_parser(sub)
     p = sub.add_parser("audit", help="check the books of a whole database and the payment ledger "
                                      "(run it with no load)")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
@@ -260,6 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_tls_arguments(p)
     p.set_defaults(func=health)
     return parser
+
+
+def _add_db_parser(sub: Any) -> None:
+    p = sub.add_parser("db", help="the database's schema: upgrade it, or show its revision")
+    db_sub = p.add_subparsers(dest="db_command", required=True)
+    for name, func, text in (("upgrade", db_upgrade, "bring the database to this code's schema"),
+                             ("current", db_current, "print the database's revision; exit 1 if not head")):
+        q = db_sub.add_parser(name, help=text)
+        q.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+        q.set_defaults(func=func)
 
 
 def main(argv: list[str] | None = None) -> int:
