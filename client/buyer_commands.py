@@ -1,13 +1,17 @@
 """The buyer shell's commands, one per buyer op: search, the cart, buying, rating, history.
 
 Each command's alias is its op's wire name, so `help add_to_cart` finds `add`. Every purchase
-carries a fresh idempotency key, so a purchase cut off in flight is safely sent again.
+carries a fresh idempotency key, so a purchase cut off in flight is safely sent again, and the
+total the buyer was shown (`expected_total`, protocol 1.2), so that a changed price is asked
+about again instead of charged.
 """
 from __future__ import annotations
 
 import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from wire.errors import BadRequestError, ConflictError
 
 from . import fields
 from .common_commands import COMMON
@@ -29,11 +33,6 @@ ITEM_ID, LIMIT = fields.ITEM_ID, fields.LIMIT
 QUANTITY = Arg("quantity", convert=fields.quantity, required=False, default=1,
                hint=fields.QUANTITY_RANGE)
 
-# Whether `search WORDS` asks the server's search by text (`query`, protocol 1.1), or sends the
-# words as keywords, as protocol 1.0 has them (for servers older than 1.1).
-SEARCH_SENDS_QUERY = True
-
-
 @BUYER.command("search", "Find items on sale by words, category and/or exact keywords "
                "(best match first).",
                Arg("words", convert=list, required=False, many=True, default=[]),
@@ -44,20 +43,16 @@ SEARCH_SENDS_QUERY = True
                aliases=("search_items",))
 def search(shell: Shell, args: dict[str, Any]) -> None:
     """search_items."""
-    request = search_request(args, by_text=SEARCH_SENDS_QUERY)
-    shell.page("search_items", request, lambda result: items_table(result["items"]))
+    shell.page("search_items", search_request(args), lambda result: items_table(result["items"]))
 
 
-def search_request(args: dict[str, Any], by_text: bool) -> dict[str, Any]:
-    """The search_items arguments of a `search` line: its words as a `query` (by_text), or as
-    keywords; `--keywords` is always the exact keyword search."""
-    words, keywords = args["words"], args["keywords"]
-    if words and keywords and by_text:
+def search_request(args: dict[str, Any]) -> dict[str, Any]:
+    """The search_items arguments of a `search` line: its words as a `query` (search by text),
+    or `--keywords`, the exact keyword search."""
+    if args["words"] and args["keywords"]:
         raise UsageError("give words to search for or --keywords, not both")
-    request = {"category": args["category"], "limit": args["limit"]}
-    if words and by_text:
-        return {**request, "query": " ".join(words)}
-    return {**request, "keywords": word_list([*keywords, *words])}
+    text = {"query": " ".join(args["words"])} if args["words"] else {"keywords": args["keywords"]}
+    return {"category": args["category"], "limit": args["limit"], **text}
 
 
 @BUYER.command("item", "Show one item.", ITEM_ID, aliases=("get_item",))
@@ -122,6 +117,7 @@ def cart_can_be_bought(shell: Shell) -> None:
              if line["quantity"] > line["available"]]
     if short:
         raise RefusedError(f"not enough in stock: {'; '.join(short)} (`remove ITEM_ID N` first)")
+    shell.out.say(f"Your cart: {shell.cart.summary()}; total {money(content['total'])}.")
 
 
 @BUYER.command("buy", "Buy everything in your cart.",
@@ -132,11 +128,37 @@ def cart_can_be_bought(shell: Shell) -> None:
                    hint="MM/YY, not past"),
                aliases=("make_purchase",), check=cart_can_be_bought)
 def buy(shell: Shell, args: dict[str, Any]) -> None:
-    """make_purchase, under a new idempotency key."""
-    receipt = shell.call("make_purchase", {**args, "idempotency_key": str(uuid.uuid4())})
+    """make_purchase for the total shown; a total changed meanwhile is asked about again."""
+    while True:
+        expected = money(shell.cart.total or "0")
+        try:
+            receipt = purchase(shell, args, expected)
+            break
+        except ConflictError:
+            content = shell.call("display_cart")["cart"]
+            shell.cart.seen(content)
+            now = money(content["total"])
+            if now == expected or not content["items"]:
+                raise  # not the total: the stock
+            changed = f"the cart's total is now {now}, not {expected}"
+            if not (shell.interactive and shell.confirm(f"The total changed: {now}, not {expected}. "
+                                                        f"Buy for {now}?")):
+                raise RefusedError(f"{changed}: nothing was bought; `buy` again to pay {now}") from None
     shell.cart.bought()
     shell.out.table(receipt_table(receipt))
     shell.out.say(f"Bought: order {receipt['order_id']}, total {money(receipt['total'])}.")
+
+
+def purchase(shell: Shell, args: dict[str, Any], expected: str) -> dict[str, Any]:
+    """make_purchase under a new idempotency key, expecting this total (a server of protocol 1.1
+    knows no expected_total and refuses it: sent again without it, after the total was shown)."""
+    request = {**args, "idempotency_key": str(uuid.uuid4()), "expected_total": expected}
+    try:
+        return shell.call("make_purchase", request)
+    except BadRequestError as exc:
+        if not exc.message.startswith("expected_total: unknown field"):
+            raise
+        return shell.call("make_purchase", {**args, "idempotency_key": str(uuid.uuid4())})
 
 
 @BUYER.command("rate", "Give an item you bought a thumbs up or down.", ITEM_ID,

@@ -13,12 +13,13 @@ class CartMemory:
     """The cart as last seen (None: not seen in this session) and whether it is unsaved."""
 
     lines: list[dict[str, Any]] | None = None
+    total: str | None = None  # as last seen: what `buy` expects to pay
     unsaved: bool = False
     _changes: int = field(default=0, repr=False)
 
     def seen(self, content: dict[str, Any]) -> None:
         """The server showed the cart."""
-        self.lines = list(content["items"])
+        self.lines, self.total = list(content["items"]), content["total"]
 
     def changed(self, content: dict[str, Any]) -> None:
         """A command changed the cart: it now differs from the saved one."""
@@ -37,10 +38,6 @@ class CartMemory:
     def forget(self) -> None:
         """A new session, or none: its cart starts as the saved cart."""
         self.lines, self.unsaved = None, False
-
-    def worth_saving(self) -> bool:
-        """Whether leaving now would lose something."""
-        return self.unsaved
 
     def summary(self) -> str:
         """The lines in a few words: `2 x Desk lamp (item 7), 1 x Mug (item 9)`."""

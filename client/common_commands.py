@@ -1,15 +1,19 @@
 """Commands both shells have: accounts (signup, login, logout), help, more, ping and quit.
 
 Passwords come from the argument, a no-echo prompt, or MARKET_PASSWORD in script mode; they
-are passed to the server and never kept.
+are checked for length before any request, passed to the server and never kept. The device
+token a login answers is kept (client.devices) and sent with the next login of that account.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from wire.errors import ProtocolError, UnauthenticatedError
+from runtime.config import env
+from wire.errors import UnauthenticatedError
 
-from .registry import Arg, Registry
+from . import fields
+from .devices import DeviceTokens
+from .registry import Arg, RefusedError, Registry
 from .render import Table
 
 if TYPE_CHECKING:
@@ -17,20 +21,16 @@ if TYPE_CHECKING:
 
 COMMON = Registry()
 
-USERNAME = Arg("username")
-PASSWORD = Arg("password", "--password", "-p", secret=True, env="MARKET_PASSWORD")
+USERNAME = Arg("username", convert=fields.username, hint="3 to 32 letters, digits, _ . -")
+PASSWORD = Arg("password", "--password", "-p", secret=True, env="MARKET_PASSWORD",
+               convert=fields.password("wrong password: "))
+DEVICES = DeviceTokens()
 
 
-class LoginRefusedError(ProtocolError):
-    """A login the server refused: unlike a refused request, it says nothing of the session
-    on hand, which stays as it was."""
-
-    code = "UNAUTHENTICATED"
-
-
-@COMMON.command("signup", "Create an account and log in to it.", USERNAME, Arg("name", "--name"),
+@COMMON.command("signup", "Create an account and log in to it.", USERNAME,
+                Arg("name", "--name", hint="your name as others see it, 1 to 32 characters"),
                 Arg("password", "--password", "-p", secret=True, confirm=True,
-                    env="MARKET_PASSWORD"),
+                    env="MARKET_PASSWORD", convert=fields.password(), hint="8 to 128 characters"),
                 aliases=("create_account",), login=False)
 def signup(shell: Shell, args: dict[str, Any]) -> None:
     """create_account, then login."""
@@ -43,10 +43,18 @@ def signup(shell: Shell, args: dict[str, Any]) -> None:
                 PASSWORD, login=False)
 def login(shell: Shell, args: dict[str, Any]) -> None:
     """login; a session already open is ended once the new one is (a failed login leaves it)."""
+    device = f"{shell.role} {shell.address} {args['username']}"
+    token = DEVICES.get(device)  # sent only when there is one: a 1.1 server refuses the field
     try:
-        result = shell.call("login", args)
-    except UnauthenticatedError as exc:
-        raise LoginRefusedError(exc.message) from None
+        result = shell.call("login", {**args, **({"device_token": token} if token else {})})
+    except UnauthenticatedError as exc:  # the session on hand, if any, stays as it was
+        other = "seller" if shell.role == "buyer" else "buyer"
+        given = " (the password in MARKET_PASSWORD)" if args["password"] == env("MARKET_PASSWORD") else ""
+        apart = (f"{given}; buyer and seller accounts are apart: a {other} account logs in with "
+                 f"`market {other}`" if "wrong username or password" in exc.message else "")
+        raise RefusedError(f"{exc.message}{apart}") from None
+    if result.get("device_token"):
+        DEVICES.put(device, result["device_token"])
     shell.offer_to_save()  # the cart of the session that ends
     shell.end_session()
     shell.log_in(args["username"], result["token"])

@@ -62,6 +62,6 @@ def _words(text: str) -> list[str]:
 
 
 def _matching(candidates: Iterable[str], current: str) -> Iterator[Completion]:
-    for candidate in candidates:
+    for candidate in candidates:  # a word completed is followed by a space, ready for the next
         if candidate.lower().startswith(current.lower()):
-            yield Completion(candidate, start_position=-len(current))
+            yield Completion(candidate + " ", start_position=-len(current), display=candidate)

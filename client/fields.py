@@ -5,12 +5,13 @@ contract's Values); a refusal is a ValueError whose message says what would do.
 from __future__ import annotations
 
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from wire import values
 from wire.errors import BadRequestError
 
-from .registry import Arg
+from .registry import Arg, word_list
 
 # PROTOCOL.md 1.1, Values: the names clients show; the wire carries the number.
 CATEGORY_NAMES = ("Other", "Books", "Home", "Electronics", "Clothing", "Sports", "Toys", "Garden",
@@ -80,8 +81,53 @@ def card_number(text: str) -> str:
     return str(wire_rule(values.card_number, "card_number")(digits))
 
 
-price = wire_rule(values.money, "price")
-card_expiry = wire_rule(values.card_expiry, "card_expiry")
+def price(text: str) -> str:
+    """An amount of money, refused in words a seller understands."""
+    amount = text.strip().lstrip("$€£")
+    try:
+        value = Decimal(amount)
+    except InvalidOperation:
+        raise ValueError(f"{text!r} is not an amount of money; write it like 12.50") from None
+    if not value.is_finite() or not Decimal("0.01") <= value <= values.MAX_CENTS / 100:
+        raise ValueError(f"{text} is not a price: a price is from 0.01 to "
+                         f"{values.format_money(values.MAX_CENTS)}, like 12.50")
+    if value != value.quantize(Decimal("0.01")):
+        raise ValueError("has at most two decimals (cents), like 12.50")
+    return f"{value:.2f}"
+
+
+def card_expiry(text: str) -> str:
+    """MM/YY, refused with the part that is wrong."""
+    month, _, year = text.strip().partition("/")
+    if not (month.isdigit() and year.isdigit() and len(year) == 2 and 1 <= len(month) <= 2):
+        raise ValueError(f"{text!r} is not a date as printed on the card: write it MM/YY, like 08/29")
+    if not 1 <= int(month) <= 12:
+        raise ValueError(f"{month} is not a month (01 to 12): write the date MM/YY, like 08/29")
+    return str(wire_rule(values.card_expiry, "card_expiry")(f"{int(month):02d}/{year}"))
+
+
+def password(wrong: str = "") -> Convert:
+    """A password's rule, 8 to 128 characters, checked before any request; `wrong`: how a
+    login says that one of another length cannot be right."""
+    def convert(text: str) -> str:
+        if not 8 <= len(text) <= 128:
+            raise ValueError(f"{wrong}{'every' if wrong else 'a'} password has 8 to 128 characters, "
+                             f"not {len(text)}")
+        return text
+    return convert
+
+
+def keywords(text: str | list[str]) -> list[str]:
+    """Up to 5 keywords of 1 to 8 characters, apart or joined by commas."""
+    words = word_list(text)
+    too_long = [word for word in words if len(word) > 8]
+    if too_long or len(words) > 5:
+        raise ValueError(f"{too_long[0]!r} is longer than 8 characters" if too_long else
+                         f"at most 5 keywords, not {len(words)}")
+    return words
+
+
+username = wire_rule(values.username, "username")
 item_name = wire_rule(values.item_name, "name")
 quantity = whole_number_in(values.quantity, "quantity")
 item_id = whole_number_in(values.object_id, "item_id")

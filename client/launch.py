@@ -13,9 +13,10 @@ from wire.tls import optional_client_context
 
 from .buyer_commands import BUYER
 from .common_commands import COMMON
-from .render import FORMATS, Output
+from .loops import run_interactive, run_script, script_lines
+from .render import FORMAT_HELP, FORMATS, Output
 from .seller_commands import SELLER
-from .shell import Shell, run_interactive, run_script, script_lines
+from .shell import Shell
 
 PORT_SETTINGS = {"buyer": "MARKET_BUYER_PORT", "seller": "MARKET_SELLER_PORT"}
 KEEPALIVE_S = 60.0  # well inside the default idle limits of sessions and connections (300 s)
@@ -30,8 +31,7 @@ def add_shell_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     add_tls_arguments(parser)
     parser.add_argument("-c", "--command", dest="script", metavar="COMMANDS",
                         help="run these `;`-separated commands without prompts, then exit")
-    parser.add_argument("--format", choices=FORMATS, default=None,
-                        help="how tables are printed (default: table in a terminal, tsv in a script)")
+    parser.add_argument("--format", choices=FORMATS, default=None, help=FORMAT_HELP)
     if role == "buyer":
         parser.add_argument("--save-on-exit", action="store_true",
                             help="in a script, save an unsaved cart when the session ends "

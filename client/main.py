@@ -33,6 +33,7 @@ from runtime.supervisor import die_with_parent
 from wire import PROTOCOL_VERSION, Connection, ProtocolError, __version__
 from wire.errors import UnauthenticatedError
 from wire.tls import optional_client_context
+from wire.values import format_money
 
 from .admin import add_admin_parser, missing_sqlite_file
 from .launch import PORT_SETTINGS, add_shell_arguments
@@ -241,11 +242,8 @@ def _totals_line(found: list[str], totals: dict[str, int]) -> str:
     verdict = "the books balance" if not found else f"{len(found)} violation{'s' * (len(found) != 1)}"
     taken, captured = totals.pop("cents taken"), totals.pop("cents captured")
     counted = ", ".join(f"{count} {name}" for name, count in totals.items())
-    return f"audit: {verdict}; checked {counted}, {_money(taken)} taken, {_money(captured)} captured"
-
-
-def _money(cents: int) -> str:
-    return f"{cents // 100}.{cents % 100:02d}"
+    return (f"audit: {verdict}; checked {counted}, {format_money(taken)} taken, "
+            f"{format_money(captured)} captured")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,13 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sellers", type=positive_int, default=100_000)
     p.add_argument("--items", type=positive_int, default=1_000_000)
     p.set_defaults(func=seed)
-    p = sub.add_parser("db", help="the database's schema: upgrade it, or show its revision")
-    db_sub = p.add_subparsers(dest="db_command", required=True)
-    for name, func, text in (("upgrade", db_upgrade, "bring the database to this code's schema"),
-                             ("current", db_current, "print the database's revision; exit 1 if not head")):
-        q = db_sub.add_parser(name, help=text)
-        q.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
-        q.set_defaults(func=func)
+    _add_db_parser(sub)
     p = sub.add_parser("audit", help="check the books of a whole database and the payment ledger "
                                      "(run it with no load)")
     p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
@@ -310,6 +302,16 @@ def _add_backup_parsers(sub: Any) -> None:
         p.add_argument("file", type=Path, metavar="FILE")
         p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
         p.set_defaults(func=backup_or_restore, restoring=name == "restore")
+
+
+def _add_db_parser(sub: Any) -> None:
+    p = sub.add_parser("db", help="the database's schema: upgrade it, or show its revision")
+    db_sub = p.add_subparsers(dest="db_command", required=True)
+    for name, func, text in (("upgrade", db_upgrade, "bring the database to this code's schema"),
+                             ("current", db_current, "print the database's revision; exit 1 if not head")):
+        q = db_sub.add_parser(name, help=text)
+        q.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+        q.set_defaults(func=func)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,11 +13,15 @@ from typing import Any, NoReturn
 from runtime.config import env
 
 Handler = Callable[[Any, dict[str, Any]], None]
-Ask = Callable[["Arg"], str]
+Ask = Callable[["Arg", str], str]  # (argument, why it is asked again or "") -> the answer
 
 
 class UsageError(Exception):
     """A command line that does not fit its command; the shell prints it with the usage."""
+
+
+class BadValueError(UsageError):
+    """A value that is not valid for its argument; the message says what would do."""
 
 
 class RefusedError(Exception):
@@ -30,7 +34,8 @@ class Arg:
     """One argument: a positional word (no flag) or an option (`--flag VALUE`).
 
     `secret` values are read without echo (twice if `confirm`); `env` names a variable that
-    supplies the value in script mode; `many` collects the remaining words.
+    supplies the value in script mode; `many` collects the remaining words; `asked`: an
+    optional argument asked for (an empty answer: none) when the command asks for others.
     """
 
     name: str
@@ -45,6 +50,7 @@ class Arg:
     env: str | None = None
     hint: str = ""  # the values accepted, for `help COMMAND`
     choices: tuple[str, ...] = ()  # words offered by completion
+    asked: bool = False
 
     @property
     def label(self) -> str:
@@ -92,34 +98,36 @@ class Command:
             return f"{len(words)} unexpected word(s)"
         return f"unrecognized arguments: {' '.join(words)}"
 
-    def check_given(self, words: list[str]) -> None:
-        """UsageError if the words do not fit, or a value given is not valid (nothing is asked)."""
-        raw = self.parse(words)
-        for arg in self.args:
-            if raw[arg.name]:
-                _value(arg, raw[arg.name], None)
-
     def values(self, words: list[str], ask: Ask | None) -> dict[str, Any]:
-        """Converted values; a missing required one is asked for, or without `ask` an error."""
+        """Converted values; a missing required one, or one not valid, is asked for (again),
+        or without `ask` an error; `asked` optional ones only along with a required one."""
         raw = self.parse(words)
-        return {arg.name: _value(arg, raw[arg.name], ask) for arg in self.args}
+        asking = ask is not None and any(arg.required and not raw[arg.name] for arg in self.args)
+        return {arg.name: _value(arg, raw[arg.name], ask, asking) for arg in self.args}
 
 
-def _value(arg: Arg, raw: Any, ask: Ask | None) -> Any:
-    if not raw and arg.env and ask is None:
-        raw = env(arg.env)
-    if not raw:
-        if not arg.required:
-            return arg.default
-        if ask is None:
-            raise UsageError(f"missing {arg.label}")
-        raw = ask(arg)
+def _value(arg: Arg, raw: Any, ask: Ask | None, asking: bool = False) -> Any:
+    where = ""
+    if not raw and arg.env and ask is None and env(arg.env):
+        raw, where = env(arg.env), f" (from {arg.env})"
+    if not raw and not arg.required and not (arg.asked and asking and ask):
+        return arg.default
+    problem = ""
+    while True:
         if not raw:
-            raise UsageError(f"missing {arg.label}")
-    try:
-        return arg.convert(raw)
-    except ValueError as exc:
-        raise UsageError(f"{arg.label}: {exc}") from None
+            if ask is None:
+                raise UsageError(f"missing {arg.label}")
+            raw = ask(arg, problem)
+            if not raw:
+                if arg.required:
+                    raise UsageError(f"missing {arg.label}")
+                return arg.default
+        try:
+            return arg.convert(raw)
+        except ValueError as exc:
+            if ask is None:
+                raise BadValueError(f"{arg.label}{where}: {exc}") from None
+            raw, problem = None, str(exc)
 
 
 def _split_at_dashes(words: list[str]) -> tuple[list[str], list[str]]:

@@ -1,8 +1,9 @@
 """What the shells print: items, carts, receipts and purchase history as tables.
 
-Tables are built as plain rows once; `Output` shows them with rich in a terminal (fitting its
-width: names wrap, keywords shorten with a marker, numbers are never cut), as tab-separated
-lines in script mode, so scripts can cut and grep them, or as one JSON object a table.
+Tables are built as rows of values once; `Output` shows them with rich in a terminal (fitting
+its width: names wrap, keywords shorten with a marker, numbers are never cut), as tab-separated
+rows in `tsv` (sentences to stderr, so scripts can cut and grep stdout), or in `json` as JSON
+Lines: one object per command, with numbers as numbers and money as the contract's strings.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import sys
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -23,16 +24,22 @@ from rich.text import Text
 from .fields import category_name
 
 FORMATS = ("table", "tsv", "json")
+FORMAT_HELP = ("how results are printed: table (a terminal's default); tsv (a script's default: "
+               "rows only, sentences to stderr); json (JSON Lines: one object per command, "
+               '{"command", "ok", "table", "rows", "messages", "error"}; read it with '
+               "`python -m json.tool --json-lines`)")
 
 
 @dataclass(frozen=True)
 class Table:
-    """A titled table of text cells; `empty` is said when it has no rows."""
+    """A titled table of values (numbers, money strings, word lists); `empty` is said when it
+    has no rows; `fields` go with it into a json document (a cart's total)."""
 
     title: str
     columns: tuple[str, ...]
-    rows: Sequence[tuple[str, ...]]
+    rows: Sequence[tuple[Any, ...]]
     empty: str
+    fields: dict[str, Any] = field(default_factory=dict)
 
 
 class OutputClosed(Exception):
@@ -40,43 +47,67 @@ class OutputClosed(Exception):
 
 
 class Output:
-    """Prints lines, notes, errors and tables in one of FORMATS: `table` (rich, for people),
-    `tsv` or `json` (plain, for scripts; in json, sentences go to stderr, tables to stdout)."""
+    """Prints lines, errors and tables in one of FORMATS; in json, what one command prints
+    (between `begin` and `end`) becomes one JSON object on one line."""
 
     def __init__(self, format: str) -> None:
-        self.format, self.plain = format, format != "table"
+        self.format = format
         self.console = Console(highlight=False, soft_wrap=True, emoji=False)  # ":fire:" stays as typed
+        self.doc: dict[str, Any] | None = None
+        self._depth = 0  # a command run by another (login again) adds to its document
+
+    def begin(self, command: str) -> None:
+        """A command starts."""
+        self._depth += 1
+        if self.format == "json" and self._depth == 1:
+            self.doc = {"command": command, "ok": True}
+
+    def end(self) -> None:
+        """A command is over: in json, print its document."""
+        self._depth -= 1
+        if self._depth == 0 and self.doc is not None:
+            doc, self.doc = self.doc, None
+            _print(json.dumps(doc, ensure_ascii=False))
 
     def say(self, text: str) -> None:
-        """One line of ordinary output."""
+        """One line of ordinary output (to stderr in a script: not a row)."""
         text = printable(text)
-        if self.format == "json":
-            print(text, file=sys.stderr, flush=True)
-        elif self.plain:
-            _print(text)
-        else:
+        if self.doc is not None:
+            self.doc.setdefault("messages", []).append(text)
+        elif self.format == "table":
             self.console.print(text, markup=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def error(self, text: str) -> None:
-        """One line naming a problem (to stderr in script mode)."""
+        """One line naming a problem and what to do (to stderr in a script)."""
         text = printable(text)
-        if self.plain:
-            print(f"error: {text}", file=sys.stderr, flush=True)
-        else:
+        if self.doc is not None:
+            self.doc.update(ok=False, error=text)
+        if self.format == "table":
             self.console.print(f"error: {text}", style="bold red", markup=False)
+        else:
+            print(f"error: {text}", file=sys.stderr, flush=True)
 
     def table(self, table: Table) -> None:
         """A table, or its `empty` sentence when there are no rows (in json, an empty list)."""
-        if self.format == "json":
+        if self.doc is not None:
             rows = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
-            _print(json.dumps({"table": table.title, "rows": rows}, ensure_ascii=False))
+            self.doc.update(table=table.title, rows=rows, **table.fields)
         elif not table.rows:
             self.say(table.empty)
-        elif self.plain:
+        elif self.format == "tsv":
             for row in [table.columns, *table.rows]:
-                _print("\t".join(printable(cell) for cell in row))
+                _print("\t".join(printable(cell_text(cell)) for cell in row))
         else:
             self.console.print(_rich(table))
+
+
+def cell_text(value: Any) -> str:
+    """A value as a table shows it: word lists joined by commas, nothing as `-`."""
+    if isinstance(value, list):
+        return ",".join(value)
+    return "-" if value is None else str(value)
 
 
 def _print(line: str) -> None:
@@ -93,7 +124,7 @@ def _rich(table: Table) -> RichTable:
     out = RichTable(title=table.title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                     padding=0)
     for index, column in enumerate(table.columns):
-        widest = max(len(row[index]) for row in table.rows)
+        widest = max(len(cell_text(row[index])) for row in table.rows)
         header = _HEADERS.get(column, column)
         if column in _NUMERIC:  # never cut short: "100000…" would read as a smaller number
             out.add_column(header, justify="right", no_wrap=True, min_width=max(widest, len(header)))
@@ -104,7 +135,7 @@ def _rich(table: Table) -> RichTable:
         else:  # a name: wrapped, but never narrower than a word or so
             out.add_column(header, overflow="fold", min_width=min(widest, 10))
     for row in table.rows:
-        out.add_row(*(Text(printable(cell)) for cell in row))  # Text: no markup in names
+        out.add_row(*(Text(printable(cell_text(cell))) for cell in row))  # Text: no markup in names
     return out
 
 
@@ -138,9 +169,9 @@ def money(value: str | Decimal) -> str:
 
 def items_table(items: list[dict[str, Any]], empty: str = "No items found.") -> Table:
     """Items, as search and a seller's listing return them."""
-    rows = [(str(i["item_id"]), i["name"], category_name(i["category"]), ",".join(i["keywords"]),
-             i["condition"], money(i["price"]), str(i["quantity"]), str(i["thumbs_up"]),
-             str(i["thumbs_down"]), str(i["seller_id"])) for i in items]
+    rows = [(i["item_id"], i["name"], category_name(i["category"]), i["keywords"], i["condition"],
+             money(i["price"]), i["quantity"], i["thumbs_up"], i["thumbs_down"], i["seller_id"])
+            for i in items]
     columns = ("id", "name", "category", "keywords", "condition", "price", "qty", "up", "down",
                "seller")
     return Table("Items", columns, rows, empty)
@@ -156,25 +187,25 @@ def item_lines(item: dict[str, Any]) -> list[str]:
 
 def cart_table(cart: dict[str, Any]) -> Table:
     """The lines of a cart (its total is said apart)."""
-    rows = [(str(line["item_id"]), line["name"], money(line["price"]), str(line["quantity"]),
-             str(line["available"]), money(Decimal(line["price"]) * line["quantity"]))
+    rows = [(line["item_id"], line["name"], money(line["price"]), line["quantity"],
+             line["available"], money(Decimal(line["price"]) * line["quantity"]))
             for line in cart["items"]]
     return Table("Cart", ("item", "name", "price", "qty", "available", "subtotal"), rows,
-                 "Your cart is empty.")
+                 "Your cart is empty.", {"total": money(cart["total"])})
 
 
 def receipt_table(receipt: dict[str, Any]) -> Table:
     """The lines of a purchase."""
-    rows = [(str(line["item_id"]), line["name"], str(line["quantity"]), money(line["price"]))
+    rows = [(line["item_id"], line["name"], line["quantity"], money(line["price"]))
             for line in receipt["lines"]]
     return Table(f"Order {receipt['order_id']}", ("item", "name", "qty", "price"), rows,
-                 "Nothing was bought.")
+                 "Nothing was bought.", {"order_id": receipt["order_id"], "total": money(receipt["total"])})
 
 
 def history_table(purchases: list[dict[str, Any]]) -> Table:
     """Purchase history, newest first."""
-    rows = [(str(p["order_id"]), str(p["item_id"]), p["name"], str(p["quantity"]),
-             money(p["price"]), p["purchased_at"], p["feedback"] or "-") for p in purchases]
+    rows = [(p["order_id"], p["item_id"], p["name"], p["quantity"], money(p["price"]),
+             p["purchased_at"], p["feedback"]) for p in purchases]
     columns = ("order", "item", "name", "qty", "price", "bought at", "feedback")
     return Table("Purchase history", columns, rows, "No purchases yet.")
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import fields
-from .registry import Arg, Registry, one_of, word_list
+from .registry import Arg, Registry, one_of
 from .render import items_table, money, rating_line
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 SELLER = Registry()
 
-ITEM_ID = Arg("item_id", convert=fields.item_id)
+ITEM_ID = fields.ITEM_ID
 PRICE = Arg("price", "--price", convert=fields.price, hint=fields.PRICE_RANGE)
 
 
@@ -24,8 +24,8 @@ PRICE = Arg("price", "--price", convert=fields.price, hint=fields.PRICE_RANGE)
                 Arg("name", convert=fields.item_name, hint="1 to 32 characters"),
                 Arg("category", "--category", convert=fields.category, hint=fields.category_list(),
                     choices=fields.CATEGORY_NAMES),
-                Arg("keywords", "--keywords", convert=word_list, required=False, default=[],
-                    hint="up to 5 words of 1 to 8 characters, apart or joined by commas"),
+                Arg("keywords", "--keywords", convert=fields.keywords, required=False, default=[],
+                    hint="up to 5 words of 1 to 8 characters, apart or joined by commas", asked=True),
                 Arg("condition", "--condition", convert=one_of("new", "used"), hint="new or used",
                     choices=("new", "used")),
                 PRICE,

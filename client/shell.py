@@ -1,38 +1,28 @@
 """The buyer and seller shells: one `Shell` holds the connection and login, runs command lines
-through the registry and turns every failure into one line; two small loops feed it lines,
-from prompt_toolkit in a terminal or from `-c` / standard input in script mode.
+through the registry and turns every failure into one line in a person's words, saying what to
+do; client.loops feeds it lines, from prompt_toolkit in a terminal or from a script.
 """
 from __future__ import annotations
 
 import getpass
-import os
-import re
-import shlex
-import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prompt_toolkit import PromptSession
 from prompt_toolkit import prompt as ask_line
 from prompt_toolkit.completion import WordCompleter
-from prompt_toolkit.history import FileHistory
 
 from wire import Connection, ConnectionLostError, ProtocolError
 from wire.errors import UnauthenticatedError
 from wire.ops import READ_ONLY_OPS
 
 from .cart import CartMemory
-from .completion import LineCompleter
-from .registry import Arg, Command, RefusedError, Registry, UsageError
-from .render import Output, OutputClosed, Table
+from .lines import split_commands, utf8_text
+from .registry import Arg, BadValueError, Command, RefusedError, Registry, UsageError
+from .render import Output, Table
 
 _KEEPALIVE_OPS = {"buyer": "display_cart", "seller": "get_seller_rating"}  # reads that touch a session
-
-# The exit status when the reader of the output went away (`| head -1`): a command killed by
-# SIGPIPE has 141 in sh; the commands after the one cut short have not run.
-OUTPUT_CLOSED = 141
 
 
 @dataclass
@@ -112,26 +102,30 @@ class Shell:
         self.conn.token, self.username, self.pager = None, None, None
         self.cart.forget()
 
-    def ask(self, arg: Arg) -> str:
-        """Ask for a missing argument until the answer is valid (or empty); secrets without echo."""
+    def ask(self, arg: Arg, problem: str = "") -> str:
+        """Ask for an argument until the answer is valid (or empty), saying first why it is asked
+        again; secrets without echo, checked before they are asked a second time."""
         while True:
-            value = self._read_answer(arg)
+            if problem:
+                self.out.error(f"{arg.label}: {problem}; try again (an empty answer or Ctrl-C cancels)")
+            optional = "" if arg.required else " (Enter: none)"
+            value = self._read(arg, f"{arg.label}{optional}: ")
             try:
                 if value:
                     arg.convert(value)
-                return value
             except ValueError as exc:
-                self.out.error(f"{arg.label}: {exc}; try again (an empty answer or Ctrl-C cancels)")
+                problem = str(exc)
+                continue
+            if value and arg.confirm and self._read(arg, f"{arg.label} again: ") != value:
+                problem = f"the two {arg.label}s differ"
+                continue
+            return value
 
-    def _read_answer(self, arg: Arg) -> str:
-        if not arg.secret:
-            completer = WordCompleter(list(arg.choices), ignore_case=True) if arg.choices else None
-            return ask_line(f"{arg.label}: ", completer=completer).strip()
-        while True:
-            value = getpass.getpass(f"{arg.label}: ")
-            if not (arg.confirm and value) or getpass.getpass(f"{arg.label} again: ") == value:
-                return value
-            self.out.error(f"the two {arg.label}s differ; try again")
+    def _read(self, arg: Arg, prompt: str) -> str:
+        if arg.secret:
+            return getpass.getpass(prompt)
+        completer = WordCompleter(list(arg.choices), ignore_case=True) if arg.choices else None
+        return ask_line(prompt, completer=completer).strip()
 
     def confirm(self, question: str) -> bool:
         """A yes-or-no question, yes by default."""
@@ -141,7 +135,7 @@ class Shell:
     def offer_to_save(self) -> None:
         """Before a session ends: save an unsaved cart if the person says so (yes by default),
         or in a script if --save-on-exit asks for it."""
-        if self.conn.token is None or not self.cart.worth_saving():
+        if self.conn.token is None or not self.cart.unsaved:
             return
         if self.interactive:
             shown = self.cart.summary() or "an emptied cart"
@@ -168,11 +162,15 @@ class Shell:
         return all(self.execute(words) for words in commands if self.running)
 
     def execute(self, words: list[str]) -> bool:
-        """Run one command; print any failure as one line and return False."""
+        """Run one command; print any failure as one line saying what to do; False then."""
         command = self.registry.find(words[0])
+        self.out.begin(words[0])
         try:
             self._dispatch(self.registry.get(words[0]), words[1:])
             return True
+        except BadValueError as exc:
+            self.out.error(f"{exc}; `help {words[0]}` says what it takes")
+            self.misread = True
         except UsageError as exc:
             self.out.error(f"{exc} (usage: {command.usage})" if command else str(exc))
             self.misread = True
@@ -181,42 +179,45 @@ class Shell:
         except UnauthenticatedError as exc:
             self._unauthenticated(exc)
         except ProtocolError as exc:
-            self.out.error(f"{exc.code}: {exc.message}")
+            self.out.error(in_plain_words(exc, self.role))
         except ConnectionLostError as exc:
             self.out.error(str(exc))
         except OSError as exc:
             self.out.error(f"cannot reach the {self.role} server at {self.address}: "
-                           f"{exc.strerror or exc}")
+                           f"{exc.strerror or exc}; is it running? (`market serve` starts one)")
         except KeyboardInterrupt:
             if not self.interactive:  # a script stops, with sh's status for Ctrl-C
                 raise
             self.out.error("cancelled")
         except EOFError:
             self.out.error("cancelled")
+        finally:
+            self.out.end()
         return False
 
     def _dispatch(self, command: Command, words: list[str]) -> None:
         if command.login and self.conn.token is None:  # not run, nor its words read: kept out of history
             self.misread = True
-            raise UnauthenticatedError(f"you are not logged in; `{command.name}` needs "
-                                       "`login USERNAME` or `signup USERNAME` first")
-        command.check_given(words)  # a line that does not fit is refused before any request
+            raise RefusedError(f"you are not logged in; `{command.name}` needs "
+                               "`login USERNAME` or `signup USERNAME` first")
+        # a line that does not fit is refused before any request; in a script, a value that is
+        # not valid too (in a terminal, it is asked for again, after the check)
+        values = None if self.interactive else command.values(words, None)
+        command.parse(words)
         if command.check is not None:
             command.check(self)
-        values = command.values(words, self.ask if self.interactive else None)
-        command.handler(self, values)
+        command.handler(self, values if values is not None else command.values(words, self.ask))
 
     def _unauthenticated(self, exc: ProtocolError) -> None:
-        # a refused `login` arrives as LoginRefusedError, so a session is only on hand here when
+        # a refused `login` arrives as RefusedError, so a session is only on hand here when
         # a request made in it (`more`'s too) was refused: it has expired or ended
         if self.username is None:
-            self.out.error(f"{exc.code}: {exc.message}")
+            self.out.error(exc.message)
             return
         name, lost = self.username, self.cart.to_restore()
         had = f"; your cart held {self.cart.summary()}" if lost else ""
         self.log_out()
-        self.out.error(f"{exc.code}: your session has expired or ended{had}; "
-                       f"please log in again: login {name}")
+        self.out.error(f"your session has expired or ended{had}; please log in again: login {name}")
         if self.interactive and lost:
             try:
                 if self.confirm(f"Log in again as {name} and put the cart back?"):
@@ -226,7 +227,7 @@ class Shell:
 
     def log_in_again(self, name: str, lines: list[tuple[int, int]]) -> None:
         """Log in as `name` (asking the password) and add the lines of a lost cart again."""
-        password = self.ask(Arg("password", secret=True))
+        password = self.ask(Arg("password", secret=True), "")
         if not password or not self.execute(["login", name, "--password", password]):
             return
         for item_id, quantity in lines:
@@ -275,223 +276,24 @@ class Shell:
         self.conn.close()
 
 
-def utf8_text(line: str) -> str:
-    """The line, if it came from UTF-8 bytes (else the bytes that were not are surrogates in it)."""
-    try:
-        line.encode()
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"it is not UTF-8 text (character {exc.start + 1})") from None
-    return line
+# What each error code of the contract means to a person, and what to do; `{message}` is the
+# server's own sentence, which names the item or the field.
+_IN_PLAIN_WORDS = {
+    "BAD_REQUEST": "{message}; `help` says what each command takes",
+    "UNKNOWN_OP": "the server does not know this command: is it the {role} server?",
+    "FORBIDDEN": "{message}",
+    "NOT_FOUND": "{message}: check the number (a list such as `{listing}` shows them)",
+    "CONFLICT": "{message}",
+    "PAYMENT_DECLINED": "the card was declined ({message}); nothing was charged: try another card",
+    "BUSY": "the server is busy right now; nothing was done: try again in a moment",
+    "UNAVAILABLE": "the server cannot reach its database right now; nothing was changed: "
+                   "try again in a moment",
+}
 
 
-def split_commands(line: str) -> list[list[str]]:
-    """The commands of a line: shell-like words, `;` between commands, `#` starts a comment.
-
-    The line is cut at each `;` outside quotes (a quoted `";"` is a word, as in sh), and each
-    piece split into words; empty pieces (`;;`) are skipped."""
-    text = with_backslash_commands(without_comment(line))
-    cuts = [index for index in _bare(text) if text[index] == ";"]
-    pieces = [text[start + 1:end] for start, end in zip([-1, *cuts], [*cuts, len(text)], strict=True)]
-    return [words for words in map(_words, pieces) if words]
-
-
-def _words(piece: str) -> list[str]:
-    lexer = shlex.shlex(piece, posix=True)
-    lexer.whitespace_split, lexer.commenters = True, ""
-    return list(lexer)
-
-
-def without_comment(line: str) -> str:
-    """The line up to a `#` that begins a word outside quotes, as in sh: `search c#` keeps it.
-
-    (shlex's own comments also begin inside a word, and would make `c#` a `c`.)
-    """
-    previous = -1
-    for index in _bare(line):
-        if line[index] == "#" and (index == 0 or (previous == index - 1 and line[previous] in _WORD_ENDS)):
-            return line[:index]
-        previous = index
-    return line
-
-
-def with_backslash_commands(line: str) -> str:
-    """The line with a backslash doubled where a command is `\\q`, which shlex would make `q`."""
-    bare = set(_bare(line))
-    for match in reversed(list(_BACKSLASH_COMMAND.finditer(line))):
-        backslash = match.start(2)
-        if backslash in bare and (not match.group(1) or match.start(1) in bare):
-            line = line[:backslash] + "\\" + line[backslash:]
-    return line
-
-
-_WORD_ENDS = frozenset(" \t\n\r;")  # shlex's whitespace (not \f or \v), and `;`
-_BACKSLASH_COMMAND = re.compile(r"(^|;)\s*(?:(?:help|\?)\s+)?(\\)q(?=[\s;]|$)")  # `help \q` too
-
-
-def _bare(line: str) -> Iterator[int]:
-    """Where the characters outside quotes and not escaped by a backslash are."""
-    quote, escaped = "", False
-    for index, char in enumerate(line):
-        if escaped:
-            escaped = False
-        elif quote:
-            quote = "" if char == quote else quote
-            escaped = char == "\\" and quote == '"'
-        else:
-            yield index
-            escaped = char == "\\"
-            quote = char if char in "'\"" else ""
-
-
-_SECRET_FLAGS = ("--password", "--card-number")
-
-
-def carries_a_secret(line: str) -> bool:
-    """Whether a word of the line, as the shell reads it (quotes and backslashes undone), is a
-    password or card-number flag (`-p`, `-pSECRET`, `--password=...`); an unreadable line too."""
-    try:
-        words = [word for command in split_commands(line) for word in command]
-    except ValueError:
-        return True
-    return any(word.startswith("-p") or word.startswith(_SECRET_FLAGS) for word in words)
-
-
-class SecretFreeHistory(FileHistory):
-    """File history that never records a line carrying a password or a card number.
-
-    A line is written to the file only once the shell has understood and run it (`settle`):
-    a password typed where a word was expected (`login bob hunter2`) stays out of it too.
-    """
-
-    _held: str | None = None
-    _unwritable = False
-
-    def store_string(self, string: str) -> None:
-        """Hold the line until `settle` (prompt_toolkit calls this as Enter is pressed)."""
-        self._held = None if carries_a_secret(string) else string
-
-    def settle(self, understood: bool) -> None:
-        """Write the held line to the file if the shell understood every command in it."""
-        held, self._held = self._held, None
-        if held is None or not understood or self._unwritable:
-            return
-        try:
-            super().store_string(held)
-        except OSError as exc:  # no such folder, read-only, disk full: the session matters more
-            self._unwritable = True
-            print(f"warning: cannot write the history file {os.fsdecode(self.filename)}: "
-                  f"{exc.strerror or exc}; going on without saving history", file=sys.stderr, flush=True)
-
-
-def run_interactive(shell: Shell, history_file: str, keepalive_s: float) -> int:
-    """The REPL: read a line, run it, until `quit`, Ctrl-D or Ctrl-C twice on an empty line;
-    meanwhile a quiet request every `keepalive_s` keeps the session alive (0: none)."""
-    history = SecretFreeHistory(history_file)
-    session: PromptSession[str] = PromptSession(
-        history=history, completer=LineCompleter(shell.registry, lambda: shell.seen_ids))
-    _greet(shell)
-    keepalive = Keepalive(shell, keepalive_s)
-    interrupted = False
-    while shell.running:
-        try:
-            with keepalive.while_idle():
-                line = session.prompt(shell.prompt_text())
-        except KeyboardInterrupt:
-            if session.default_buffer.text or not interrupted:
-                interrupted = not session.default_buffer.text
-                if interrupted:
-                    shell.out.say("(Ctrl-C again, Ctrl-D or `quit` leaves the shell)")
-                continue
-            shell.running = False
-            break
-        except EOFError:
-            break
-        interrupted = False
-        with shell.busy:
-            shell.run_line(line)
-        history.settle(understood=not shell.misread)
-    keepalive.stop()
-    with shell.busy:
-        shell.leave()
-    return 0
-
-
-class Keepalive:
-    """A thread that, while the shell waits at its prompt, sends a quiet request every so often:
-    the server then neither closes the idle connection nor lets the session expire."""
-
-    def __init__(self, shell: Shell, every_s: float) -> None:
-        self.shell, self.every_s = shell, every_s
-        self._idle, self._stopped = threading.Event(), threading.Event()
-        if every_s > 0:
-            threading.Thread(target=self._run, name="keepalive", daemon=True).start()
-
-    def while_idle(self) -> _IdleSpan:
-        """A context in which the shell is idle at its prompt."""
-        return _IdleSpan(self._idle)
-
-    def stop(self) -> None:
-        """Send nothing more."""
-        self._stopped.set()
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self.every_s):
-            if self._idle.is_set() and self.shell.busy.acquire(blocking=False):
-                try:
-                    self.shell.refresh_quietly()
-                finally:
-                    self.shell.busy.release()
-
-
-@dataclass
-class _IdleSpan:
-    flag: threading.Event
-
-    def __enter__(self) -> None:
-        self.flag.set()
-
-    def __exit__(self, *exc: object) -> None:
-        self.flag.clear()
-
-
-def _greet(shell: Shell) -> None:
-    try:
-        server = shell.call("ping")
-        shell.out.say(f"Connected to the {server['server']} server {server['version']} at "
-                      f"{shell.address}. Type `help` for the commands.")
-        if server["server"] != shell.role:
-            shell.out.error(f"this is the {server['server']} server, not the {shell.role} server: "
-                            f"the {shell.role} shell's commands will not work here")
-    except (OSError, ProtocolError) as exc:
-        shell.out.error(f"cannot reach the {shell.role} server at {shell.address}: {exc}")
-        shell.lost = True
-    except KeyboardInterrupt:
-        shell.out.error(f"cancelled: the {shell.role} server at {shell.address} did not answer yet")
-
-
-def run_script(shell: Shell, lines: Iterable[str]) -> int:
-    """Run lines without prompts; stop with exit status 1 at the first failure."""
-    status = 0
-    try:
-        for line in lines:
-            if not shell.running:
-                break
-            if not shell.run_line(line):
-                status = 1
-                break
-    except OutputClosed:
-        status = OUTPUT_CLOSED
-    except KeyboardInterrupt:  # Ctrl-C while reading standard input: stop, as sh does
-        status = 130
-    shell.leave()
-    return status
-
-
-def script_lines(command: str | None) -> Iterable[str]:
-    """The lines of script mode: `-c` text, else standard input."""
-    if command is not None:
-        return [command]
-    # bytes that are not UTF-8 reach run_line as surrogates, which it refuses in one line (in a
-    # UTF-8 locale standard input is strict, and iterating over it raised)
-    sys.stdin.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
-    return sys.stdin
+def in_plain_words(exc: ProtocolError, role: str) -> str:
+    """An error answer as a sentence without its protocol code, saying what to do."""
+    template = _IN_PLAIN_WORDS.get(exc.code, "the server failed ({message}): try again; if it "
+                                             "fails again, tell the marketplace's operator")
+    listing = "search" if role == "buyer" else "items"
+    return template.format(message=exc.message, role=role, listing=listing)

@@ -68,6 +68,7 @@ class Actor:
         self.user_id = 0
         self.pending: deque[Call] = deque()
         self._signups = 0
+        self.setup_waits = 0  # set-up calls answered BUSY and made again after a pause
 
     def setup_calls(self) -> list[Call]:
         """The calls made before the barrier: an account, a login, and any seeding."""
@@ -83,6 +84,7 @@ class Actor:
             if outcome.kind != "BUSY":
                 break
             time.sleep(random.uniform(pause / 2, pause))  # not self.rng's draws: a seed replays its calls
+            self.setup_waits += 1
             outcome = self.perform(conn, call)
         return outcome
 

@@ -1,6 +1,7 @@
 """The simulator's outputs from one list of summaries: a rich table on screen, and in
 the results folder a Markdown table, a CSV file and PNG plots of latency percentiles
-and throughput against the number of users.
+and throughput: bars for one number of users, lines against it for several; ops grouped by
+the role that calls them, so that no panel has more ops than distinct colours.
 """
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from .mixes import MIXES  # noqa: E402
 from .stats import ALL, OpSummary  # noqa: E402
 
 
@@ -96,34 +99,96 @@ def write_csv(rows: Sequence[OpSummary], path: Path) -> None:
 
 
 def plot_latency(rows: Sequence[OpSummary], path: Path) -> None:
-    """p50, p95 and p99 of every op against N, one panel per percentile and mix."""
-    mixes = sorted({row.mix for row in rows})
-    figure, axes = plt.subplots(len(mixes), 3, figsize=(15, 4.5 * len(mixes)), squeeze=False)
-    for line, mix in zip(axes, mixes, strict=True):
-        for axis, (label, figure_of) in zip(line, _PERCENTILES, strict=True):
-            axis.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # type: ignore[attr-defined]
-            for op, points in _series(rows, mix).items():
-                style = {"color": "black", "linewidth": 2.5} if op == ALL else {"linewidth": 1}
-                axis.plot([p.users for p in points], [figure_of(p) for p in points], marker="o",
-                          label=op, **style)
-            axis.set(title=f"{mix}: {label} latency", ylabel="ms", yscale="log")
-            _users_axis(axis, rows)
-        line[-1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1, 0.5))
+    """Each op's latency, one row of panels per mix and group of ops (seller's, buyer's, both's):
+    for one N, p50/p95/p99 as bars; for several, p50 and p99 as lines against N."""
+    counts = sorted({row.users for row in rows})
+    panels = [(mix, group, ops) for mix in sorted({row.mix for row in rows})
+              for group, ops in op_groups(mix, {row.op for row in rows if row.mix == mix})]
+    wide = len(counts) > 1
+    figure, axes = plt.subplots(len(panels), 2 if wide else 1, squeeze=False,
+                                figsize=(14 if wide else 9, 0.5 + 3.2 * len(panels)))
+    for line, (mix, group, ops) in zip(axes, panels, strict=True):
+        series = {op: points for op, points in _series(rows, mix).items() if op in ops}
+        if wide:
+            for axis, (label, figure_of) in zip(line, (_PERCENTILES[0], _PERCENTILES[2]), strict=True):
+                _latency_lines(axis, series, figure_of)
+                axis.set_title(f"{mix}, {group}: {label} latency")
+                _users_axis(axis, rows)
+            line[-1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1, 0.5))
+        else:
+            _latency_bars(line[0], series)
+            line[0].set_title(f"{mix}, {group}: latency at N = {counts[0]} (sellers = buyers)")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
 
 
+def op_groups(mix: str, ops: set[str]) -> list[tuple[str, list[str]]]:
+    """The ops of a mix by who calls them: sellers only, buyers only, both; ALL last."""
+    weights = MIXES[mix] if mix in MIXES else None
+    calls, total = ops - {ALL}, sorted(ops & {ALL})
+    seller = set(weights.seller) if weights else set()
+    buyer = set(weights.buyer) if weights else calls
+    groups = [("seller ops", sorted(calls & seller - buyer)), ("buyer ops", sorted(calls & buyer - seller)),
+              ("ops of both roles", sorted(calls & buyer & seller) + total)]
+    return [(label, members) for label, members in groups if members]
+
+
+_COLOURS = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # ten that tell apart
+
+
+def _latency_lines(axis: Any, series: dict[str, list[OpSummary]],
+                   figure_of: Callable[[OpSummary], float]) -> None:
+    for index, (op, points) in enumerate(series.items()):
+        style = ({"color": "black", "linewidth": 2.5} if op == ALL else
+                 {"color": _COLOURS[index % 10], "linestyle": "-" if index < 10 else "--"})
+        axis.plot([p.users for p in points], [figure_of(p) for p in points], marker="o", label=op, **style)
+    _ms_axis(axis, "y")
+
+
+def _latency_bars(axis: Any, series: dict[str, list[OpSummary]]) -> None:
+    ops = list(series)
+    height = 0.8 / len(_PERCENTILES)
+    for at, (label, figure_of) in enumerate(_PERCENTILES):
+        axis.barh([n + at * height for n in range(len(ops))], [figure_of(series[op][0]) for op in ops],
+                  height=height, color=_COLOURS[at], label=label)
+    axis.set_yticks([n + height for n in range(len(ops))], labels=ops)
+    axis.invert_yaxis()  # the first op on top
+    axis.legend(fontsize="small", loc="center left", bbox_to_anchor=(1, 0.5))
+    _ms_axis(axis, "x")
+
+
+def _ms_axis(axis: Any, which: str) -> None:
+    """A log-scaled latency axis labelled at 1, 2 and 5 of every decade, in plain numbers."""
+    getattr(axis, f"set_{which}scale")("log")
+    getattr(axis, f"set_{which}label")("latency, ms (log scale)")
+    ticks = getattr(axis, f"{which}axis")
+    ticks.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ticks.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ticks.set_minor_formatter(NullFormatter())
+    axis.grid(True, alpha=0.3)
+
+
 def plot_throughput(rows: Sequence[OpSummary], path: Path) -> None:
-    """Aggregate throughput (mean ± sd across runs) against N, one line per mix."""
+    """Aggregate throughput (mean ± sd across runs): bars per mix for one N, lines against N
+    for several."""
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    for mix in sorted({row.mix for row in rows}):
-        points = _series(rows, mix).get(ALL, [])
-        axis.errorbar([p.users for p in points], [p.ops_per_s for p in points],
-                      yerr=[p.ops_per_s_sd for p in points], marker="o", capsize=4, label=mix)
-    axis.set(title="aggregate throughput", ylabel="ops/s")
-    _users_axis(axis, rows)
-    axis.legend()
+    mixes = sorted({row.mix for row in rows})
+    totals = {mix: _series(rows, mix).get(ALL, []) for mix in mixes}
+    counts = sorted({row.users for row in rows})
+    if len(counts) > 1:
+        for index, mix in enumerate(mixes):
+            points = totals[mix]
+            axis.errorbar([p.users for p in points], [p.ops_per_s for p in points], color=_COLOURS[index],
+                          yerr=[p.ops_per_s_sd for p in points], marker="o", capsize=4, label=mix)
+        _users_axis(axis, rows)
+        axis.legend()
+    else:
+        axis.bar(mixes, [totals[mix][0].ops_per_s for mix in mixes], color=_COLOURS[:len(mixes)],
+                 yerr=[totals[mix][0].ops_per_s_sd for mix in mixes], capsize=4)
+        axis.set_xlabel(f"mix, at N = {counts[0]} (sellers = buyers)")
+        axis.grid(True, axis="y", alpha=0.3)
+    axis.set(title="aggregate throughput (mean ± sd across runs)", ylabel="answered calls per second")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -64,6 +64,8 @@ class RunResult:
     error_kinds: Counter[str]
     acknowledged: list[AckedOrder]
     violations: list[str] = field(default_factory=list)
+    setup_s: float = 0.0  # from the first thread's start to the barrier: sign-ups, logins, seeding
+    setup_busy: int = 0  # set-up calls answered BUSY (the server's hashing limits), waited and made again
 
 
 class SimulatedUser(threading.Thread):
@@ -79,6 +81,7 @@ class SimulatedUser(threading.Thread):
         self.log: dict[str, OpLog] = {}
         self.error_kinds: Counter[str] = Counter()
         self.done = 0
+        self.busy = 0  # set-up calls answered BUSY, tried again
         self.finished = 0.0
         self.failure: BaseException | None = None
 
@@ -92,6 +95,7 @@ class SimulatedUser(threading.Thread):
                 self.failure = exc
                 self.barrier.abort()
                 return
+            self.busy = self.actor.setup_waits + conn.busy_retries
             try:
                 self.barrier.wait(SETUP_TIMEOUT_S)
             except threading.BrokenBarrierError:
@@ -132,7 +136,7 @@ def run_once(mix: Mix, users: int, calls: int, buyer: Address, seller: Address, 
              seed: str | None = None, on_progress: Callable[[int], None] = lambda done: None,
              tls: ssl.SSLContext | None = None) -> RunResult:
     """Run N sellers + N buyers for K calls each; `on_progress` gets the calls done so far."""
-    tag = secrets.token_hex(3)
+    tag, began = secrets.token_hex(3), time.perf_counter()
     rng = random.Random(seed)
     actors = [make_actor(role, f"{role[0]}{tag}r{run}u{i}", random.Random(rng.random()))
               for role in ("seller", "buyer") for i in range(users)]
@@ -147,7 +151,9 @@ def run_once(mix: Mix, users: int, calls: int, buyer: Address, seller: Address, 
     failures.sort(key=lambda failure: isinstance(failure, SetupUnfinished))  # the cause first
     if failures:
         raise SimulationError(f"{len(failures)} simulated users failed; first: {failures[0]!r}")
-    return _collect(mix, users, run, start[0], threads)
+    result = _collect(mix, users, run, start[0], threads)
+    result.setup_s, result.setup_busy = start[0] - began, sum(thread.busy for thread in threads)
+    return result
 
 
 def wait_for(threads: Sequence[threading.Thread], report: Callable[[], None], every_s: float = 0.2) -> None:

@@ -75,23 +75,33 @@ def test_a_seller_signs_up_lists_items_and_changes_a_price(market: Market, home:
                       '--price 12.5 --qty 5', f"{name}@seller> ")
     item_id = int(re.search(r"Listed item (\d+): Desk lamp, 5 at 12\.50", out).group(1))
     seller.sendline("sell Chair")
-    for question, reply in [("category: ", "3"), ("condition: ", "new"), ("price: ", "30"),
-                           ("quantity: ", "2")]:
+    for question, reply in [("category: ", "3"), ("keywords (Enter: none): ", "seat, wooden"),
+                            ("condition: ", "new"), ("price: ", "30"), ("quantity: ", "2")]:
         answer(seller, question, reply)
     assert "Chair, 2 at 30.00" in wait(seller, f"{name}@seller> ")
     assert "now costs 9.99" in run(seller, f"price {item_id} 9.99", f"{name}@seller> ")
     listing = run(seller, "items", f"{name}@seller> ")
-    assert re.search(rf"{item_id} .*Desk lamp.*9\.99 .*5 ", listing) and "Chair" in listing
+    assert re.search(rf"{item_id} .*Desk lamp.*9\.99 .*5 ", listing)
+    assert re.search(r"Chair .*seat,wo", listing)  # keywords asked for, not typed as the condition
     assert "1 left on sale" in run(seller, f"remove {item_id + 1} 1", f"{name}@seller> ")
-    # bad input at each step: one line naming the problem, and the shell carries on
-    assert "error: price: must be a decimal string" in run(seller, f"price {item_id} 12.345",
-                                                           f"{name}@seller> ")
-    assert "error: NOT_FOUND" in run(seller, "price 999999 1.00", f"{name}@seller> ")
-    assert "category: 'two' is not a category; one of Other, Books" in run(
-        seller, "sell Mug --category two --condition new --price 1 --qty 1", f"{name}@seller> ")
-    assert "condition: must be new or used" in run(
-        seller, "sell Mug --category 1 --condition broken --price 1 --qty 1", f"{name}@seller> ")
-    assert "error: CONFLICT" in run(seller, f"remove {item_id} 6", f"{name}@seller> ")
+    # bad input at each step: one line naming the problem, the value asked for again, and the
+    # shell carries on
+    seller.sendline(f"price {item_id} 12.345")
+    assert "price: has at most two decimals (cents), like 12.50; try again" in wait(seller, "Ctrl-C cancels)")
+    answer(seller, "price: ", "")
+    assert "missing price" in wait(seller, f"{name}@seller> ")
+    out = run(seller, "price 999999 1.00", f"{name}@seller> ")
+    assert "error: no item 999999: check the number (a list such as `items` shows them)" in out
+    seller.sendline("sell Mug --category two --condition new --price 1 --qty 1")
+    assert "category: 'two' is not a category; one of Other, Books" in wait(seller, "Ctrl-C cancels)")
+    answer(seller, "category: ", "Books")
+    assert "Listed item" in wait(seller, f"{name}@seller> ")
+    seller.sendline("sell Mug --category 1 --condition broken --price 1 --qty 1")
+    assert "condition: must be new or used" in wait(seller, "Ctrl-C cancels)")
+    answer(seller, "condition: ", "")
+    assert "missing condition" in wait(seller, f"{name}@seller> ")
+    out = run(seller, f"remove {item_id} 6", f"{name}@seller> ")
+    assert "error: item " in out and "only 5 on sale, cannot remove 6" in out and "CONFLICT" not in out
     assert "unrecognized arguments: --colour" in run(seller, "sell Mug --colour red",
                                                       f"{name}@seller> ")
     assert "0 thumbs up, 0 thumbs down, 0 items sold" in run(seller, "rating", f"{name}@seller> ")
@@ -114,19 +124,23 @@ def test_a_buyer_searches_saves_a_cart_buys_rates_and_sees_history(market: Marke
     found = run(buyer, "search --category 2 desk", me)
     assert re.search(rf"{lamp} .*Desk lamp.*12\.50", found)
     assert "No items found." in run(buyer, "search --category 9 nothing", me)
-    assert "error: CONFLICT" in run(buyer, f"add {lamp} 4", me)
+    assert f"error: item {lamp}: only 3 left" in run(buyer, f"add {lamp} 4", me)
     assert "Total: 25.00" in run(buyer, f"add {lamp} 2", me)
     assert "Cart saved: 1 item(s), total 25.00" in run(buyer, "save", me)
     assert "Logged out" in run(buyer, "logout", "buyer> ")
     buyer.sendline(f"login {name}")
     answer(buyer, "password: ", "wrong password")
-    assert "error: UNAUTHENTICATED" in wait(buyer, "buyer> ")
+    out = wait(buyer, "buyer> ")
+    assert "error: wrong username or password; buyer and seller accounts are apart" in out
     buyer.sendline(f"login {name}")
     answer(buyer, "password: ", PASSWORD)
     wait(buyer, me)
     assert "Total: 25.00" in run(buyer, "cart", me)
-    assert "error: card number: fails the Luhn check" in run(
-        buyer, "buy --card-name Bob --card-number 4111111111111112 --expiry 12/39", me)
+    buyer.sendline("buy --card-name Bob --card-number 4111111111111112 --expiry 12/39")
+    out = wait(buyer, "Ctrl-C cancels)")
+    assert "Your cart: 2 x Desk lamp" in out and "total 25.00" in out and "fails the Luhn check" in out
+    answer(buyer, "card number: ", "")  # asked again, without echo
+    assert "missing card number" in wait(buyer, me)
     bought = run(buyer, f"buy --card-name Bob --card-number {CARD['card_number']} --expiry 12/39", me)
     order_id = int(re.search(r"Bought: order (\d+), total 25\.00", bought).group(1))
     with market.db.engine.connect() as conn:  # the purchase went out under a fresh key
@@ -137,13 +151,15 @@ def test_a_buyer_searches_saves_a_cart_buys_rates_and_sees_history(market: Marke
     assert "error: your cart is empty" in run(buyer, f"buy --card-name Bob --card-number "
                                                      f"{CARD['card_number']} --expiry 12/39", me)
     assert re.search(rf"{lamp} .*Desk lamp.*2 .*12\.50 .*-", run(buyer, "history", me))
-    assert "vote: must be up or down" in run(buyer, f"rate {lamp} sideways", me)
-    assert "Thanks: thumbs up" in run(buyer, f"rate {lamp} up", me)
-    assert "error: CONFLICT" in run(buyer, f"rate {lamp} down", me)
+    buyer.sendline(f"rate {lamp} sideways")
+    assert "vote: must be up or down" in wait(buyer, "Ctrl-C cancels)")
+    answer(buyer, "vote: ", "up")
+    assert "Thanks: thumbs up" in wait(buyer, me)
+    assert f"error: you have already rated item {lamp}" in run(buyer, f"rate {lamp} down", me)
     assert re.search(rf"{lamp} .*Desk lamp.*up", run(buyer, "history", me))
     rating = run(buyer, f"rating {seller.user_id}", me)  # type: ignore[attr-defined]
     assert "1 thumbs up, 0 thumbs down, 2 items sold" in rating
-    assert "error: NOT_FOUND" in run(buyer, "rating 999999", me)
+    assert "error: no seller 999999" in run(buyer, "rating 999999", me)
     buyer.sendline("quit")
     buyer.expect(pexpect.EOF)
 
@@ -154,13 +170,19 @@ def test_bad_command_lines_get_one_line_and_the_shell_carries_on(market: Market,
     assert "cannot read the line" in run(buyer, 'search "unclosed', "buyer> ")
     buyer.sendline(f"signup {unique_name()} --name B -p '{PASSWORD}'")
     buyer.expect_exact("@buyer> ")
-    for line, problem in [("add one", "item id: 'one' is not a whole number"),
-                          ("add 1 2 3", "unrecognized arguments: 3"),
-                          ("item 999999", "error: NOT_FOUND"),
-                          ("search --category 12", "error: category: must be from 0 to 9"),
+    for line, problem in [("add 1 2 3", "unrecognized arguments: 3"),
+                          ("item 999999", "error: no item 999999: check the number"),
                           ("history --limit", "expected one argument")]:
         out = run(buyer, line, "@buyer> ")
         assert problem in out and "Traceback" not in out
+    buyer.sendline("add one")
+    assert "item id: 'one' is not a whole number" in wait(buyer, "Ctrl-C cancels)")
+    answer(buyer, "item id: ", "")
+    assert "missing item id" in wait(buyer, "@buyer> ")
+    buyer.sendline("search --category 12")
+    assert "category: must be from 0 to 9" in wait(buyer, "Ctrl-C cancels)")
+    answer(buyer, "category (Enter: none): ", "")  # an optional value: none, then
+    wait(buyer, "@buyer> ")
     buyer.sendline("add")
     answer(buyer, "item id: ", "")
     assert "missing item id" in wait(buyer, "@buyer> ")
@@ -187,15 +209,16 @@ def test_help_is_generated_from_the_registry(market: Market, home: Path) -> None
 def test_a_buyers_login_and_logout_say_what_they_do_to_the_cart(market: Market, home: Path) -> None:
     done = script("buyer", port_of(market, "buyer"), home, "help login", "help logout")
     assert done.returncode == 0, done.stderr
-    assert "usage: login USERNAME [--password PASSWORD]" in done.stdout
-    assert "your session's cart starts as your saved cart" in done.stdout
-    assert "asking whether to save an unsaved cart" in done.stdout
+    assert done.stdout == ""  # sentences, not rows: on stderr
+    assert "usage: login USERNAME [--password PASSWORD]" in done.stderr
+    assert "your session's cart starts as your saved cart" in done.stderr
+    assert "asking whether to save an unsaved cart" in done.stderr
 
 
 def test_command_names_complete_with_tab(market: Market, home: Path) -> None:
     buyer = spawn("buyer", port_of(market, "buyer"), home)
     keys(buyer, "his", "\t", "\r")
-    buyer.expect("UNAUTHENTICATED: you are not logged in; `history` needs")
+    buyer.expect("error: you are not logged in; `history` needs")
     buyer.sendline("quit")
     buyer.expect(pexpect.EOF)
 
@@ -255,7 +278,7 @@ def test_a_history_file_under_the_home_folder_may_be_written_with_a_tilde(market
     ("login bob", False), ("sell Lamp --price 3", False), ("search -- -x", False),
 ])
 def test_a_line_with_a_password_or_card_flag_is_found_however_it_is_quoted(line: str, secret: bool) -> None:
-    from client.shell import carries_a_secret
+    from client.lines import carries_a_secret
     assert carries_a_secret(line) is secret  # such a line is never written to the history file
 
 
@@ -277,7 +300,7 @@ def test_a_line_with_a_password_or_card_flag_is_found_however_it_is_quoted(line:
     (r"search a\;b;ping", [["search", "a;b"], ["ping"]]),
 ])
 def test_a_comment_begins_at_a_hash_that_begins_a_word(line: str, commands: list[list[str]]) -> None:
-    from client.shell import split_commands
+    from client.lines import split_commands
 
     assert split_commands(line) == commands
 
@@ -286,7 +309,7 @@ def test_a_script_line_may_end_with_a_comment(market: Market, home: Path) -> Non
     command = [MARKET, "buyer", "--port", str(port_of(market, "buyer")), "-c", "ping  # is it up?"]
     done = subprocess.run(command, capture_output=True, text=True, env=shell_env(home), timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "The buyer server" in done.stdout
+    assert "The buyer server" in done.stderr
 
 
 @contextlib.contextmanager
@@ -329,7 +352,8 @@ def test_script_mode_prints_plain_text_and_stops_at_the_first_error(market: Mark
     failed = script("seller", port, home, f"login {name}", "price 999999 1", "items",
                     MARKET_PASSWORD=PASSWORD)
     assert failed.returncode == 1
-    assert len(failed.stderr.splitlines()) == 1 and failed.stderr.startswith("error: NOT_FOUND: ")
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: no item 999999: check the number (a list such as `items` shows them)"]
     assert "Kettle" not in failed.stdout  # `items` never ran
 
 
@@ -339,12 +363,14 @@ def test_script_mode_reads_standard_input_and_never_prompts(market: Market, home
     lines = f"# a comment\nsignup {name} --name P -p '{PASSWORD}'\nsearch --category 8\ncart\n"
     done = script("buyer", port, home, stdin=lines)
     assert done.returncode == 0, done.stderr
-    assert "No items found." in done.stdout and "Your cart is empty." in done.stdout
+    assert "No items found." in done.stderr and "Your cart is empty." in done.stderr
     missing = script("buyer", port, home, f"login {name}")
     assert missing.returncode == 1 and "missing password" in missing.stderr
     assert "password:" not in missing.stdout
     wrong = script("buyer", port, home, f"login {name}", "cart", MARKET_PASSWORD="wrong password")
-    assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr and "cart" not in wrong.stdout
+    assert wrong.returncode == 1
+    assert "error: wrong username or password (the password in MARKET_PASSWORD);" in wrong.stderr
+    assert "UNAUTHENTICATED" not in wrong.stderr and "cart" not in wrong.stdout
 
 
 def test_search_words_find_names_by_text_and_keywords_stay_exact(market: Market, home: Path) -> None:
@@ -357,7 +383,7 @@ def test_search_words_find_names_by_text_and_keywords_stay_exact(market: Market,
     assert done.returncode == 0, done.stderr
     found = re.findall(r"^(\d+)\t", done.stdout, re.MULTILINE)
     assert found == [str(lamp), str(both)], done.stdout  # both words each; then by item_id
-    assert "No items found." in done.stdout  # no item has the keyword "cafe"
+    assert "No items found." in done.stderr  # no item has the keyword "cafe"
 
 
 def test_more_pages_through_a_long_list(market: Market, home: Path) -> None:
@@ -370,8 +396,8 @@ def test_more_pages_through_a_long_list(market: Market, home: Path) -> None:
     assert done.returncode == 0, done.stderr
     shown = re.findall(r"\tPage (\d)\t", done.stdout)
     assert shown == ["0", "1", "2", "3", "4"]
-    assert done.stdout.count("There is more: type `more`.") == 2
-    assert done.stdout.rstrip().endswith("Nothing more to show.")
+    assert done.stderr.count("There is more: type `more`.") == 2
+    assert done.stderr.rstrip().endswith("Nothing more to show.")
 
 
 def search_as_a_new_buyer(market: Market, home: Path, search: str,
@@ -636,8 +662,8 @@ def test_a_script_line_that_is_not_utf8_is_one_error(market: Market, home: Path,
     done = subprocess.run([MARKET, "buyer", "--port", str(port_of(market, "buyer"))], input=lines,
                           capture_output=True, timeout=60, env=env)
     assert done.returncode == 1
-    assert done.stderr == b"error: cannot read the line: it is not UTF-8 text (character 11)\n"
-    assert b"answers" not in done.stdout  # the script stopped there
+    assert done.stderr.endswith(b"\nerror: cannot read the line: it is not UTF-8 text (character 11)\n")
+    assert b"answers" not in done.stderr  # the script stopped there
 
 
 @pytest.mark.parametrize("ca", ["/nonexistent", "not PEM"])
@@ -657,7 +683,7 @@ def test_backslash_q_quits(market: Market, home: Path) -> None:
     done = subprocess.run([MARKET, "buyer", "--port", str(port), "-c", r"ping; \q; ping"],
                           capture_output=True, text=True, timeout=60, env=shell_env(home))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("answers") == 1
+    assert done.stderr.count("answers") == 1
     buyer = spawn("buyer", port, home)
     buyer.sendline("\\q")
     buyer.expect(pexpect.EOF)
@@ -679,9 +705,9 @@ def test_a_closed_output_pipe_ends_the_shell_quietly(market: Market, home: Path)
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=shell_env(home))
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    proc.stdin.write("ping\n")
+    proc.stdin.write("help\n")
     proc.stdin.flush()
-    assert "answers" in proc.stdout.readline()
+    assert proc.stdout.readline() == "usage\thelp\n"
     proc.stdout.close()
     proc.stdin.write("help\nhelp\n")
     proc.stdin.close()
@@ -724,7 +750,7 @@ def test_words_after_double_dash_are_never_options(market: Market, home: Path) -
     done = script("seller", port_of(market, "seller"), home, f"signup {unique_name()} --name D",
                   "sell --category 1 --condition new --price 1 --qty 1 -- -Dash-", MARKET_PASSWORD=PASSWORD)
     assert done.returncode == 0, done.stderr
-    assert "Listed item" in done.stdout and ": -Dash-, 1 at 1.00." in done.stdout
+    assert "Listed item" in done.stderr and ": -Dash-, 1 at 1.00." in done.stderr
 
 
 def test_a_stray_word_after_a_secret_command_is_not_repeated(market: Market, home: Path) -> None:
@@ -833,7 +859,7 @@ def test_a_failed_login_leaves_the_session_on_hand(market: Market, home: Path) -
     item_id = market.item(market.user("seller"))
     run(buyer, f"add {item_id} 1", me)
     out = run(buyer, f"login {name} -p 'not the password'", me)
-    assert "UNAUTHENTICATED: wrong username or password" in out and "expired" not in out
+    assert "error: wrong username or password" in out and "expired" not in out
     out = run(buyer, "cart", me)
     assert "Lamp" in out  # the unsaved cart is still there
     buyer.sendline("quit")
@@ -871,9 +897,9 @@ def test_ctrl_c_in_script_mode_stops_without_a_traceback(market: Market, home: P
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=shell_env(home))
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write("ping\n")
+    proc.stdin.write("help\n")
     proc.stdin.flush()
-    assert "answers" in proc.stdout.readline()
+    assert proc.stdout.readline() == "usage\thelp\n"
     proc.send_signal(signal.SIGINT)  # while it waits for the next line
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "Traceback" not in err, err
@@ -898,11 +924,113 @@ def test_help_knows_the_backslash_alias_it_lists(market: Market, home: Path) -> 
     # before: `help quit` listed `\q`, and `help \q` answered "unknown command 'q'"
     done = script("buyer", port_of(market, "buyer"), home, "help \\q")
     assert done.returncode == 0, done.stderr
-    assert "quit" in done.stdout and "unknown command" not in done.stderr
+    assert "quit" in done.stderr and "unknown command" not in done.stderr
 
 
 def test_a_number_past_pythons_digits_is_refused_in_a_short_line(market: Market, home: Path) -> None:
     # before: "error: item id: '999...' is not a whole number", all 5,000 digits of it
     done = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name N",
                   "item " + "9" * 5000, MARKET_PASSWORD=PASSWORD)
-    assert done.returncode == 1 and "far too large" in done.stderr and len(done.stderr) < 200, done.stderr
+    problem = done.stderr.splitlines()[-1]
+    assert done.returncode == 1 and "far too large" in problem and len(problem) < 200, done.stderr
+
+
+def test_script_errors_speak_plainly_without_protocol_codes(market: Market, home: Path) -> None:
+    # before: "password: must be 8 to 128 characters", 'must be a decimal string like "12.50"',
+    # 'must be "MM/YY"', and a seller account in the buyer shell only "wrong username or password"
+    seller = unique_name("plain")
+    signed = script("seller", port_of(market, "seller"), home, f"signup {seller} --name P",
+                    MARKET_PASSWORD=PASSWORD)
+    assert signed.returncode == 0, signed.stderr
+    cases = [
+        ("buyer", f"login {seller}", {"MARKET_PASSWORD": "wrong"},
+         "error: password (from MARKET_PASSWORD): wrong password: every password has 8 to 128 "
+         "characters, not 5"),
+        ("buyer", f"login {seller}", {"MARKET_PASSWORD": PASSWORD},
+         "buyer and seller accounts are apart: a seller account logs in with `market seller`"),
+        ("seller", f"login {seller}; sell Mug --category 1 --condition new --price -3 --qty 1",
+         {"MARKET_PASSWORD": PASSWORD},
+         "price: -3 is not a price: a price is from 0.01 to 1000000.00, like 12.50"),
+        ("buyer", f"signup {unique_name()} --name A; buy --card-name A --card-number 4111111111111111 "
+                  "--expiry 13/27", {"MARKET_PASSWORD": PASSWORD},
+         "card expiry: 13 is not a month (01 to 12): write the date MM/YY, like 08/29"),
+    ]
+    for role, line, env, said in cases:
+        done = script(role, port_of(market, role), home, line, **env)
+        assert done.returncode == 1 and said in done.stderr, done.stderr
+        assert not re.search(r"BAD_REQUEST|UNAUTHENTICATED|CONFLICT|FORBIDDEN", done.stderr), done.stderr
+
+
+def test_a_password_of_the_wrong_length_is_refused_before_any_request(home: Path) -> None:
+    # nothing listens on the port: the refusal came before any connection was tried
+    done = script("buyer", free_port(), home, "login bob", MARKET_PASSWORD="short")
+    assert done.returncode == 1 and "wrong password" in done.stderr and "cannot reach" not in done.stderr
+
+
+def test_a_short_password_is_refused_before_it_is_asked_again(market: Market, home: Path) -> None:
+    buyer = spawn("buyer", port_of(market, "buyer"), home)
+    name = unique_name()
+    buyer.sendline(f"signup {name} --name S")
+    answer(buyer, "password: ", "short")
+    assert "a password has 8 to 128 characters, not 5; try again" in wait(buyer, "Ctrl-C cancels)")
+    answer(buyer, "password: ", PASSWORD)  # the first question again; before: "password again: "
+    answer(buyer, "password again: ", PASSWORD)
+    assert f"Logged in as {name}" in wait(buyer, f"{name}@buyer> ")
+    buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+
+
+def test_a_wrong_flag_value_is_asked_for_again_in_a_terminal(market: Market, home: Path) -> None:
+    # before: the whole command was lost to a name of 40 characters
+    seller = spawn("seller", port_of(market, "seller"), home)
+    name = unique_name()
+    me = f"{name}@seller> "
+    run(seller, f"signup {name} --name S -p '{PASSWORD}'", me)
+    seller.sendline(f"sell {'A' * 40} --category Home --condition new --price 3 --qty 1")
+    assert "name: must be 1 to 32 characters; try again" in wait(seller, "Ctrl-C cancels)")
+    answer(seller, "name: ", "Desk lamp")
+    assert "Listed item" in wait(seller, me) and "Desk lamp, 1 at 3.00" in str(seller.before)
+    seller.sendline("quit")
+    seller.expect(pexpect.EOF)
+
+
+def expected_total_is_served() -> bool:
+    """Whether this checkout's buyer server takes make_purchase's expected_total (protocol 1.2)."""
+    from wire import BUYER_OPS
+
+    return "expected_total" in BUYER_OPS["make_purchase"].optional
+
+
+@pytest.mark.skipif(not expected_total_is_served(), reason="the buyer server of protocol 1.2 is not here yet")
+def test_a_total_changed_before_buy_is_asked_about_again(market: Market, home: Path) -> None:
+    seller = market.user("seller")
+    lamp = market.item(seller, quantity=3)
+    buyer = spawn("buyer", port_of(market, "buyer"), home)
+    name = unique_name()
+    me = f"{name}@buyer> "
+    run(buyer, f"signup {name} --name T -p '{PASSWORD}'; add {lamp} 2", me)
+    buyer.sendline(f"buy --card-name T --card-number {CARD['card_number']}")
+    assert "total 25.00" in wait(buyer, "card expiry: ")  # shown before anything is asked
+    seller.call("change_price", {"item_id": lamp, "price": "20.00"})
+    buyer.sendline(CARD["card_expiry"])
+    out = wait(buyer, "Buy for 40.00? [Y/n] ")
+    assert "The total changed: 40.00, not 25.00." in out
+    buyer.sendline("y")
+    assert "Bought: order" in wait(buyer, me) and "total 40.00" in str(buyer.before)
+    buyer.sendline("quit")
+    buyer.expect(pexpect.EOF)
+
+
+def test_a_login_keeps_its_device_token_for_the_next(market: Market, home: Path) -> None:
+    name = unique_name("device")
+    for line in (f"signup {name} --name D", f"login {name}", f"login {name}"):
+        done = script("buyer", port_of(market, "buyer"), home, line, MARKET_PASSWORD=PASSWORD)
+        assert done.returncode == 0, done.stderr  # a token sent back is accepted
+    from wire import BUYER_OPS
+
+    if "device_token" not in BUYER_OPS["login"].optional:
+        assert not (home / ".market_devices").exists()  # a 1.1 server gives none, and is sent none
+        return
+    kept = json.loads((home / ".market_devices").read_text())
+    assert list(kept) == [f"buyer 127.0.0.1:{port_of(market, 'buyer')} {name}"]
+    assert (home / ".market_devices").stat().st_mode & 0o777 == 0o600

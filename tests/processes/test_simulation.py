@@ -46,6 +46,8 @@ def test_market_sim_starts_the_servers_runs_and_finds_the_books_balanced(
     output = capsys.readouterr().out
     assert code == 0, output
     assert "consistency: OK" in output
+    assert "1 run, 80 calls in all: about 1 s to run (a guess at 1,500 calls/s)" in output  # before any
+    assert "calls in" in output and "(set-up before: " in output  # the set-up's time, said apart
     rows = _csv_rows(tmp_path)
     assert rows["ALL"]["calls"] == str(2 * 2 * 20) and rows["ALL"]["errors"] == "0"
     for name in ("results.md", "latency.png", "throughput.png"):
@@ -381,3 +383,49 @@ def test_the_simulators_set_up_waits_out_a_full_hashing_queue(database: Database
         result = scenario.run_once(DEFAULT, 10, 5, market.buyer_server.address, market.seller_server.address)
     assert not result.error_kinds, result.error_kinds
     assert sum(len(log.latencies) for log in result.ops.values()) == 2 * 10 * 5
+
+
+def _result(users: int, elapsed_s: float, setup_s: float = 0.0, setup_busy: int = 0,
+            mix: str = "default") -> scenario.RunResult:
+    from collections import Counter
+
+    log = scenario.OpLog(latencies=[0.001] * (2 * users * 100))
+    return scenario.RunResult(mix, users, 0, elapsed_s, {"ping": log}, Counter(), [], [],
+                              setup_s=setup_s, setup_busy=setup_busy)
+
+
+def test_a_run_says_how_long_its_set_up_took_and_what_waited_on_the_servers_limits() -> None:
+    # before: a run of 0.36 s under a progress bar that said 5 s, the sign-ups' waits unsaid
+    line = series.describe(_result(2, 0.36, setup_s=4.6, setup_busy=37))
+    assert "400 calls in 0.36 s" in line
+    assert ("(set-up before: 4.60 s; 37 sign-ups and logins answered BUSY by the server's limits of "
+            "password hashing, sent again after a pause)") in line
+    assert "answered BUSY" not in series.describe(_result(2, 0.36, setup_s=0.1))
+
+
+def test_the_length_of_a_series_is_estimated_before_it_starts_and_again_as_it_goes() -> None:
+    # before: plain market-sim started 1, 10, 100 users x 1,000 calls x 10 runs without a word
+    runs = [("default", users, run) for users in (1, 10, 100) for run in range(10)]
+    assert series.estimate(runs, 1000, []) == (
+        "about 36 min to run (a guess at 1,500 calls/s); -n, -k and -r make it shorter")
+    measured = [_result(1, 2.0, setup_s=0.5)]  # 100 calls/s at N=1; 0.25 s of set-up per user
+    left = [("default", 1, 1), ("default", 10, 0)]
+    # 2 x (100 / 100 + 0.25) = 2.5 s, and N=10 at N=1's rate: 20 x 1.25 = 25 s
+    assert series.estimate(left, 100, measured) == "about 28 s left (measured so far)"
+    # N=10 measured at 2,000 calls/s, no set-up: 20 x 0.05 = 1 s
+    assert series.estimate(left, 100, [*measured, _result(10, 1.0)]) == "about 4 s left (measured so far)"
+
+
+def test_plots_draw_bars_for_one_user_count_and_lines_for_several(tmp_path: Path) -> None:
+    from simulation.report import op_groups, plot_latency, plot_throughput
+    from simulation.stats import summarise
+
+    groups = op_groups("default", {"put_item", "search_items", "ping", "ALL"})
+    assert groups == [("seller ops", ["put_item"]), ("buyer ops", ["search_items"]),
+                      ("ops of both roles", ["ping", "ALL"])]
+    for counts in ([5], [1, 5, 20]):
+        rows = summarise([_result(n, 1.0) for n in counts])
+        plot_latency(rows, tmp_path / f"latency{len(counts)}.png")
+        plot_throughput(rows, tmp_path / f"throughput{len(counts)}.png")
+        assert (tmp_path / f"latency{len(counts)}.png").stat().st_size > 0
+        assert (tmp_path / f"throughput{len(counts)}.png").stat().st_size > 0
