@@ -19,18 +19,18 @@ from typing import Any
 
 from sqlalchemy import Table, func, insert, select
 
+from .catalog import INDEX_VOCABULARY
 from .database import Database, now_ms
 from .passwords import hash_password
 from .schema import (
     item_keyword_pairs,
     item_keywords,
-    item_word_pairs,
     item_words,
     items,
     keyword_pair_rows,
     keyword_rows,
     users,
-    word_pair_rows,
+    vocabulary_rows,
     word_rows,
 )
 from .unit_of_work import UnitOfWork
@@ -73,15 +73,15 @@ def _insert_items(tx: UnitOfWork, item_rows: list[dict[str, Any]]) -> None:
     words = {row["item_id"]: word_rows(row["item_id"], row["category"], row["name"], keywords[row["item_id"]])
              for row in item_rows}
     text_rows = [word for rows in words.values() for word in rows]
-    text_pair_rows = [pair for item_id, rows in words.items()
-                      for pair in word_pair_rows(item_id, [row["word"] for row in rows])]
     indexes = ((items, item_rows), (item_keywords, single_rows), (item_keyword_pairs, pair_rows),
-               (item_words, text_rows), (item_word_pairs, text_pair_rows))
+               (item_words, text_rows))
     tx.flush()  # START TRANSACTION (MySQL): the inserts below bypass the unit of work
     if tx.core.dialect.name == "sqlite":
         tx.core.exec_driver_sql(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
     for table, rows in indexes:
         _bulk_insert(tx, table, rows)
+    if new_words := vocabulary_rows({row["word"] for row in text_rows}):
+        tx.core.execute(INDEX_VOCABULARY, new_words)
 
 
 def _bulk_insert(tx: UnitOfWork, table: Table, rows: list[dict[str, Any]]) -> None:

@@ -55,6 +55,7 @@ class Settings:
     login_address_free_failures: int = 50
     login_account_free_failures: int = 100
     signups_per_address_hour: int = 300
+    max_items_per_seller: int = 10_000  # items on sale at once (db.catalog.put_item)
     hash_queue: int = 0  # 0: threads - 1 (db.passwords.admitted_hashes)
     hash_queue_per_address: int = 0  # 0: half the queue (db.passwords.hashes_per_address)
     housekeeping_interval_s: float = 60.0
@@ -164,6 +165,7 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "login_address_free_failures": ("MARKET_LOGIN_ADDRESS_FREE_FAILURES", 0, 10**9),
     "login_account_free_failures": ("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", 0, 10**9),
     "signups_per_address_hour": ("MARKET_SIGNUPS_PER_ADDRESS_HOUR", 0, 10**9),
+    "max_items_per_seller": ("MARKET_MAX_ITEMS_PER_SELLER", 1, 10**9),
     "hash_queue": ("MARKET_HASH_QUEUE", 0, 1_000_000),
     "hash_queue_per_address": ("MARKET_HASH_QUEUE_PER_ADDRESS", 0, 1_000_000),
     "housekeeping_interval_s": ("MARKET_HOUSEKEEPING_INTERVAL_S", 0.01, 10**6),
@@ -280,6 +282,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
                                            default.login_account_free_failures),
         signups_per_address_hour=number("MARKET_SIGNUPS_PER_ADDRESS_HOUR", int,
                                         default.signups_per_address_hour),
+        max_items_per_seller=number("MARKET_MAX_ITEMS_PER_SELLER", int, default.max_items_per_seller),
         hash_queue=number("MARKET_HASH_QUEUE", int, default.hash_queue),
         purchase_threads=number("MARKET_PURCHASE_THREADS", int, default.purchase_threads),
         hash_queue_per_address=number("MARKET_HASH_QUEUE_PER_ADDRESS", int, default.hash_queue_per_address),
