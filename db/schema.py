@@ -141,7 +141,7 @@ item_keywords = Table(
 # Every pair of an item on sale's keywords (keyword_pairs): the items with both keywords of a
 # two-keyword search, in item order, without reading either keyword's whole range, and the
 # rank of every item with two or more keywords of a longer search's first page. No category:
-# a search with one uses the grouped statement (db.catalog._two_keyword_search).
+# a search with one uses the grouped statement (db.search._two_keyword_search).
 item_keyword_pairs = Table(
     "item_keyword_pairs", metadata,
     Column("first_keyword", ExactText(8), nullable=False),

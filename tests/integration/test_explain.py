@@ -15,27 +15,21 @@ from support import fresh_mysql_database
 from db import Database
 from db.accounts import _SESSION_BY_TOKEN
 from db.carts import _CART, _IN_CART, _STOCK_AND_HELD
-from db.catalog import (
-    _ITEM_FOR_SESSION,
-    _ON_SALE,
-    _OWN_ITEM,
-    _RATING_FOR_SESSION,
-    _SELLER_ITEMS,
+from db.catalog import _ITEM_FOR_SESSION, _ON_SALE, _OWN_ITEM, _RATING_FOR_SESSION, _SELLER_ITEMS
+from db.login_throttle import _FAILURES
+from db.orders import _HISTORY, _VOTE_OF_BUYER
+from db.purchases import CART_LINES, DUE_ORDERS
+from db.schema import cart_lines, item_keywords, items, login_failures, metadata, sessions
+from db.search import (
     WINDOW,
-    _many_keywords_first_page,
     _one_keyword_search,
     _plain_search,
     _ranked_search,
-    _text_search,
     _two_keyword_search,
     _typo_candidates,
     pair_params,
     query_terms,
 )
-from db.login_throttle import _FAILURES
-from db.orders import _HISTORY, _VOTE_OF_BUYER
-from db.purchases import CART_LINES, DUE_ORDERS
-from db.schema import cart_lines, items, login_failures, metadata, sessions
 from db.seed import seed
 
 # Run in parallel (scripts/test.sh), the module stays on one worker: its seeded database is made once.
@@ -54,6 +48,9 @@ WORDS = ["lamp", "desk", "chair", "light", "table", "w0005", "w0006", "w0007"]
 TERMS = query_terms(WORDS, {"chair": ["chairs"], "table": ["tables"]})  # 8 words: 21 terms
 TEXT = {"window": WINDOW, **{f"{key}{n}": value for n, term in enumerate(TERMS)
                              for key, value in zip(("term", "group", "weight"), term, strict=True)}}
+FIVE = ["lamp", "desk", "chair", "light", "table"]
+KEYWORDS = {"window": WINDOW, **{f"{key}{n}": value for n, word in enumerate(FIVE)
+                                 for key, value in (("term", word), ("group", n), ("weight", 1))}}
 TYPOS = {f"{key}{n}": value for n, word in enumerate(["chiar", "tabel"])
          for key, value in (("length", 5), ("head", word[:2]), ("head_end", word[:2] + "\U0010ffff"),
                             ("tail", word[::-1][:2]), ("tail_end", word[::-1][:2] + "\U0010ffff"))}
@@ -66,15 +63,15 @@ STATEMENTS = {
     "search one keyword": _one_keyword_search(False),
     "search one keyword+category": _one_keyword_search(True),
     "search two keywords": _two_keyword_search(),
-    "search three keywords, first page": _many_keywords_first_page(3),
-    "search five keywords, first page": _many_keywords_first_page(5),
-    "search keywords": _ranked_search(False, False, 3),
-    "search keywords+category": _ranked_search(True, False, 2),
-    "search keywords, next page": _ranked_search(True, True, 2), "display_cart": _CART,
-    "search by text, one word": (_text_search(3, False, False), TEXT),
-    "search by text, one word+category": (_text_search(3, True, False), TEXT),
-    "search by text, eight words": (_text_search(len(TERMS), False, False), TEXT),
-    "search by text+category, next page": (_text_search(len(TERMS), True, True), TEXT),
+    "search three keywords": (_ranked_search(3, False, False, keywords=True), KEYWORDS),
+    "search five keywords, next page": (_ranked_search(5, False, True, keywords=True), KEYWORDS),
+    "search keywords+category": (_ranked_search(2, True, False, keywords=True), KEYWORDS),
+    "search keywords+category, next page": (_ranked_search(2, True, True, keywords=True), KEYWORDS),
+    "display_cart": _CART,
+    "search by text, one word": (_ranked_search(3, False, False), TEXT),
+    "search by text, one word+category": (_ranked_search(3, True, False), TEXT),
+    "search by text, eight words": (_ranked_search(len(TERMS), False, False), TEXT),
+    "search by text+category, next page": (_ranked_search(len(TERMS), True, True), TEXT),
     "search by text, typos of two words": (_typo_candidates(2), TYPOS),
     "put_item's count of the seller's items on sale": (_ON_SALE, {"cap": 10_000}),
     "token check": _SESSION_BY_TOKEN, "own item (change_price, remove_item)": (_OWN_ITEM, SELLER),
@@ -167,7 +164,7 @@ def test_search_by_text_reads_each_term_in_item_order_stopped_by_the_window(seed
                                                                           by_category: bool) -> None:
     """Each term's range of item_words is read in item order (no sort of its matches), each
     stopped by its LIMIT; only those few rows are grouped and sorted."""
-    statement = (_text_search(len(TERMS), by_category, False), TEXT)
+    statement = (_ranked_search(len(TERMS), by_category, False), TEXT)
     plan, sql = plan_of(seeded, statement)
     reads = [row["type"] for row in plan if row["table"] == "item_words"]
     assert reads == ["ref"] * len(TERMS), sql
@@ -189,15 +186,19 @@ def test_two_keyword_search_checks_the_other_keyword_one_row_at_a_time(seeded: D
                      ("keyword1", "eq_ref"), ("keyword1", "range")], sql
 
 
+@pytest.mark.parametrize("by_category", [False, True])
 @pytest.mark.parametrize("count", [3, 5])
-def test_many_keywords_first_page_reads_the_keyword_indexes_in_order(seeded: Database, count: int) -> None:
-    """Each keyword's range in item order, stopped by its LIMIT, and the pairs' ranges: only
-    those few rows are grouped and sorted, not every item with any of the keywords."""
-    plan, sql = plan_of(seeded, _many_keywords_first_page(count))
-    reads = sorted((row["table"], row["type"]) for row in plan if row["table"] in KEYWORD_INDEXES)
-    assert reads == [("item_keyword_pairs", "range")] + [("item_keywords", "ref")] * count, sql
-    assert keyword_index_work(seeded, _many_keywords_first_page(count)) == [], sql
+def test_ranked_keyword_search_reads_each_keyword_in_item_order(seeded: Database, count: int,
+                                                              by_category: bool) -> None:
+    """Each keyword's range in item order, stopped by the window: only those rows are grouped
+    and sorted, not every item with any of the keywords."""
+    statement = (_ranked_search(count, by_category, False, keywords=True), KEYWORDS)
+    plan, sql = plan_of(seeded, statement)
+    assert [row["type"] for row in plan if row["table"] in KEYWORD_INDEXES] == ["ref"] * count, sql
+    assert keyword_index_work(seeded, statement) == [], sql
 
 
-def test_the_order_check_does_see_the_grouped_search_sort(seeded: Database) -> None:
-    assert keyword_index_work(seeded, _ranked_search(False, False, 3)) != []
+def test_the_order_check_does_see_a_sort_of_the_keyword_index(seeded: Database) -> None:
+    two_ranges = (select(item_keywords.c.item_id).where(item_keywords.c.keyword.in_(["lamp", "desk"]))
+                  .order_by(item_keywords.c.item_id))
+    assert keyword_index_work(seeded, two_ranges) != []

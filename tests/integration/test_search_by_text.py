@@ -14,9 +14,9 @@ from support import CARD, Market, running_market
 
 from db import Database
 from db.audit import audit
-from db.catalog import WINDOW
 from db.migrations import revision_of
-from db.schema import item_words, items, users, vocabulary, word_rows
+from db.schema import item_keywords, item_words, items, keyword_rows, users, vocabulary, word_rows
+from db.search import WINDOW
 from db.seed import seed
 from wire import Connection
 from wire.errors import BadRequestError
@@ -173,8 +173,9 @@ def test_paging_through_a_ranked_result_with_many_ties_follows_the_ranking_worke
 
 
 def test_a_search_ranks_at_most_the_first_window_of_items_of_each_word(database: Database) -> None:
-    """The attack of items named "a b c d e f g h ...": whatever the catalogue, a search reads
-    at most WINDOW rows of each term's range, so its answer holds the first WINDOW items."""
+    """The attack of items named "a b c d e f g h ...": whatever the catalogue, a ranked search
+    (by text, or of three keywords) reads at most WINDOW rows of each term's range, so its
+    answer holds the first WINDOW items."""
     database.run(lambda tx: tx.execute(insert(users).values(
         user_id=1, role="seller", username="s1", name="S", password_hash="x", created_ms=0)))
     name, count = "a b c d e f g h i j k l m n o p", WINDOW + 40
@@ -184,10 +185,16 @@ def test_a_search_ranks_at_most_the_first_window_of_items_of_each_word(database:
     database.run(lambda tx: tx.execute(insert(items), rows))
     database.run(lambda tx: tx.execute(insert(item_words), [
         row for n in range(1, count + 1) for row in word_rows(n, 0, name, ["q", "r"])]))
+    database.run(lambda tx: tx.execute(insert(item_keywords), [
+        row for n in range(1, count + 1) for row in keyword_rows(n, 0, ["q", "r"])]))
     with running_market(database) as market:
         buyer = market.user("buyer")
-        pages = every_page(buyer, 100, query="a b c d e f g h")
-    assert [i for page in pages for i in page] == list(range(1, WINDOW + 1))
+        by_text = every_page(buyer, 100, query="a b c d e f g h")
+        by_keywords = every_page(buyer, 100, keywords=["q", "r", "s"])  # three keywords: ranked alike
+        one_keyword = every_page(buyer, 100, keywords=["q"])  # a range read page by page: every item
+    assert [i for page in by_text for i in page] == list(range(1, WINDOW + 1))
+    assert [i for page in by_keywords for i in page] == list(range(1, WINDOW + 1))
+    assert [i for page in one_keyword for i in page] == list(range(1, count + 1))
 
 
 def test_an_item_brings_at_most_twelve_words_into_the_index(market: Market) -> None:
