@@ -2,8 +2,8 @@
 
 Keyword search ranks by matching keywords, then item_id, and pages with a cursor over exactly
 that order: one keyword, and two without a category, by index ranges of item_keywords (and
-item_keyword_pairs) read in item order; more, or two with a category, on the first WINDOW
-items of each keyword (_ranked). A search by text (`query`) is ranked so on item_words, the
+item_keyword_pairs) read in item order; more, or two with a category, on a window of the
+first items of each keyword (_ranked). A search by text (`query`) is ranked so on item_words, the
 words of each item on sale, with the vocabulary for typos. Every search reads a bounded
 number of index rows, whatever the catalogue.
 """
@@ -21,6 +21,7 @@ from sqlalchemy import (
     Select,
     and_,
     bindparam,
+    case,
     desc,
     func,
     literal_column,
@@ -39,26 +40,29 @@ from .unit_of_work import UnitOfWork
 def search_items(tx: UnitOfWork, session: Session, category: int | None, keywords: list[str],
                  limit: int, cursor: str | None, query: Sequence[str] = ()) -> dict[str, Any]:
     """Items on sale, by category and/or keywords or the words of a query, best match first."""
-    terms = list(keywords)
+    terms, by_category = list(keywords), category is not None
     params: dict[str, Any] = {**session.check_params, "category": category, "limit": limit + 1}
-    last = decode_cursor(cursor, 2) if cursor and (terms or query) else None  # (matches, item_id)
-    params.update({f"keyword{n}": word for n, word in enumerate(terms)})
     if query:
         words = list(query)
-        statement = _ranked(params, query_terms(words, _typos(tx, words)), category is not None, last)
+        return _ranked(tx, session, params, query_terms(words, _typos(tx, words)), by_category, cursor)
+    last = decode_cursor(cursor, 2) if cursor and terms else None  # (matches, item_id)
+    params.update({f"keyword{n}": word for n, word in enumerate(terms)})
+    if len(terms) > 2 and not by_category and last is None:
+        params.update(pair_params(terms), window=WINDOW)
+        statement = _many_keywords_first_page(len(terms))
+    elif len(terms) > 1 and (by_category or last is not None and len(terms) > 2):
+        weighed = [(word, n, 1) for n, word in enumerate(terms)]
+        return _ranked(tx, session, params, weighed, by_category, last, keywords=True)
     elif len(terms) == 1:
         params["after"] = _after_at_rank(last, 1)
         statement = _one_keyword_search(category is not None)
     elif len(terms) == 2 and category is None:
         params.update(pair_params(terms), after_both=_after_at_rank(last, 2), after=_after_at_rank(last, 1))
         statement = _two_keyword_search()
-    elif terms:  # three to five, or two with a category: ranked on WINDOW items of each
-        statement = _ranked(params, [(word, n, 1) for n, word in enumerate(terms)], category is not None,
-                            last, keywords=True)
     else:
         params["after"] = decode_cursor(cursor, 1)[0] if cursor else 0
         statement = _plain_search(category is not None)
-    cursor_of = _rank_cursor if terms or query else _id_cursor
+    cursor_of = _rank_cursor if terms else _id_cursor
     rows, next_cursor = split_page(session.accept_rows(tx.execute(statement, params).all()), limit, cursor_of)
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
@@ -68,7 +72,7 @@ def _id_cursor(row: ItemRow) -> str:
 
 
 def _rank_cursor(row: ItemRow) -> str:
-    return encode_cursor(int(row.matches), row.item_id)  # MariaDB's SUM is a DECIMAL
+    return encode_cursor(row.matches, row.item_id)
 
 
 @functools.cache
@@ -148,6 +152,37 @@ def _limited(ranked: Select[Any], limit: str | int = "limit") -> Select[Any]:
     return select(*page.c)
 
 
+# An item with m of the keywords has m(m-1)/2 of their pairs: its rank from its pair count.
+_RANK_OF_PAIR_COUNT = {m * (m - 1) // 2: m for m in range(1, 6)}
+
+
+@functools.cache
+def _many_keywords_first_page(keyword_count: int) -> Select[Any]:
+    """The first page of a search of three to five keywords without a category.
+
+    Every item with two or more of the keywords is on the pair index, so its rank is counted
+    there from a few short ranges (the pairs' rows, each read in item order up to WINDOW),
+    where counting it on the keyword index would group and sort every item with any of the
+    keywords. The items with one keyword are read from each keyword's range in item order,
+    stopped at the page's length L (`limit`, which is the page plus one). That is enough:
+    with P < L items of rank two or more, the page's rank-one items are the smallest L - P of
+    them, and before each, its keyword's range holds fewer than L - P rank-one items and at
+    most P others, so it lies in the first L rows (with P >= L the page has none). Later
+    pages are ranked on WINDOW items of each keyword (_ranked).
+    """
+    ranges = [_limited(select(item_keywords.c.item_id, literal_column("0", Integer).label("pairs"))
+                       .with_hint(item_keywords, "FORCE INDEX (PRIMARY)", "mysql")  # item order
+                       .where(item_keywords.c.keyword == _keyword(n)).order_by(item_keywords.c.item_id))
+              for n in range(keyword_count)]
+    pairs = [_limited(select(item_keyword_pairs.c.item_id, literal_column("1", Integer).label("pairs"))
+                      .where(_pair(n)).order_by(item_keyword_pairs.c.item_id), "window")
+             for n in range(keyword_count * (keyword_count - 1) // 2)]
+    hits = union_all(*ranges, *pairs).subquery()
+    matches = case(_RANK_OF_PAIR_COUNT, value=func.sum(hits.c.pairs)).label("matches")
+    ranked = select(hits.c.item_id, matches).group_by(hits.c.item_id)
+    return _page_with_items(ranked.order_by(desc(matches), hits.c.item_id))
+
+
 def pair_params(terms: list[str]) -> dict[str, Any]:
     """The parameters of the keywords' pairs on the pair index (_pair): first0, second0, ..."""
     params: dict[str, Any] = {}
@@ -182,23 +217,40 @@ def _page_with_items(ranked: Select[Any] | CompoundSelect) -> Select[Any]:
 # exact matches (9 each above 81) beyond it, and those any number of stems (1 each).
 EXACT, STEM, EDIT = 90, 82, 81
 TYPOS = 2  # vocabulary words matched per query word by one edit (the first in their order)
-WINDOW = 250  # items read of each term's range, in item order: a search's work is bounded
+FIRST_WINDOW = 50  # items read of each term's range for a first page (at least twice the page)
+WINDOW = 1000  # the most items read of each term's range, by a later page
 CANDIDATES = 50  # vocabulary words read of each of a typo's ranges
 _LAST = "\U0010ffff"  # after every letter: a prefix's range ends at prefix + _LAST
 
 
-def _ranked(params: dict[str, Any], terms: list[tuple[str, int, int]], by_category: bool,
-            last: tuple[int, ...] | None, keywords: bool = False) -> Select[Any]:
-    """The ranked statement of terms (query_terms, or each keyword weighing 1), its parameters
-    added to params.
+Terms = list[tuple[str, int, int]]  # (word, query word's number, weight)
 
-    Each term's range of the index is read in item order, at most WINDOW rows: the ranking
-    runs over those (every match while a term has WINDOW items or fewer; else its first
-    WINDOW), so that no search reads more than WINDOW rows a term whatever the catalogue."""
+
+def _ranked(tx: UnitOfWork, session: Session, params: dict[str, Any], terms: Terms, by_category: bool,
+            cursor: str | tuple[int, ...] | None, keywords: bool = False) -> dict[str, Any]:
+    """A page of items ranked on terms (query_terms, or each keyword weighing 1).
+
+    Each term's range of the index is read in item order, at most a window of rows: the
+    ranking runs over those (every match while a term has no more items than the window,
+    else its first), so that no search reads more than WINDOW rows a term whatever the
+    catalogue. Keywords (their decoded cursor given) are ranked on WINDOW rows, exact while
+    no keyword has more items. A query's first page's window is FIRST_WINDOW (or twice the
+    page), each later one twice the last, up to WINDOW; its cursor holds (rank, item_id,
+    window): a page holds the items of its window ranked after the last one shown."""
+    last = decode_cursor(cursor, 3) if isinstance(cursor, str) else cursor
+    if keywords:
+        window = WINDOW
+    else:
+        window = min(max(last[2], 1), WINDOW) if last else min(max(FIRST_WINDOW, 2 * params["limit"]), WINDOW)
     for n, (word, group, weight) in enumerate(terms):
         params.update({f"term{n}": word, f"group{n}": group, f"weight{n}": weight})
-    params.update(window=WINDOW, last_matches=last and last[0], after=last and last[1])
-    return _ranked_search(len(terms), by_category, last is not None, keywords)
+    params.update(window=window, last_matches=last and last[0], after=last and last[1])
+    rows = session.accept_rows(tx.execute(_ranked_search(len(terms), by_category, last is not None, keywords),
+                                          params).all())
+    wider = () if keywords else (min(2 * window, WINDOW),)  # int(): MariaDB's SUM is a DECIMAL
+    rows, next_cursor = split_page(rows, params["limit"] - 1,
+                                   lambda row: encode_cursor(int(row.matches), row.item_id, *wider))
+    return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
 
 def query_terms(words: list[str], typos: dict[str, list[str]]) -> list[tuple[str, int, int]]:

@@ -22,6 +22,7 @@ from db.purchases import CART_LINES, DUE_ORDERS
 from db.schema import cart_lines, item_keywords, items, login_failures, metadata, sessions
 from db.search import (
     WINDOW,
+    _many_keywords_first_page,
     _one_keyword_search,
     _plain_search,
     _ranked_search,
@@ -63,7 +64,8 @@ STATEMENTS = {
     "search one keyword": _one_keyword_search(False),
     "search one keyword+category": _one_keyword_search(True),
     "search two keywords": _two_keyword_search(),
-    "search three keywords": (_ranked_search(3, False, False, keywords=True), KEYWORDS),
+    "search three keywords, first page": (_many_keywords_first_page(3), {"window": WINDOW}),
+    "search five keywords, first page": (_many_keywords_first_page(5), {"window": WINDOW}),
     "search five keywords, next page": (_ranked_search(5, False, True, keywords=True), KEYWORDS),
     "search keywords+category": (_ranked_search(2, True, False, keywords=True), KEYWORDS),
     "search keywords+category, next page": (_ranked_search(2, True, True, keywords=True), KEYWORDS),
@@ -195,6 +197,18 @@ def test_ranked_keyword_search_reads_each_keyword_in_item_order(seeded: Database
     statement = (_ranked_search(count, by_category, False, keywords=True), KEYWORDS)
     plan, sql = plan_of(seeded, statement)
     assert [row["type"] for row in plan if row["table"] in KEYWORD_INDEXES] == ["ref"] * count, sql
+    assert keyword_index_work(seeded, statement) == [], sql
+
+
+@pytest.mark.parametrize("count", [3, 5])
+def test_many_keywords_first_page_reads_the_keyword_indexes_in_order(seeded: Database, count: int) -> None:
+    """Each keyword's range in item order, stopped by its LIMIT, and each pair's range, stopped
+    by the window: only those few rows are grouped and sorted."""
+    statement = (_many_keywords_first_page(count), {"window": WINDOW})
+    plan, sql = plan_of(seeded, statement)
+    reads = sorted((row["table"], row["type"]) for row in plan if row["table"] in KEYWORD_INDEXES)
+    pairs = count * (count - 1) // 2
+    assert reads == [("item_keyword_pairs", "ref")] * pairs + [("item_keywords", "ref")] * count, sql
     assert keyword_index_work(seeded, statement) == [], sql
 
 

@@ -15,7 +15,17 @@ from support import CARD, Market, running_market
 from db import Database
 from db.audit import audit
 from db.migrations import revision_of
-from db.schema import item_keywords, item_words, items, keyword_rows, users, vocabulary, word_rows
+from db.schema import (
+    item_keyword_pairs,
+    item_keywords,
+    item_words,
+    items,
+    keyword_pair_rows,
+    keyword_rows,
+    users,
+    vocabulary,
+    word_rows,
+)
 from db.search import WINDOW
 from db.seed import seed
 from wire import Connection
@@ -174,8 +184,8 @@ def test_paging_through_a_ranked_result_with_many_ties_follows_the_ranking_worke
 
 def test_a_search_ranks_at_most_the_first_window_of_items_of_each_word(database: Database) -> None:
     """The attack of items named "a b c d e f g h ...": whatever the catalogue, a ranked search
-    (by text, or of three keywords) reads at most WINDOW rows of each term's range, so its
-    answer holds the first WINDOW items."""
+    (by text, or of three keywords) reads at most WINDOW rows of each term's range (fewer for
+    its first pages), so its pages hold the first WINDOW items."""
     database.run(lambda tx: tx.execute(insert(users).values(
         user_id=1, role="seller", username="s1", name="S", password_hash="x", created_ms=0)))
     name, count = "a b c d e f g h i j k l m n o p", WINDOW + 40
@@ -187,6 +197,8 @@ def test_a_search_ranks_at_most_the_first_window_of_items_of_each_word(database:
         row for n in range(1, count + 1) for row in word_rows(n, 0, name, ["q", "r"])]))
     database.run(lambda tx: tx.execute(insert(item_keywords), [
         row for n in range(1, count + 1) for row in keyword_rows(n, 0, ["q", "r"])]))
+    database.run(lambda tx: tx.execute(insert(item_keyword_pairs), [
+        row for n in range(1, count + 1) for row in keyword_pair_rows(n, ["q", "r"])]))
     with running_market(database) as market:
         buyer = market.user("buyer")
         by_text = every_page(buyer, 100, query="a b c d e f g h")
