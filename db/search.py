@@ -25,6 +25,7 @@ from sqlalchemy import (
     desc,
     func,
     literal_column,
+    or_,
     select,
     union_all,
 )
@@ -219,7 +220,7 @@ EXACT, STEM, EDIT = 90, 82, 81
 TYPOS = 2  # vocabulary words matched per query word by one edit (the first in their order)
 FIRST_WINDOW = 50  # items read of each term's range for a first page (at least twice the page)
 WINDOW = 1000  # the most items read of each term's range, by a later page
-CANDIDATES = 50  # vocabulary words read of each of a typo's ranges
+CANDIDATES = 100  # vocabulary words read for typos by each of two reads, a query word
 _LAST = "\U0010ffff"  # after every letter: a prefix's range ends at prefix + _LAST
 
 
@@ -286,16 +287,17 @@ def _typos(tx: UnitOfWork, words: list[str]) -> dict[str, list[str]]:
 @functools.cache
 def _typo_candidates(word_count: int) -> CompoundSelect:
     """The vocabulary's words of one letter fewer, as many or one more as each query word, that
-    share its first or its last letters (_typos): two ranges a length, CANDIDATES rows each."""
-    reads = []
-    for n in range(word_count):
-        for column, start, end in ((vocabulary.c.word, f"head{n}", f"head_end{n}"),
-                                   (vocabulary.c.tail, f"tail{n}", f"tail_end{n}")):
-            for delta in (-1, 0, 1):
-                on = ((vocabulary.c.length == bindparam(f"length{n}", type_=Integer) + delta)
-                      & (column >= bindparam(start)) & (column < bindparam(end)))
-                reads.append(_limited(select(vocabulary.c.word).where(on).order_by(column), CANDIDATES))
-    return union_all(*reads)
+    share its first or its last letters (_typos): two ranges a length, in two index reads (by
+    word, by tail) of at most CANDIDATES rows a query word."""
+    def ranges(column: Any, start: str, end: str) -> ColumnElement[bool]:
+        return or_(*[(vocabulary.c.length == bindparam(f"length{n}", type_=Integer) + delta)
+                     & (column >= bindparam(f"{start}{n}")) & (column < bindparam(f"{end}{n}"))
+                     for n in range(word_count) for delta in (-1, 0, 1)])
+
+    return union_all(*[_limited(select(vocabulary.c.word).where(ranges(column, start, end)),
+                                CANDIDATES * word_count)
+                       for column, start, end in ((vocabulary.c.word, "head", "head_end"),
+                                                  (vocabulary.c.tail, "tail", "tail_end"))])
 
 
 @functools.cache
