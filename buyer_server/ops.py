@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from db import Database, accounts, carts, catalog, orders
+from db import Database, accounts, carts, catalog, orders, search
 from db.ledger import Ledger
 from runtime.cached_app import server_app
 from runtime.config import Settings
@@ -37,7 +37,7 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
     handlers = {
         **account_handlers(db, "buyer", policy,
                                     __version__, AccountGuards.for_settings(settings)),
-        "search_items": catalog.search_items,
+        "search_items": search.search_items,
         "get_item": catalog.get_item,
         "add_to_cart": carts.add_to_cart,
         "remove_from_cart": carts.remove_from_cart,

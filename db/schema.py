@@ -7,7 +7,6 @@ are constraints here, never read-then-write checks in Python.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Iterable
 from typing import Any
@@ -31,12 +30,12 @@ from sqlalchemy.dialects.mysql import VARBINARY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
-from wire.values import MAX_WORD_LENGTH, item_search_words
+from wire.values import MAX_WORD_LENGTH, TYPO_LENGTH, item_search_words, stem
 
 # 2: item_keywords holds items on sale only; 3: item_keyword_pairs, item_keywords by item_id,
 # keywords and idempotency keys compared exactly on MySQL (ExactText); 4: orders.status and
 # orders.payment_key, for purchases in steps (db.purchases); 5: item_words and item_word_pairs, the search by
-# text's indexes ; 6: suspensions and
+# text's indexes (10: item_words of stems too, vocabulary for typos, no pairs); 6: suspensions and
 # admin_actions, the operator's commands; 7: commit_tokens, how a COMMIT whose answer was lost
 # is known to have committed or not; 8: orders.session_id; 9: device_tokens (revisions in
 # db/migrations/versions)
@@ -124,6 +123,7 @@ items = Table(
     _counter("thumbs_up"), _counter("thumbs_down"),
     Column("created_ms", BigInteger, nullable=False),
     Index("ix_items_seller", "seller_id", "item_id"),
+    Index("ix_items_seller_on_sale", "seller_id", "quantity"),  # the cap on listings (db.catalog.put_item)
     Index("ix_items_category", "category", "item_id"),
     **_MYSQL,
 )
@@ -142,7 +142,7 @@ item_keywords = Table(
 # Every pair of an item on sale's keywords (keyword_pairs): the items with both keywords of a
 # two-keyword search, in item order, without reading either keyword's whole range, and the
 # rank of every item with two or more keywords of a longer search's first page. No category:
-# a search with one uses the grouped statement (db.catalog._two_keyword_search).
+# a search with one uses the grouped statement (db.search._two_keyword_search).
 item_keyword_pairs = Table(
     "item_keyword_pairs", metadata,
     Column("first_keyword", ExactText(8), nullable=False),
@@ -170,13 +170,14 @@ def keyword_pair_rows(item_id: int, keywords: Iterable[str]) -> list[dict[str, A
             for first, second in keyword_pairs(keywords)]
 
 
-# The search by text's index: the folded words of an item on sale's name and keywords
-# (wire.values.item_search_words), each once, so that an item's rank for a query is the
-# number of its rows among the query's words. Kept like item_keywords: written by put_item
-# (no op renames an item or changes its keywords), deleted when the item sells out.
+# The search by text's index: an item on sale's words (wire.values.item_search_words: its
+# category's name, the folded words of its name and one-word keywords, at most 12), each once,
+# and "~" + the stem of each whose stem differs (db.catalog: a query word's stem finds them).
+# Kept like item_keywords: written by put_item (no op renames an item or changes its keywords),
+# deleted when the item sells out.
 item_words = Table(
     "item_words", metadata,
-    Column("word", ExactText(MAX_WORD_LENGTH), nullable=False),
+    Column("word", ExactText(MAX_WORD_LENGTH + 1), nullable=False),
     Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
     Column("category", SmallInteger, nullable=False),
     PrimaryKeyConstraint("word", "item_id"),
@@ -185,37 +186,37 @@ item_words = Table(
     **_MYSQL,
 )
 
-
-# Every pair of an item on sale's words, as item_keyword_pairs is for keywords: the items with
-# both words of a two-word query, and the rank of every item with two or more words of a
-# longer query's first page, without reading every match. A pair is held as a 64-bit hash
-# (word_pair_hash): words may be hundreds of bytes long, too long for a key of two on MySQL.
-item_word_pairs = Table(
-    "item_word_pairs", metadata,
-    Column("pair_hash", BigInteger, nullable=False),
-    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
-    PrimaryKeyConstraint("pair_hash", "item_id"),
-    Index("ix_item_word_pairs_item", "item_id"),
+# Every word of letters only, of TYPO_LENGTH - 1 letters or more, that an item ever brought into
+# item_words (never deleted): what a query word's typos are matched against. A word one edit
+# from another shares with it the first or the last (n - 1) // 2 letters (n: the longer's
+# length), so the candidates are two ranges per length: by word and by its letters reversed.
+vocabulary = Table(
+    "vocabulary", metadata,
+    Column("length", SmallInteger, nullable=False),
+    Column("word", ExactText(MAX_WORD_LENGTH), nullable=False),
+    Column("tail", ExactText(MAX_WORD_LENGTH), nullable=False),  # the word reversed
+    PrimaryKeyConstraint("length", "word"),
+    Index("ix_vocabulary_tail", "length", "tail"),
     **_MYSQL,
 )
+
+
+def item_word_list(name: str, category: int, keywords: list[str]) -> list[str]:
+    """What item_words holds for one item on sale: its words, then "~" + each differing stem."""
+    words = item_search_words(name, keywords, category)
+    return words + list(dict.fromkeys(f"~{stem(word)}" for word in words if stem(word) != word))
 
 
 def word_rows(item_id: int, category: int, name: str, keywords: list[str]) -> list[dict[str, Any]]:
     """The item_words rows of one item on sale."""
     return [{"word": word, "item_id": item_id, "category": category}
-            for word in item_search_words(name, keywords)]
+            for word in item_word_list(name, category, keywords)]
 
 
-def word_pair_hash(first: str, second: str) -> int:
-    """The pair of two words (first < second) as item_word_pairs holds it: a signed 64-bit hash."""
-    digest = hashlib.blake2b(f"{first}\0{second}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-def word_pair_rows(item_id: int, words: Iterable[str]) -> list[dict[str, Any]]:
-    """The item_word_pairs rows of one item on sale, from its words (word_rows)."""
-    return [{"pair_hash": word_pair_hash(first, second), "item_id": item_id}
-            for first, second in keyword_pairs(words)]
+def vocabulary_rows(words: Iterable[str]) -> list[dict[str, Any]]:
+    """The vocabulary rows of an item's words (word_rows), in key order."""
+    kept = sorted((len(word), word) for word in words if len(word) >= TYPO_LENGTH - 1 and word.isalpha())
+    return [{"length": length, "word": word, "tail": word[::-1]} for length, word in kept]
 
 
 cart_lines = Table(

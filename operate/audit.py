@@ -22,14 +22,12 @@ from db.schema import (
     feedback,
     item_keyword_pairs,
     item_keywords,
-    item_word_pairs,
     item_words,
     items,
     keyword_pairs,
     order_lines,
     orders,
     users,
-    word_pair_hash,
     word_rows,
 )
 
@@ -161,19 +159,14 @@ def _search_index_rules(tx: Connection) -> Iterator[str]:
 
 
 def _word_index_rules(tx: Connection) -> Iterator[str]:
-    """item_words holds exactly the words (and category) of every item on sale's name and keywords,
-    and item_word_pairs exactly every pair of those words."""
-    indexed: dict[int, set[tuple[str, int] | int]] = {}
+    """item_words holds exactly the words (and category) of every item on sale (word_rows)."""
+    indexed: dict[int, set[tuple[str, int]]] = {}
     for row in tx.execute(select(item_words.c.item_id, item_words.c.word, item_words.c.category)):
         indexed.setdefault(row.item_id, set()).add((row.word, row.category))
-    for pair in tx.execute(select(item_word_pairs.c.item_id, item_word_pairs.c.pair_hash)):
-        indexed.setdefault(pair.item_id, set()).add(pair.pair_hash)
     for item in tx.execute(select(items.c.item_id, items.c.quantity, items.c.name, items.c.keywords,
                                   items.c.category)):
         rows = word_rows(item.item_id, item.category, item.name, json.loads(item.keywords))
-        words = [row["word"] for row in rows] if item.quantity > 0 else []
-        pairs = {word_pair_hash(first, second) for first, second in keyword_pairs(words)}
-        expected = {(word, item.category) for word in words} | pairs
+        expected = {(row["word"], item.category) for row in rows} if item.quantity > 0 else set()
         if indexed.pop(item.item_id, set()) != expected:
             yield (f"item {item.item_id}: word index rows differ from its name and keywords"
                    f" (on sale: {item.quantity})")

@@ -28,7 +28,6 @@ from db.schema import (
     feedback,
     item_keyword_pairs,
     item_keywords,
-    item_word_pairs,
     item_words,
     items,
     login_failures,
@@ -217,8 +216,7 @@ def _purge_seller(tx: Connection, seller_id: int) -> tuple[Counter[str], list[st
     gone = list(tx.execute(select(items.c.item_id).where(items.c.seller_id == seller_id, ~bought)
                            .order_by(items.c.item_id).with_for_update()).scalars())
     for chunk in _chunks(gone):
-        for table in (cart_lines, saved_cart_lines, item_keywords, item_keyword_pairs, item_words,
-                      item_word_pairs, feedback):
+        for table in (cart_lines, saved_cart_lines, item_keywords, item_keyword_pairs, item_words, feedback):
             tx.execute(delete(table).where(table.c.item_id.in_(chunk)))
         tx.execute(delete(items).where(items.c.item_id.in_(chunk)))
     if tx.execute(select(items.c.item_id).where(items.c.seller_id == seller_id).limit(1)).first():

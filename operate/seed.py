@@ -19,18 +19,18 @@ from typing import Any
 
 from sqlalchemy import Table, func, insert, select
 
+from db.catalog import INDEX_VOCABULARY
 from db.database import Database, now_ms
 from db.passwords import hash_password
 from db.schema import (
     item_keyword_pairs,
     item_keywords,
-    item_word_pairs,
     item_words,
     items,
     keyword_pair_rows,
     keyword_rows,
     users,
-    word_pair_rows,
+    vocabulary_rows,
     word_rows,
 )
 from db.unit_of_work import UnitOfWork
@@ -49,14 +49,15 @@ SQLITE_CACHE_KIB = 512 * 1024  # SQLite keeps a batch's pages in memory to its C
 
 
 def seed(db: Database, sellers: int, items_count: int, *, rng: random.Random | None = None,
-         progress: Callable[[int], None] = lambda done: None) -> dict[str, int]:
-    """Add `sellers` sellers and `items_count` items spread over them; returns counts and ids."""
+         progress: Callable[[int], None] = lambda done: None, name: str | None = None) -> dict[str, int]:
+    """Add `sellers` sellers and `items_count` items spread over them (each named `name` if
+    given, else by two of its keywords and its id); returns counts and ids."""
     rng = rng or random.Random(1)
     first_seller = _next_id(db, users.c.user_id)
     _insert_batches(db, users, _seller_rows(first_seller, sellers))
     first_item = _next_id(db, items.c.item_id)
     done = 0
-    for batch in _batches(_item_rows(rng, first_item, items_count, first_seller, sellers), BATCH):
+    for batch in _batches(_item_rows(rng, first_item, items_count, first_seller, sellers, name), BATCH):
         db.run(functools.partial(_insert_items, item_rows=batch))
         done += len(batch)
         progress(done)
@@ -73,15 +74,15 @@ def _insert_items(tx: UnitOfWork, item_rows: list[dict[str, Any]]) -> None:
     words = {row["item_id"]: word_rows(row["item_id"], row["category"], row["name"], keywords[row["item_id"]])
              for row in item_rows}
     text_rows = [word for rows in words.values() for word in rows]
-    text_pair_rows = [pair for item_id, rows in words.items()
-                      for pair in word_pair_rows(item_id, [row["word"] for row in rows])]
     indexes = ((items, item_rows), (item_keywords, single_rows), (item_keyword_pairs, pair_rows),
-               (item_words, text_rows), (item_word_pairs, text_pair_rows))
+               (item_words, text_rows))
     tx.flush()  # START TRANSACTION (MySQL): the inserts below bypass the unit of work
     if tx.core.dialect.name == "sqlite":
         tx.core.exec_driver_sql(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
     for table, rows in indexes:
         _bulk_insert(tx, table, rows)
+    if new_words := vocabulary_rows({row["word"] for row in text_rows}):
+        tx.core.execute(INDEX_VOCABULARY, new_words)
 
 
 def _bulk_insert(tx: UnitOfWork, table: Table, rows: list[dict[str, Any]]) -> None:
@@ -105,13 +106,13 @@ def _seller_rows(first: int, count: int) -> Iterator[dict[str, Any]]:
 
 
 def _item_rows(rng: random.Random, first: int, count: int, first_seller: int,
-               sellers: int) -> Iterator[dict[str, Any]]:
+               sellers: int, name: str | None) -> Iterator[dict[str, Any]]:
     now = now_ms()
     for item_id in range(first, first + count):
         quantity = rng.randint(1, 100)
         words = rng.sample(VOCABULARY, rng.randint(0, 5))
         yield {"item_id": item_id, "seller_id": first_seller + rng.randrange(max(1, sellers)),
-               "name": f"{' '.join(words[:2]) or 'thing'} {item_id}"[:32],
+               "name": name or f"{' '.join(words[:2]) or 'thing'} {item_id}"[:32],
                "category": rng.randint(0, 9), "keywords": json.dumps(words),
                "item_condition": rng.choice(("new", "used")), "price_cents": rng.randint(1, 100_000),
                "quantity": quantity, "listed": quantity, "created_ms": now}
@@ -138,9 +139,9 @@ def _batches(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[st
         yield batch
 
 
-def timed_seed(db: Database, sellers: int, items_count: int) -> dict[str, Any]:
+def timed_seed(db: Database, sellers: int, items_count: int, name: str | None = None) -> dict[str, Any]:
     """seed() with its wall time, for the benchmark notes."""
     start = time.perf_counter()
-    result: dict[str, Any] = seed(db, sellers, items_count)
+    result: dict[str, Any] = seed(db, sellers, items_count, name=name)
     result["seconds"] = round(time.perf_counter() - start, 1)
     return result

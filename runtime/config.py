@@ -56,6 +56,7 @@ class Settings:
     login_account_free_failures: int = 5  # the account's bucket (db.login_throttle)
     login_account_step_s: float = 1.25
     signups_per_address_hour: int = 300
+    max_items_per_seller: int = 10_000  # items on sale at once (db.catalog.put_item)
     hash_queue: int = 0  # 0: threads - 1 (runtime.hashing)
     hash_queue_per_address: int = 0  # 0: half the queue (runtime.hashing)
     housekeeping_interval_s: float = 60.0
@@ -167,6 +168,7 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "login_account_free_failures": ("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", 0, 10**9),
     "login_account_step_s": ("MARKET_LOGIN_ACCOUNT_STEP_S", 0.001, 3600),
     "signups_per_address_hour": ("MARKET_SIGNUPS_PER_ADDRESS_HOUR", 0, 10**9),
+    "max_items_per_seller": ("MARKET_MAX_ITEMS_PER_SELLER", 1, 10**9),
     "hash_queue": ("MARKET_HASH_QUEUE", 0, 1_000_000),
     "hash_queue_per_address": ("MARKET_HASH_QUEUE_PER_ADDRESS", 0, 1_000_000),
     "housekeeping_interval_s": ("MARKET_HOUSEKEEPING_INTERVAL_S", 0.01, 10**6),
@@ -284,6 +286,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         login_account_step_s=number("MARKET_LOGIN_ACCOUNT_STEP_S", float, default.login_account_step_s),
         signups_per_address_hour=number("MARKET_SIGNUPS_PER_ADDRESS_HOUR", int,
                                         default.signups_per_address_hour),
+        max_items_per_seller=number("MARKET_MAX_ITEMS_PER_SELLER", int, default.max_items_per_seller),
         hash_queue=number("MARKET_HASH_QUEUE", int, default.hash_queue),
         purchase_threads=number("MARKET_PURCHASE_THREADS", int, default.purchase_threads),
         hash_queue_per_address=number("MARKET_HASH_QUEUE_PER_ADDRESS", int, default.hash_queue_per_address),

@@ -1,6 +1,8 @@
 """The seller server: a table of op name -> handler (the db transaction functions)."""
 from __future__ import annotations
 
+import functools
+
 from db import Database, accounts, catalog
 from runtime.cached_app import server_app
 from runtime.config import Settings
@@ -16,7 +18,7 @@ def build_app(settings: Settings, db: Database) -> App:
         **account_handlers(db, "seller", policy,
                                     __version__, AccountGuards.for_settings(settings)),
         "get_seller_rating": catalog.get_seller_rating,
-        "put_item": catalog.put_item,
+        "put_item": functools.partial(catalog.put_item, max_on_sale=settings.max_items_per_seller),
         "change_price": catalog.change_price,
         "remove_item": catalog.remove_item,
         "display_items": catalog.display_items,

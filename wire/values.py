@@ -114,10 +114,15 @@ def keywords(name: str, value: Any) -> list[str]:
 
 
 _WORD = re.compile(r"[^\W_]+")  # a run of letters and digits (\w without the underscore)
+# Scripts written without spaces (Han, kana, Thai, Lao, Myanmar, Khmer): each character a word.
+_SOLID = re.compile("([\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf"
+                    "\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003ffff])")
 MAX_QUERY_WORDS = 8
-# A bound on the longest word search_words can make of a 32-character item name: folding
-# turns one character into at most 18 (U+FDFA).
-MAX_WORD_LENGTH = 32 * 18
+MAX_WORD_LENGTH = 32  # characters a word keeps once folded (a folded name may be 18 times longer)
+MAX_ITEM_WORDS = 12  # words an item brings into the search index: its category's and 11 more
+TYPO_LENGTH = 5  # a query word this long or longer matches words one edit away
+CATEGORY_NAMES = ("Other", "Books", "Home", "Electronics", "Clothing", "Sports", "Toys", "Garden",
+                  "Health", "Collectibles")
 
 
 def fold(text_: str) -> str:
@@ -128,16 +133,49 @@ def fold(text_: str) -> str:
 
 
 def search_words(text_: str) -> list[str]:
-    """The distinct words of a text, folded, in the order they first appear."""
-    return list(dict.fromkeys(_WORD.findall(fold(text_))))
+    """The distinct words of a text, folded and cut to MAX_WORD_LENGTH, in the order they first
+    appear; in scripts written without spaces each character is a word."""
+    runs = (part for run in _WORD.findall(fold(text_)) for part in _SOLID.split(run) if part)
+    return list(dict.fromkeys(run[:MAX_WORD_LENGTH] for run in runs))
 
 
-def item_search_words(name: str, keywords_: list[str]) -> list[str]:
-    """What a query word may equal for one item: each word of its name, and each keyword that
-    is one word once folded (a keyword such as "t-shirt" equals no query word)."""
-    folded = (fold(keyword) for keyword in keywords_)
-    whole = [keyword for keyword in folded if _WORD.fullmatch(keyword)]
-    return list(dict.fromkeys([*search_words(name), *whole]))
+def item_search_words(name: str, keywords_: list[str], category_: int) -> list[str]:
+    """The words an item is found by: its category's name, the words of its name, and each
+    keyword that is one word once folded ("t-shirt" is none), at most MAX_ITEM_WORDS."""
+    whole = [word for word in map(fold, keywords_) if _WORD.fullmatch(word) and not _SOLID.search(word)]
+    words = [fold(CATEGORY_NAMES[category_]), *search_words(name), *(w[:MAX_WORD_LENGTH] for w in whole)]
+    return list(dict.fromkeys(words))[:MAX_ITEM_WORDS]
+
+
+def stem(word: str) -> str:
+    """The English stem of a folded word (plurals, -ing, -ed, a final e): lamps and lamp,
+    boxes and box, running and run share one. Other words are their own stem."""
+    if len(word) < 4 or not (word.isascii() and word.isalpha()):
+        return word
+    if word.endswith("ies") and len(word) > 4:
+        word = word[:-3] + "y"
+    elif word.endswith(("sses", "xes", "ches", "shes", "zes")):
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    for suffix in ("ing", "ed"):
+        base = word.removesuffix(suffix)
+        if base != word and len(base) >= 3 and any(vowel in base for vowel in "aeiouy"):
+            word = base[:-1] if base[-1] == base[-2] and base[-1] not in "lsz" else base
+            break
+    return word[:-1] if word.endswith("e") and len(word) > 3 else word
+
+
+def one_edit_apart(first: str, second: str) -> bool:
+    """Whether two different words are a letter added, dropped or changed, or two neighbours
+    swapped, apart."""
+    if first == second or abs(len(first) - len(second)) > 1:
+        return False
+    start = next((n for n, (a, b) in enumerate(zip(first, second, strict=False)) if a != b),
+                 min(len(first), len(second)))
+    one, two = first[start:], second[start:]
+    return (one[1:] == two[1:] or one[1:] == two or one == two[1:]
+            or (len(one) == len(two) >= 2 and one[0] == two[1] and one[1] == two[0] and one[2:] == two[2:]))
 
 
 _QUERY_TEXT = text(1, 100)
@@ -146,12 +184,13 @@ _QUERY_TEXT = text(1, 100)
 def query(name: str, value: Any) -> list[str]:
     """What a shopper types (1-100 characters, 1-8 words), as its distinct folded words."""
     _QUERY_TEXT(name, value)
-    words = _WORD.findall(fold(value))
+    words = [part for run in _WORD.findall(fold(value)) for part in _SOLID.split(run) if part]
     if not words:
-        raise BadRequestError(f"{name}: must hold a word (letters or digits)")
+        raise BadRequestError(f"{name}: must hold a word of letters or digits (emoji and "
+                              "punctuation are not searched)")
     if len(words) > MAX_QUERY_WORDS:
         raise BadRequestError(f"{name}: at most {MAX_QUERY_WORDS} words")
-    return list(dict.fromkeys(words))
+    return search_words(value)
 
 
 def card_number(name: str, value: Any) -> str:

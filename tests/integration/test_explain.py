@@ -15,22 +15,22 @@ from support import fresh_mysql_database
 from db import Database
 from db.accounts import _SESSION_BY_TOKEN
 from db.carts import _CART, _IN_CART, _STOCK_AND_HELD
-from db.catalog import (
-    _ITEM_FOR_SESSION,
-    _OWN_ITEM,
-    _RATING_FOR_SESSION,
-    _SELLER_ITEMS,
+from db.catalog import _ITEM_FOR_SESSION, _ON_SALE, _OWN_ITEM, _RATING_FOR_SESSION, _SELLER_ITEMS
+from db.login_throttle import _FAILURES
+from db.orders import _HISTORY, _VOTE_OF_BUYER
+from db.purchases import CART_LINES, DUE_ORDERS
+from db.schema import cart_lines, item_keywords, items, login_failures, metadata, sessions
+from db.search import (
+    WINDOW,
     _many_keywords_first_page,
     _one_keyword_search,
     _plain_search,
     _ranked_search,
     _two_keyword_search,
+    _typo_candidates,
     pair_params,
+    query_terms,
 )
-from db.login_throttle import _FAILURES
-from db.orders import _HISTORY, _VOTE_OF_BUYER
-from db.purchases import CART_LINES, DUE_ORDERS
-from db.schema import cart_lines, items, login_failures, metadata, sessions
 from operate.seed import seed
 
 # Run in parallel (scripts/test.sh), the module stays on one worker: its seeded database is made once.
@@ -46,7 +46,15 @@ PARAMS: dict[str, Any] = {
 }
 PARAMS.update(pair_params(["lamp", "desk", "chair", "light", "table"]))  # three keywords use the first three
 WORDS = ["lamp", "desk", "chair", "light", "table", "w0005", "w0006", "w0007"]
-WORD_PAIRS = {**pair_params(WORDS, by_words=True), **{f"keyword{n}": word for n, word in enumerate(WORDS)}}
+TERMS = query_terms(WORDS, {"chair": ["chairs"], "table": ["tables"]})  # 8 words: 21 terms
+TEXT = {"window": WINDOW, **{f"{key}{n}": value for n, term in enumerate(TERMS)
+                             for key, value in zip(("term", "group", "weight"), term, strict=True)}}
+FIVE = ["lamp", "desk", "chair", "light", "table"]
+KEYWORDS = {"window": WINDOW, **{f"{key}{n}": value for n, word in enumerate(FIVE)
+                                 for key, value in (("term", word), ("group", n), ("weight", 1))}}
+TYPOS = {f"{key}{n}": value for n, word in enumerate(["chiar", "tabel"])
+         for key, value in (("length", 5), ("head", word[:2]), ("head_end", word[:2] + "\U0010ffff"),
+                            ("tail", word[::-1][:2]), ("tail_end", word[::-1][:2] + "\U0010ffff"))}
 SELLER = {"token_hash": "cd" * 32, "role": "seller"}  # the seeded seller 3's session
 STATEMENTS = {
     "get_item": _ITEM_FOR_SESSION, "display_items": (_SELLER_ITEMS, SELLER),
@@ -56,20 +64,18 @@ STATEMENTS = {
     "search one keyword": _one_keyword_search(False),
     "search one keyword+category": _one_keyword_search(True),
     "search two keywords": _two_keyword_search(),
-    "search three keywords, first page": _many_keywords_first_page(3),
-    "search five keywords, first page": _many_keywords_first_page(5),
-    "search keywords": _ranked_search(False, False, 3),
-    "search keywords+category": _ranked_search(True, False, 2),
-    "search keywords, next page": _ranked_search(True, True, 2), "display_cart": _CART,
-    "search by text, one word": _one_keyword_search(False, by_words=True),
-    "search by text, one word+category": _one_keyword_search(True, by_words=True),
-    "search by text, two words": (_two_keyword_search(by_words=True), WORD_PAIRS),
-    "search by text, three words, first page": (_many_keywords_first_page(3, by_words=True), WORD_PAIRS),
-    "search by text, eight words, first page": (_many_keywords_first_page(8, by_words=True), WORD_PAIRS),
-    "search by text, three words": _ranked_search(False, False, 3, by_words=True),
-    "search by text, eight words": (_ranked_search(False, False, 8, by_words=True),
-                                    {f"keyword{n}": f"w{n:04d}" for n in range(5, 8)}),
-    "search by text+category, next page": _ranked_search(True, True, 3, by_words=True),
+    "search three keywords, first page": (_many_keywords_first_page(3), {"window": WINDOW}),
+    "search five keywords, first page": (_many_keywords_first_page(5), {"window": WINDOW}),
+    "search five keywords, next page": (_ranked_search(5, False, True, keywords=True), KEYWORDS),
+    "search keywords+category": (_ranked_search(2, True, False, keywords=True), KEYWORDS),
+    "search keywords+category, next page": (_ranked_search(2, True, True, keywords=True), KEYWORDS),
+    "display_cart": _CART,
+    "search by text, one word": (_ranked_search(3, False, False), TEXT),
+    "search by text, one word+category": (_ranked_search(3, True, False), TEXT),
+    "search by text, eight words": (_ranked_search(len(TERMS), False, False), TEXT),
+    "search by text+category, next page": (_ranked_search(len(TERMS), True, True), TEXT),
+    "search by text, typos of two words": (_typo_candidates(2), TYPOS),
+    "put_item's count of the seller's items on sale": (_ON_SALE, {"cap": 10_000}),
     "token check": _SESSION_BY_TOKEN, "own item (change_price, remove_item)": (_OWN_ITEM, SELLER),
     "add_to_cart": _STOCK_AND_HELD, "remove_from_cart": _IN_CART,
     "make_purchase's cart": (CART_LINES, {"payment_key": "k"}),
@@ -137,7 +143,7 @@ def test_listings_in_item_order_read_the_index_in_order(seeded: Database, name: 
 
 
 KEYWORD_INDEXES = ("item_keywords", "keyword0", "keyword1", "item_keyword_pairs",
-                   "item_words", "item_word_pairs")  # tables and aliases
+                   "item_words")  # tables and aliases
 
 
 def keyword_index_work(db: Database, statement: Any) -> list[str]:
@@ -147,23 +153,30 @@ def keyword_index_work(db: Database, statement: Any) -> list[str]:
             for note in ("filesort", "temporary") if note in str(row["Extra"])]
 
 
-@pytest.mark.parametrize("by_words", [False, True])
 @pytest.mark.parametrize("by_category", [False, True])
-def test_one_keyword_search_reads_the_keyword_index_in_order(seeded: Database, by_category: bool,
-                                                            by_words: bool) -> None:
-    """No grouping or sort of every match: the LIMIT stops the read of the index range (of
-    keywords, or of words for a search by text)."""
-    plan, sql = plan_of(seeded, _one_keyword_search(by_category, by_words))
-    assert keyword_index_work(seeded, _one_keyword_search(by_category, by_words)) == [], sql
-    assert [row["table"] for row in plan if row["table"] in KEYWORD_INDEXES] == \
-        ["item_words" if by_words else "item_keywords"]
+def test_one_keyword_search_reads_the_keyword_index_in_order(seeded: Database, by_category: bool) -> None:
+    """No grouping or sort of every match: the LIMIT stops the read of the index range."""
+    plan, sql = plan_of(seeded, _one_keyword_search(by_category))
+    assert keyword_index_work(seeded, _one_keyword_search(by_category)) == [], sql
+    assert [row["table"] for row in plan if row["table"] in KEYWORD_INDEXES] == ["item_keywords"]
 
 
-@pytest.mark.parametrize("by_words", [False, True])
-def test_two_keyword_search_reads_the_keyword_indexes_in_order(seeded: Database, by_words: bool) -> None:
-    """The pair's range and each keyword's (word's) range are read in item order, each stopped
-    by its LIMIT; only the page's few rows are sorted."""
-    assert keyword_index_work(seeded, (_two_keyword_search(by_words), WORD_PAIRS)) == []
+@pytest.mark.parametrize("by_category", [False, True])
+def test_search_by_text_reads_each_term_in_item_order_stopped_by_the_window(seeded: Database,
+                                                                          by_category: bool) -> None:
+    """Each term's range of item_words is read in item order (no sort of its matches), each
+    stopped by its LIMIT; only those few rows are grouped and sorted."""
+    statement = (_ranked_search(len(TERMS), by_category, False), TEXT)
+    plan, sql = plan_of(seeded, statement)
+    reads = [row["type"] for row in plan if row["table"] == "item_words"]
+    assert reads == ["ref"] * len(TERMS), sql
+    assert keyword_index_work(seeded, statement) == [], sql
+
+
+def test_two_keyword_search_reads_the_keyword_indexes_in_order(seeded: Database) -> None:
+    """The pair's range and each keyword's range are read in item order, each stopped by its
+    LIMIT; only the page's few rows are sorted."""
+    assert keyword_index_work(seeded, _two_keyword_search()) == []
 
 
 def test_two_keyword_search_checks_the_other_keyword_one_row_at_a_time(seeded: Database) -> None:
@@ -175,18 +188,31 @@ def test_two_keyword_search_checks_the_other_keyword_one_row_at_a_time(seeded: D
                      ("keyword1", "eq_ref"), ("keyword1", "range")], sql
 
 
-@pytest.mark.parametrize(("count", "by_words"), [(3, False), (5, False), (3, True), (8, True)])
-def test_many_keywords_first_page_reads_the_keyword_indexes_in_order(seeded: Database, count: int,
-                                                                     by_words: bool) -> None:
-    """Each keyword's (word's) range in item order, stopped by its LIMIT, and the pairs' ranges:
-    only those few rows are grouped and sorted, not every item with any of the terms."""
-    statement = (_many_keywords_first_page(count, by_words), WORD_PAIRS)
+@pytest.mark.parametrize("by_category", [False, True])
+@pytest.mark.parametrize("count", [3, 5])
+def test_ranked_keyword_search_reads_each_keyword_in_item_order(seeded: Database, count: int,
+                                                              by_category: bool) -> None:
+    """Each keyword's range in item order, stopped by the window: only those rows are grouped
+    and sorted, not every item with any of the keywords."""
+    statement = (_ranked_search(count, by_category, False, keywords=True), KEYWORDS)
     plan, sql = plan_of(seeded, statement)
-    reads = sorted((row["table"], row["type"]) for row in plan if row["table"] in KEYWORD_INDEXES)
-    index, pairs = ("item_words", "item_word_pairs") if by_words else ("item_keywords", "item_keyword_pairs")
-    assert reads == [(pairs, "range")] + [(index, "ref")] * count, sql
+    assert [row["type"] for row in plan if row["table"] in KEYWORD_INDEXES] == ["ref"] * count, sql
     assert keyword_index_work(seeded, statement) == [], sql
 
 
-def test_the_order_check_does_see_the_grouped_search_sort(seeded: Database) -> None:
-    assert keyword_index_work(seeded, _ranked_search(False, False, 3)) != []
+@pytest.mark.parametrize("count", [3, 5])
+def test_many_keywords_first_page_reads_the_keyword_indexes_in_order(seeded: Database, count: int) -> None:
+    """Each keyword's range in item order, stopped by its LIMIT, and each pair's range, stopped
+    by the window: only those few rows are grouped and sorted."""
+    statement = (_many_keywords_first_page(count), {"window": WINDOW})
+    plan, sql = plan_of(seeded, statement)
+    reads = sorted((row["table"], row["type"]) for row in plan if row["table"] in KEYWORD_INDEXES)
+    pairs = count * (count - 1) // 2
+    assert reads == [("item_keyword_pairs", "ref")] * pairs + [("item_keywords", "ref")] * count, sql
+    assert keyword_index_work(seeded, statement) == [], sql
+
+
+def test_the_order_check_does_see_a_sort_of_the_keyword_index(seeded: Database) -> None:
+    two_ranges = (select(item_keywords.c.item_id).where(item_keywords.c.keyword.in_(["lamp", "desk"]))
+                  .order_by(item_keywords.c.item_id))
+    assert keyword_index_work(seeded, two_ranges) != []

@@ -1,10 +1,14 @@
 """Every seller op over TCP, with its errors, on SQLite and MariaDB."""
 from __future__ import annotations
 
-import pytest
-from support import Market
+from dataclasses import replace
 
+import pytest
+from support import CARD, Market, running_market
+
+from db import Database
 from operate.audit import audit
+from runtime.config import Settings
 from wire.errors import BadRequestError, ConflictError, ForbiddenError, NotFoundError, UnknownOpError
 
 
@@ -106,12 +110,13 @@ def test_writes_nobody_reads_back_travel_with_the_commit(market: Market, round_t
         seller.call(op, args)
         return len(round_trips)
 
-    # the token check, the item (its id is needed), then its keywords and keyword pairs with the COMMIT
+    # the token check, the seller's items on sale counted (the cap), the item (its id is needed),
+    # then its keywords, keyword pairs, words and vocabulary with the COMMIT
     assert queries_of("put_item", {"name": "Bare", "category": 1, "keywords": [], "condition": "new",
-                                   "price": "1.00", "quantity": 2}) == 3
+                                   "price": "1.00", "quantity": 2}) == 4
     five = {"name": "Five", "category": 1, "keywords": ["a", "b", "c", "d", "e"], "condition": "new",
             "price": "1.00", "quantity": 2}
-    assert queries_of("put_item", five) == 3
+    assert queries_of("put_item", five) == 4
     item_id = max(i["item_id"] for i in seller.call("display_items", {})["items"])
     assert queries_of("change_price", {"item_id": item_id, "price": "2.00"}) == 2  # the item locked, then all
     assert seller.call("display_items", {})["items"][-1]["price"] == "2.00"
@@ -123,3 +128,18 @@ def test_writes_nobody_reads_back_travel_with_the_commit(market: Market, round_t
     assert queries_of("remove_item", {"item_id": item_id, "quantity": 1}) == 2  # the last: unlisted too
     assert on_sale() == []
     assert audit(market.db) == []  # keywords and their ten pairs indexed as the audit expects
+
+
+def test_a_seller_has_at_most_the_configured_number_of_items_on_sale(database: Database) -> None:
+    settings = replace(Settings(role="seller"), max_items_per_seller=2)
+    with running_market(database, settings) as market:
+        seller, other = market.user("seller"), market.user("seller")
+        first, _second = market.item(seller, quantity=1), market.item(seller)
+        with pytest.raises(ConflictError, match="you have 2 items on sale, the most a seller may have"):
+            market.item(seller)
+        market.item(other)  # the cap is each seller's
+        buyer = market.user("buyer")
+        buyer.call("add_to_cart", {"item_id": first, "quantity": 1})
+        buyer.call("make_purchase", CARD)  # sold out: no longer on sale
+        assert market.item(seller) > first
+    assert Settings(role="seller").max_items_per_seller == 10_000

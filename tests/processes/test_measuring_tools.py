@@ -29,10 +29,21 @@ def test_catalogue_seeds_and_reports_every_read_op(tmp_path: Path, capsys: Any) 
     for op in ("search_items (1 keyword)", "search_items (2 keywords)", "search_items (3 keywords)",
                "search_items (5 keywords)", "search_items (category only)",
                "get_item", "display_items (first page)", "search_items (1-word query)",
-               "search_items (3-word query)"):
+               "search_items (3-word query)", "search_items (8-word query)",
+               "search_items (a typo, a plural, a category)"):
         assert f"| {op} | 3 |" in out
+    assert "index bytes an item on sale (" in out
     for op in ("search_items (3 keywords, second page)", "search_items (5 keywords, second page)"):
         assert f"| {op} | 0 | - | - |" in out  # 60 items of a 4,000-word vocabulary: one page each
+
+
+def test_catalogue_times_the_expensive_search_of_a_name_given(tmp_path: Path, capsys: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'catalogue.db'}"
+    name = "a b c d e f g h i j k l m n o p"
+    args = ["--db-url", url, "--items", "30", "--sellers", "2", "--calls", "2", "--name", name]
+    assert catalogue.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| search_items ('a b c d e f g h') | 2 |" in out
 
 
 def test_catalogue_says_in_one_line_when_it_cannot_use_the_database(tmp_path: Path, capsys: Any) -> None:
@@ -99,7 +110,8 @@ def test_catalogue_against_a_baseline_gives_each_reads_ratio_per_pass(tmp_path: 
                          "search_items (keyword + category)", "search_items (category only)", "get_item",
                          "display_items (first page)", "search_items (3 keywords)",
                          "search_items (5 keywords)", "search_items (1-word query)",
-                         "search_items (3-word query)"}  # no second pages at these sizes: left out
+                         "search_items (3-word query)", "search_items (8-word query)",
+                         "search_items (a typo, a plural, a category)"}  # no second pages: left out
     for op, cells in rows.items():
         small_p95, big_p95, ratios = ([float(v.rstrip("x")) for v in cell.split(" / ")]
                                       for cell in cells[1:4])

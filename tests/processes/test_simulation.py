@@ -148,7 +148,7 @@ def _shop(market: Market) -> tuple[int, AckedOrder]:
 
 CORRUPTIONS = [  # applied one after another; each must add its own violation
     ("DELETE FROM item_keywords", "item ITEM: search index rows differ from its keywords"),
-    ("DELETE FROM item_word_pairs", "item ITEM: word index rows differ from its name and keywords"),
+    ("DELETE FROM item_words", "item ITEM: word index rows differ from its name and keywords"),
     ("UPDATE items SET sold = sold + 1", "listed 5 != on sale 2 + sold 3 + removed 1"),
     ("UPDATE items SET quantity = -1", "quantity is negative (-1)"),
     ("UPDATE items SET thumbs_up = 2", "thumbs 2 up / 0 down != feedback rows 1 up / 0 down"),
