@@ -6,7 +6,6 @@ import logging
 
 from db import Database, accounts, carts, catalog, orders, search
 from db.ledger import Ledger
-from runtime.cached_app import server_app
 from runtime.config import Settings
 from runtime.logins import ADDRESSED_OPS, AccountGuards, account_handlers
 from wire import BUYER_OPS, __version__
@@ -49,8 +48,8 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
         "get_seller_rating": catalog.get_seller_rating,
         "get_purchase_history": orders.get_purchase_history,
     }
-    app = server_app(settings, BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy),
-                     ADDRESSED_OPS, background)
+    app = App(BUYER_OPS, handlers, accounts.SessionGate(db, "buyer", policy), ADDRESSED_OPS,
+              background)
     app.checkout = checkout  # type: ignore[attr-defined]  # for tests and tools that settle now
     return app
 

@@ -5,5 +5,5 @@ running server process.
 `scheduler`), `connection` a client's state, `admission` who may connect, `flow` the bytes
 held unanswered, `tls` TLS over memory buffers, `signals` what signals do; `config` reads
 every setting, `runner` starts a server, `supervisor` and `health` run the workers of
-`--workers N`, and `cached_app` puts the catalogue read cache in front of a server's handlers.
+`--workers N`.
 """

@@ -65,9 +65,6 @@ class Settings:
     tls_key: str | None = None
     log_level: str = "INFO"
     sqlite_synchronous: str = "NORMAL"
-    cache: str = "off"  # the catalogue read cache: off, or one-host (db/cache.py)
-    cache_mb: int = 64
-    cache_file: str | None = None
     metrics_port: int | None = None  # /metrics served on it when set
     metrics_host: str = "127.0.0.1"
     metrics_connections: int = 16  # open at once on the metrics port (the oldest gives way)
@@ -173,12 +170,10 @@ _RANGES: dict[str, tuple[str, float, float]] = {
     "hash_queue_per_address": ("MARKET_HASH_QUEUE_PER_ADDRESS", 0, 1_000_000),
     "housekeeping_interval_s": ("MARKET_HOUSEKEEPING_INTERVAL_S", 0.01, 10**6),
     "worker_timeout_s": ("MARKET_WORKER_TIMEOUT_S", 0.1, 10**6),
-    "cache_mb": ("MARKET_CACHE_MB", 1, 1_000_000),
 }
 # Written again rather than imported: the shells and tools read settings too, and importing
 # db would load SQLAlchemy into each of them.
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_CACHE_MODES = ("off", "one-host")  # db.cache.MODES
 _LOG_FORMATS = ("text", "json")  # observe.logs.FORMATS
 _SWITCH = {"on": 1.0, "true": 1.0, "yes": 1.0, "off": 0.0, "false": 0.0, "no": 0.0, "": 0.0}
 _SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS
@@ -231,9 +226,6 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     parser.add_argument("--sqlite-synchronous",
                         default=env("MARKET_SQLITE_SYNCHRONOUS", default.sqlite_synchronous),
                         help="NORMAL (default), or FULL: SQLite's commits survive a power cut too (slower)")
-    parser.add_argument("--cache", default=env("MARKET_CACHE", default.cache),
-                        help="the catalogue read cache: off (default), or one-host when every server "
-                             "process sharing the database runs on this host")
     parser.add_argument("--metrics-port", type=port_setting("MARKET_METRICS_PORT"),
                         default=env("MARKET_METRICS_PORT") or None,
                         help="serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (default: off)")
@@ -245,9 +237,6 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
                         help="upgrade a database of an older schema at start, instead of refusing it "
                              "(an empty one is always made; scripts/start.sh sets it on its SQLite default)")
     args = parser.parse_args(argv)
-    if args.cache not in _CACHE_MODES:
-        refuse(f"--cache {args.cache}: one of {', '.join(_CACHE_MODES)} (the cache keeps reads fresh "
-               "through shared memory, so only when every server of the database runs on this host)")
     if bool(args.tls_cert) != bool(args.tls_key):
         refuse("--tls-cert and --tls-key go together")
     if args.log_level.upper() not in _LOG_LEVELS:
@@ -294,8 +283,6 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         housekeeping_interval_s=number("MARKET_HOUSEKEEPING_INTERVAL_S", float,
                                        default.housekeeping_interval_s),
         log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
-        cache=args.cache, cache_mb=number("MARKET_CACHE_MB", int, default.cache_mb),
-        cache_file=env("MARKET_CACHE_COUNTERS"),
         metrics_port=args.metrics_port, metrics_host=args.metrics_host, log_format=args.log_format.lower(),
         access_log=_fraction_or_switch(env("MARKET_ACCESS_LOG", "off"), refuse),
         upgrade_schema=args.upgrade_schema,

@@ -116,7 +116,6 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
 
 def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignals) -> int:
     from db import Database, DatabaseUnusable
-    from db.cache import CacheUnusable
     from db.migrations import check_current, upgrade
 
     schema_db = Database(settings.db_url, pool_size=1)
@@ -143,7 +142,7 @@ def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignal
             _serve(settings, build_app, settings.port, tls, stops, ready=_announce)
             return 0
         return _supervise(settings, build_app, tls)
-    except (CannotListen, WorkerFailed, CacheUnusable) as exc:
+    except (CannotListen, WorkerFailed) as exc:
         print(f"error: {role} server: {exc}", file=sys.stderr)
         return 2
 

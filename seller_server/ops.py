@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 
 from db import Database, accounts, catalog
-from runtime.cached_app import server_app
 from runtime.config import Settings
 from runtime.logins import ADDRESSED_OPS, AccountGuards, account_handlers
 from wire import SELLER_OPS, __version__
@@ -23,5 +22,4 @@ def build_app(settings: Settings, db: Database) -> App:
         "remove_item": catalog.remove_item,
         "display_items": catalog.display_items,
     }
-    return server_app(settings, SELLER_OPS, handlers, accounts.SessionGate(db, "seller", policy),
-                      ADDRESSED_OPS)
+    return App(SELLER_OPS, handlers, accounts.SessionGate(db, "seller", policy), ADDRESSED_OPS)
