@@ -11,7 +11,7 @@ import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from wire.errors import BadRequestError, ConflictError
+from wire.errors import ConflictError
 
 from . import fields
 from .common_commands import COMMON
@@ -150,15 +150,9 @@ def buy(shell: Shell, args: dict[str, Any]) -> None:
 
 
 def purchase(shell: Shell, args: dict[str, Any], expected: str) -> dict[str, Any]:
-    """make_purchase under a new idempotency key, expecting this total (a server of protocol 1.1
-    knows no expected_total and refuses it: sent again without it, after the total was shown)."""
-    request = {**args, "idempotency_key": str(uuid.uuid4()), "expected_total": expected}
-    try:
-        return shell.call("make_purchase", request)
-    except BadRequestError as exc:
-        if not exc.message.startswith("expected_total: unknown field"):
-            raise
-        return shell.call("make_purchase", {**args, "idempotency_key": str(uuid.uuid4())})
+    """make_purchase under a new idempotency key, made only at the total the buyer was shown."""
+    key = str(uuid.uuid4())
+    return shell.call("make_purchase", {**args, "idempotency_key": key, "expected_total": expected})
 
 
 @BUYER.command("rate", "Give an item you bought a thumbs up or down.", ITEM_ID,

@@ -10,8 +10,8 @@ from .errors import ERROR_CLASSES, ProtocolError, error_from_wire
 from .framing import DEFAULT_MAX_FRAME, FrameDecoder, decode_body, encode_frame
 from .ops import BUYER_OPS, SELLER_OPS, OpSpec
 
-PROTOCOL_VERSION = "1.1"  # the contract's, docs/PROTOCOL.md (a test holds them equal)
-__version__ = "1.1.0"  # the package version, ping's "version": pyproject.toml reads it from here
+PROTOCOL_VERSION = "1.2"  # the contract's, docs/PROTOCOL.md (a test holds them equal)
+__version__ = "1.2.0"  # the package version, ping's "version": pyproject.toml reads it from here
 
 __all__ = [
     "BUYER_OPS", "DEFAULT_MAX_FRAME", "ERROR_CLASSES", "PROTOCOL_VERSION", "SELLER_OPS", "__version__",

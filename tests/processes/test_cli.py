@@ -994,14 +994,6 @@ def test_a_wrong_flag_value_is_asked_for_again_in_a_terminal(market: Market, hom
     seller.expect(pexpect.EOF)
 
 
-def expected_total_is_served() -> bool:
-    """Whether this checkout's buyer server takes make_purchase's expected_total (protocol 1.2)."""
-    from wire import BUYER_OPS
-
-    return "expected_total" in BUYER_OPS["make_purchase"].optional
-
-
-@pytest.mark.skipif(not expected_total_is_served(), reason="the buyer server of protocol 1.2 is not here yet")
 def test_a_total_changed_before_buy_is_asked_about_again(market: Market, home: Path) -> None:
     seller = market.user("seller")
     lamp = market.item(seller, quantity=3)
