@@ -491,7 +491,8 @@ def _cut(*socks: socket.socket) -> None:
         sock.close()
 
 
-# What the driver and SQLAlchemy send to set up a new connection: not an op's round trips.
+# What the driver and SQLAlchemy send to set up a connection (a new one, or one opened again
+# while a call runs): not an op's round trips.
 _CONNECTION_SETUP = re.compile(
     rb"\x03(SET |set |SELECT VERSION\(\)|SELECT DATABASE\(\)|SELECT @@|SHOW VARIABLES)")
 
@@ -517,10 +518,8 @@ class RoundTrips(list[int]):
         while len(buffer) >= 4 and len(buffer) >= 4 + int.from_bytes(buffer[:3], "little"):
             size = int.from_bytes(buffer[:3], "little")
             payload = buffer[4:4 + size]
-            if buffer[3] == 0:  # a packet numbered 0 starts a command (the handshake's are 1 on)
-                link["set_up"] = link.get("set_up") or not _CONNECTION_SETUP.match(payload)
-                if link["set_up"]:
-                    self.append(payload.count(b";") + 1 if payload[:1] == b"\x03" else 1)  # 3: COM_QUERY
+            if buffer[3] == 0 and not _CONNECTION_SETUP.match(payload):  # 0: a command starts
+                self.append(payload.count(b";") + 1 if payload[:1] == b"\x03" else 1)  # 3: COM_QUERY
             buffer = buffer[4 + size:]
         link["buffer"] = buffer
         return data, False
