@@ -139,15 +139,13 @@ class Database:
                 return self._run_once(work, tokened, write, progress, hold)
             except ReplayUnheld:
                 hold = False
-                continue
             except _Unanswered as unanswered:
                 asked_until = time.monotonic() + _ASK_FOR_S  # the question and any answer read again
                 if self._committed(unanswered.token):
                     if isinstance(unanswered.result, Answer) and not unanswered.result.result.filled:
                         self._read_again(unanswered.result, asked_until)
                     return unanswered.result  # type: ignore[no-any-return]
-                events.transaction_retried("commit_lost")
-                continue  # it did not commit, and now never will: run it again
+                events.transaction_retried("commit_lost")  # it did not commit, and never will: again
             except RetryTransaction:
                 events.transaction_retried("conflict")
             except IntegrityError:

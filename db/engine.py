@@ -250,21 +250,23 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
                       "client_flags": _MULTI_STATEMENTS},
     )
 
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, record: Any) -> None:
-        cursor = dbapi_conn.cursor()
-        # row locks (default 50 s) and metadata locks (default a year: an ALTER behind a long
-        # transaction, and every query behind that ALTER)
-        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_S}, "
-                       f"lock_wait_timeout = {LOCK_WAIT_S}")
-        cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
-        record.info[BATCHES_KEY] = not any(str(value).upper() == "ON" for _n, value in cursor.fetchall())
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        if not conn.info.get(UNIT_KEY) and conn.info.get(WRITE_KEY, True):
-            conn.exec_driver_sql("START TRANSACTION")
-
+    event.listen(engine, "connect", _on_mysql_connect)
+    event.listen(engine, "begin", _on_mysql_begin)
     return engine
+
+
+def _on_mysql_connect(dbapi_conn: Any, record: Any) -> None:
+    cursor = dbapi_conn.cursor()
+    # row locks (default 50 s) and metadata locks (default a year: an ALTER behind a long
+    # transaction, and every query behind that ALTER)
+    cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_S}, "
+                   f"lock_wait_timeout = {LOCK_WAIT_S}")
+    cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+    record.info[BATCHES_KEY] = not any(str(value).upper() == "ON" for _n, value in cursor.fetchall())
+    cursor.close()
+
+
+def _on_mysql_begin(conn: Any) -> None:
+    if not conn.info.get(UNIT_KEY) and conn.info.get(WRITE_KEY, True):
+        conn.exec_driver_sql("START TRANSACTION")

@@ -12,7 +12,7 @@ import os
 import resource
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 
 from dotenv import find_dotenv, load_dotenv
@@ -189,6 +189,19 @@ def _fraction_or_switch(text: str, refuse: Callable[[str], NoReturn]) -> float:
         refuse(f"MARKET_ACCESS_LOG={text}: on, off, or a fraction from 0 to 1")
 
 
+# Settings read from the environment only, each as MARKET_ and its name in capitals.
+_FROM_ENVIRONMENT = (
+    "max_frame", "max_connections", "max_connections_per_address",
+    "new_connections_per_s_per_address", "max_queued_bytes_per_connection", "max_queued_bytes",
+    "idle_timeout_s", "frame_deadline_s", "session_idle_s", "session_max_s", "payment_decline_rate",
+    "settle_period_s", "settle_after_s", "login_free_failures", "login_max_delay_s",
+    "login_address_free_failures", "login_account_free_failures", "login_account_step_s",
+    "signups_per_address_hour", "max_items_per_seller", "hash_queue", "purchase_threads",
+    "hash_queue_per_address", "worker_timeout_s", "housekeeping_interval_s",
+)
+_TYPES = {field.name: field.type for field in fields(Settings)}
+
+
 def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     """Settings for the buyer or seller server from flags, environment and `.env`.
 
@@ -196,8 +209,6 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     not a number, or out of its range, ends the program (status 2) with one line naming it.
     """
     default = Settings(role=role)
-    parser = argparse.ArgumentParser(prog=f"python -m {role}_server",
-                                     description=f"Run the marketplace {role} server.")
 
     def refuse(message: str) -> NoReturn:  # one line, as for a database it cannot use (runner)
         print(f"error: {role} server: {message}", file=sys.stderr)
@@ -210,6 +221,34 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         except ValueError:
             refuse(f"{name}={raw}: not {'an integer' if cast is int else 'a number'}")
 
+    args = _server_parser(role, default, number).parse_args(argv)
+    _check_choices(args, refuse)
+    from_environment = {name: number(f"MARKET_{name.upper()}", int if _TYPES[name] == "int" else float,
+                                     getattr(default, name)) for name in _FROM_ENVIRONMENT}
+    settings = Settings(
+        role=role, host=args.host, port=args.port, db_url=args.db_url, threads=args.threads,
+        workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key, **from_environment,
+        payments_url=env("MARKET_PAYMENTS_URL") or None, test_kill_at=env("MARKET_TEST_KILL_AT") or None,
+        log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host, log_format=args.log_format.lower(),
+        access_log=_fraction_or_switch(env("MARKET_ACCESS_LOG", "off"), refuse),
+        upgrade_schema=args.upgrade_schema,
+    )
+    for field, (source, low, high) in _RANGES.items():
+        value = getattr(settings, field)
+        if not low <= value <= high:
+            refuse(f"{source} {value}: must be from {low:,} to {high:,}")
+    short = descriptor_shortage(settings)
+    if short:
+        refuse(short)
+    return settings
+
+
+def _server_parser(role: str, default: Settings,
+                   number: Callable[[str, type, Any], Any]) -> argparse.ArgumentParser:
+    """The server's flags, each defaulting to its environment variable, then to `Settings`."""
+    parser = argparse.ArgumentParser(prog=f"python -m {role}_server",
+                                     description=f"Run the marketplace {role} server.")
     parser.add_argument("--host", default=env("MARKET_HOST", default.host))
     port = number(f"MARKET_{role.upper()}_PORT", int, DEFAULT_PORTS[role])
     parser.add_argument("--port", type=int, default=port, help="0 picks a free port")
@@ -218,7 +257,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
     parser.add_argument("--threads", type=int, default=number("MARKET_THREADS", int, default.threads),
                         help="worker threads (and database connections) per process")
     parser.add_argument("--workers", type=int, default=number("MARKET_WORKERS", int, default.workers),
-                        help="server processes sharing the port (SO_REUSEPORT)")
+                        help="server processes sharing the port")
     parser.add_argument("--tls-cert", default=env("MARKET_TLS_CERT"),
                         help="serve TLS with this certificate chain (PEM); needs --tls-key")
     parser.add_argument("--tls-key", default=env("MARKET_TLS_KEY"), help="the certificate's key (PEM)")
@@ -236,65 +275,18 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
                         default=env("MARKET_UPGRADE_SCHEMA", "0") not in ("", "0"),
                         help="upgrade a database of an older schema at start, instead of refusing it "
                              "(an empty one is always made; scripts/start.sh sets it on its SQLite default)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check_choices(args: argparse.Namespace, refuse: Callable[[str], NoReturn]) -> None:
+    """Flags that go together, and those of a few names."""
     if bool(args.tls_cert) != bool(args.tls_key):
         refuse("--tls-cert and --tls-key go together")
-    if args.log_level.upper() not in _LOG_LEVELS:
-        refuse(f"--log-level {args.log_level}: one of {', '.join(_LOG_LEVELS)}")
-    if args.log_format.lower() not in _LOG_FORMATS:
-        refuse(f"--log-format {args.log_format}: one of {', '.join(_LOG_FORMATS)}")
-    if args.sqlite_synchronous.upper() not in _SQLITE_SYNCHRONOUS:
-        refuse(f"--sqlite-synchronous {args.sqlite_synchronous}: one of {', '.join(_SQLITE_SYNCHRONOUS)}")
-    settings = Settings(
-        role=role, host=args.host, port=args.port, db_url=args.db_url, threads=args.threads,
-        workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        max_frame=number("MARKET_MAX_FRAME", int, default.max_frame),
-        max_connections=number("MARKET_MAX_CONNECTIONS", int, default.max_connections),
-        max_connections_per_address=number("MARKET_MAX_CONNECTIONS_PER_ADDRESS", int,
-                                           default.max_connections_per_address),
-        new_connections_per_s_per_address=number("MARKET_NEW_CONNECTIONS_PER_S_PER_ADDRESS", float,
-                                                 default.new_connections_per_s_per_address),
-        max_queued_bytes_per_connection=number("MARKET_MAX_QUEUED_BYTES_PER_CONNECTION", int,
-                                               default.max_queued_bytes_per_connection),
-        max_queued_bytes=number("MARKET_MAX_QUEUED_BYTES", int, default.max_queued_bytes),
-        idle_timeout_s=number("MARKET_IDLE_TIMEOUT_S", float, default.idle_timeout_s),
-        frame_deadline_s=number("MARKET_FRAME_DEADLINE_S", float, default.frame_deadline_s),
-        session_idle_s=number("MARKET_SESSION_IDLE_S", int, default.session_idle_s),
-        session_max_s=number("MARKET_SESSION_MAX_S", int, default.session_max_s),
-        payment_decline_rate=number("MARKET_PAYMENT_DECLINE_RATE", float, default.payment_decline_rate),
-        payments_url=env("MARKET_PAYMENTS_URL") or None,
-        settle_period_s=number("MARKET_SETTLE_PERIOD_S", float, default.settle_period_s),
-        settle_after_s=number("MARKET_SETTLE_AFTER_S", float, default.settle_after_s),
-        test_kill_at=env("MARKET_TEST_KILL_AT") or None,
-        login_free_failures=number("MARKET_LOGIN_FREE_FAILURES", int, default.login_free_failures),
-        login_max_delay_s=number("MARKET_LOGIN_MAX_DELAY_S", float, default.login_max_delay_s),
-        login_address_free_failures=number("MARKET_LOGIN_ADDRESS_FREE_FAILURES", int,
-                                           default.login_address_free_failures),
-        login_account_free_failures=number("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", int,
-                                           default.login_account_free_failures),
-        login_account_step_s=number("MARKET_LOGIN_ACCOUNT_STEP_S", float, default.login_account_step_s),
-        signups_per_address_hour=number("MARKET_SIGNUPS_PER_ADDRESS_HOUR", int,
-                                        default.signups_per_address_hour),
-        max_items_per_seller=number("MARKET_MAX_ITEMS_PER_SELLER", int, default.max_items_per_seller),
-        hash_queue=number("MARKET_HASH_QUEUE", int, default.hash_queue),
-        purchase_threads=number("MARKET_PURCHASE_THREADS", int, default.purchase_threads),
-        hash_queue_per_address=number("MARKET_HASH_QUEUE_PER_ADDRESS", int, default.hash_queue_per_address),
-        worker_timeout_s=number("MARKET_WORKER_TIMEOUT_S", float, default.worker_timeout_s),
-        housekeeping_interval_s=number("MARKET_HOUSEKEEPING_INTERVAL_S", float,
-                                       default.housekeeping_interval_s),
-        log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
-        metrics_port=args.metrics_port, metrics_host=args.metrics_host, log_format=args.log_format.lower(),
-        access_log=_fraction_or_switch(env("MARKET_ACCESS_LOG", "off"), refuse),
-        upgrade_schema=args.upgrade_schema,
-    )
-    for field, (source, low, high) in _RANGES.items():
-        value = getattr(settings, field)
-        if not low <= value <= high:
-            refuse(f"{source} {value}: must be from {low:,} to {high:,}")
-    short = descriptor_shortage(settings)
-    if short:
-        refuse(short)
-    return settings
+    for flag, value, choices in (("--log-level", args.log_level, _LOG_LEVELS),
+                                 ("--log-format", args.log_format, _LOG_FORMATS),
+                                 ("--sqlite-synchronous", args.sqlite_synchronous, _SQLITE_SYNCHRONOUS)):
+        if value.upper() not in choices and value.lower() not in choices:
+            refuse(f"{flag} {value}: one of {', '.join(choices)}")
 
 
 def database_pool_size(settings: Settings) -> int:
