@@ -24,7 +24,7 @@ from wire.app import App
 from wire.tls import server_context
 
 from .admission import listen
-from .config import Settings, database_pool_size, server_settings
+from .config import Settings, server_settings
 from .server import Server, ServerLimits
 from .signals import StopRequested, StopSignals
 from .supervisor import Supervisor, WorkerFailed
@@ -80,7 +80,6 @@ def limits_of(settings: Settings) -> ServerLimits:
     return ServerLimits(max_connections=settings.max_connections, max_frame=settings.max_frame,
                         idle_timeout_s=settings.idle_timeout_s,
                         frame_deadline_s=settings.frame_deadline_s, threads=settings.threads,
-                        aside_threads=settings.purchase_threads,
                         max_connections_per_address=settings.max_connections_per_address,
                         new_connections_per_s_per_address=settings.new_connections_per_s_per_address,
                         max_queued_bytes_per_connection=settings.max_queued_bytes_per_connection,
@@ -163,7 +162,7 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
     from .housekeeping import Housekeeper
 
     stops.hold()  # threads start from here: a signal must not cut that short
-    database = Database(settings.db_url, pool_size=database_pool_size(settings),
+    database = Database(settings.db_url, pool_size=settings.threads,
                         sqlite_synchronous=settings.sqlite_synchronous)
     housekeeper = Housekeeper.for_settings(database, settings)
     try:
