@@ -187,16 +187,10 @@ def _fraction_or_switch(text: str, refuse: Callable[[str], NoReturn]) -> float:
         refuse(f"MARKET_ACCESS_LOG={text}: on, off, or a fraction from 0 to 1")
 
 
-# Settings read from the environment only, each as MARKET_ and its name in capitals.
-_FROM_ENVIRONMENT = (
-    "max_frame", "max_connections", "max_connections_per_address",
-    "new_connections_per_s_per_address", "max_queued_bytes_per_connection", "max_queued_bytes",
-    "idle_timeout_s", "frame_deadline_s", "session_idle_s", "session_max_s", "payment_decline_rate",
-    "settle_period_s", "settle_after_s", "login_free_failures", "login_max_delay_s",
-    "login_address_free_failures", "login_account_free_failures", "login_account_step_s",
-    "signups_per_address_hour", "max_items_per_seller", "hash_queue",
-    "hash_queue_per_address", "worker_timeout_s", "housekeeping_interval_s",
-)
+# Numbers read from the environment only: those set by MARKET_ and their name in capitals
+# (access_log takes on/off too: _fraction_or_switch)
+_FROM_ENVIRONMENT = [name for name, (source, _, _) in _RANGES.items()
+                     if source == f"MARKET_{name.upper()}" and name != "access_log"]
 _TYPES = {field.name: field.type for field in fields(Settings)}
 
 

@@ -18,6 +18,7 @@ import socket
 import ssl
 import sys
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any, TypeVar
 
 from wire.app import App
@@ -76,14 +77,9 @@ def _readiness(settings: Settings, draining: Callable[[], bool]) -> Callable[[],
 
 
 def limits_of(settings: Settings) -> ServerLimits:
-    """The server loop's limits from settings."""
-    return ServerLimits(max_connections=settings.max_connections, max_frame=settings.max_frame,
-                        idle_timeout_s=settings.idle_timeout_s,
-                        frame_deadline_s=settings.frame_deadline_s, threads=settings.threads,
-                        max_connections_per_address=settings.max_connections_per_address,
-                        new_connections_per_s_per_address=settings.new_connections_per_s_per_address,
-                        max_queued_bytes_per_connection=settings.max_queued_bytes_per_connection,
-                        max_queued_bytes=settings.max_queued_bytes)
+    """The server loop's limits from settings: those of the same names."""
+    return ServerLimits(**{field.name: getattr(settings, field.name) for field in fields(ServerLimits)
+                           if hasattr(settings, field.name)})
 
 
 def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = None) -> int:
