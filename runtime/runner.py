@@ -1,13 +1,6 @@
-"""What `python -m buyer_server` and `python -m seller_server` share: settings,
-logging, the database, the App and the server loop, from one call.
-
-With `--workers N` (N > 1) the parent binds the port once and forks N workers that
-inherit the listening socket and accept from it, so Python gets past one core and the
-port never refuses a client while a worker is replaced (it waits in the backlog); the
-parent only supervises (restarts a worker that dies, passes the stop on). The servers
-keep no state, so workers need no sharing.
-Logs, metrics and tracing are the package `observe`'s; it and `db` are imported once the
-settings are read (see `main`).
+"""What `python -m buyer_server` and `python -m seller_server` share: settings, logging,
+the database, the App and the server loop, from one call; with `--workers N` the parent
+binds the port and supervises N forked workers (runtime.supervisor).
 """
 from __future__ import annotations
 

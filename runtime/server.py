@@ -1,19 +1,10 @@
 """The server loop both servers share: a fixed set of request threads taking turns.
 
-The turns (runtime.scheduler) go round robin between addresses and their connections, and
-one of them is the lead: the thread leading watches every socket through a selector,
-accepts, reads and decodes frames (framing.FrameDecoder), and queues complete requests on
-their connection, which then waits for its turn. A connection's turn answers one request
-(more while nobody else waits), so a pipeline never holds a thread while others wait, and
-requests of one connection keep their order. Exceptions become error responses in `answer`,
-the one place where that translation happens. An observer (wire.observer) hears of
-connections and answers: metrics, logs and tracing hang there.
-
-No thread ever waits for a client to read: an answer the socket will not take at once
-stays in the connection's outbox and the leader sends the rest when the socket is writable.
-Requests wait undecoded, counted at their frame's size (runtime.flow), and a connection (or
-the process) holding too many stops being read until answers drain; admission
-(runtime.admission) bounds connections in all and per address.
+The turns (runtime.scheduler) go round robin between addresses and their connections; one
+is the lead's, which watches every socket, reads frames and queues them on their connection
+(runtime.reader). A connection's turn answers one request (more while nobody else waits),
+in order. No thread waits for a client to read: what the socket will not take stays in the
+connection's outbox for the leader. Exceptions become error responses in `answer` only.
 """
 from __future__ import annotations
 
