@@ -1,14 +1,10 @@
 """make_purchase in steps, and the settler that finishes what a crash cut off.
 
-The steps (db.purchases): open the order, pending, with the stock taken; authorise the
-total under the order's payment key, then capture it, outside any transaction; then mark
-the order paid and empty the carts. The processor's ledger is the truth: a capture that
-happened is a purchase made (told so, and completed even if the database is away); a
-capture that did not is voided and the purchase undone (stock back, cart as it was). Any
-step may be cut off: the settler of every buyer server finishes pending orders by the
-same rule (void the key; refused because captured, complete the order; else undo it), the
-status changes are conditional and the processor's calls idempotent per key, so a purchase
-thread and settlers racing each other act once between them.
+The steps (db.purchases): open the order, pending, with the stock taken; authorise and
+capture the total under the order's key outside any transaction; mark the order paid. The
+processor's ledger is the truth: the settler voids a cut-off order's key, and completes the
+order if that is refused because captured, else undoes it; conditional status changes and
+idempotent processor calls make a purchase and settlers racing each other act once.
 """
 from __future__ import annotations
 

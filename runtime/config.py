@@ -37,7 +37,6 @@ class Settings:
     idle_timeout_s: float = _LIMITS.idle_timeout_s
     frame_deadline_s: float = _LIMITS.frame_deadline_s
     threads: int = _LIMITS.threads
-    purchase_threads: int = _LIMITS.aside_threads  # 0: purchases on the request threads
     max_connections_per_address: int = _LIMITS.max_connections_per_address
     new_connections_per_s_per_address: float = _LIMITS.new_connections_per_s_per_address
     max_queued_bytes_per_connection: int = _LIMITS.max_queued_bytes_per_connection
@@ -143,7 +142,6 @@ def _secret_file(name: str, path: str) -> str:
 _RANGES: dict[str, tuple[str, float, float]] = {
     "port": ("--port", 0, 65535),
     "threads": ("--threads / MARKET_THREADS", 1, 1024),
-    "purchase_threads": ("MARKET_PURCHASE_THREADS", 0, 1024),
     "workers": ("--workers / MARKET_WORKERS", 1, 256),
     "max_frame": ("MARKET_MAX_FRAME", 1024, 2**31 - 1),
     "max_connections": ("MARKET_MAX_CONNECTIONS", 1, 1_000_000),
@@ -189,16 +187,10 @@ def _fraction_or_switch(text: str, refuse: Callable[[str], NoReturn]) -> float:
         refuse(f"MARKET_ACCESS_LOG={text}: on, off, or a fraction from 0 to 1")
 
 
-# Settings read from the environment only, each as MARKET_ and its name in capitals.
-_FROM_ENVIRONMENT = (
-    "max_frame", "max_connections", "max_connections_per_address",
-    "new_connections_per_s_per_address", "max_queued_bytes_per_connection", "max_queued_bytes",
-    "idle_timeout_s", "frame_deadline_s", "session_idle_s", "session_max_s", "payment_decline_rate",
-    "settle_period_s", "settle_after_s", "login_free_failures", "login_max_delay_s",
-    "login_address_free_failures", "login_account_free_failures", "login_account_step_s",
-    "signups_per_address_hour", "max_items_per_seller", "hash_queue", "purchase_threads",
-    "hash_queue_per_address", "worker_timeout_s", "housekeeping_interval_s",
-)
+# Numbers read from the environment only: those set by MARKET_ and their name in capitals
+# (access_log takes on/off too: _fraction_or_switch)
+_FROM_ENVIRONMENT = [name for name, (source, _, _) in _RANGES.items()
+                     if source == f"MARKET_{name.upper()}" and name != "access_log"]
 _TYPES = {field.name: field.type for field in fields(Settings)}
 
 
@@ -289,18 +281,12 @@ def _check_choices(args: argparse.Namespace, refuse: Callable[[str], NoReturn]) 
             refuse(f"{flag} {value}: one of {', '.join(choices)}")
 
 
-def database_pool_size(settings: Settings) -> int:
-    """Database connections one server process keeps (its pool may open as many again): one
-    per request thread, and in the buyer server one per purchase thread."""
-    return settings.threads + (settings.purchase_threads if settings.role == "buyer" else 0)
-
-
 def descriptors_needed(settings: Settings) -> int:
     """File descriptors one server process may hold at once: a socket per connection, and
     per database connection (the pool and its overflow) up to three (SQLite's file, its
     write-ahead log and shared memory), the metrics port's connections, plus a margin for
     the listener, the selector, logs and the accept that finds the process full."""
-    return settings.max_connections + settings.metrics_connections + 2 * database_pool_size(settings) * 3 + 64
+    return settings.max_connections + settings.metrics_connections + 2 * settings.threads * 3 + 64
 
 
 def descriptor_shortage(settings: Settings) -> str:
@@ -313,7 +299,7 @@ def descriptor_shortage(settings: Settings) -> str:
     if hard == resource.RLIM_INFINITY or hard >= needed:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
         return ""
-    return (f"MARKET_MAX_CONNECTIONS {settings.max_connections} with {database_pool_size(settings)} "
-            f"database connections (MARKET_THREADS and MARKET_PURCHASE_THREADS) needs "
+    return (f"MARKET_MAX_CONNECTIONS {settings.max_connections} with {settings.threads} "
+            f"database connections (MARKET_THREADS) needs "
             f"{needed} file descriptors, over this process's limit of {hard} (ulimit -n): "
             f"lower MARKET_MAX_CONNECTIONS or raise the limit")

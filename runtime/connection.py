@@ -92,12 +92,6 @@ def decode(conn: Connection, frame: bytes | ProtocolError) -> dict[str, Any] | P
         return BadFrameError("frame could not be decoded")
 
 
-def op_of(message: dict[str, Any] | ProtocolError) -> str | None:
-    """The request's op name; None when it has none (any other JSON value is no name)."""
-    op = None if isinstance(message, ProtocolError) else message.get("op")
-    return op if isinstance(op, str) else None
-
-
 def discard_unread(sock: socket.socket) -> None:
     """Read away what a client sent that will not be answered (at stop): a socket closed with
     unread bytes sends a reset, and the answers still on their way to the client are lost."""

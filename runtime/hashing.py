@@ -1,12 +1,7 @@
 """Password hashing apart from the request threads, its places shared fairly between addresses.
 
-A process hashes on its own threads, one fewer than it has cores and at least one, so a core
-is left to every other request. Each server admits only so many hashes (running or waiting)
-at once, fewer than its request threads, and answers BUSY at once past that: a flood of
-sign-ups or logins holds at most that many request threads. An address holds at most half
-the places; and an address served a moment ago gives way to the addresses refused for want
-of a place, in the order they were first refused, as they come back (a client tries a BUSY
-login again within moments): two addresses flooding cannot keep a third out.
+A process hashes on cores - 1 threads; each server admits fewer hashes than it has request
+threads and answers BUSY past that, so a flood of sign-ups or logins never holds them all.
 """
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """Health checks of `--workers N`: the supervisor pings each worker through its serving loop
-and kills one that does not answer in time, as gunicorn's worker timeout does.
-
-Each worker gets one end of a socket pair made before it is forked, and its server serves it
-as a client (in plaintext, over no limit, its turns first): the answer to a ping proves the
-loop, a request thread and the process all run. No other process can reach the pair, and the
-supervisor signals the worker through a pidfd, which names that process and no other even
-once it has ended: no PID outside its children is ever signalled. The supervisor's side is
-a thread per worker, asleep between pings.
+(over a socket pair made before the fork, served as a client) and kills, through a pidfd,
+one that does not answer in time, as gunicorn's worker timeout does.
 """
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""What `python -m buyer_server` and `python -m seller_server` share: settings,
-logging, the database, the App and the server loop, from one call.
-
-With `--workers N` (N > 1) the parent binds the port once and forks N workers that
-inherit the listening socket and accept from it, so Python gets past one core and the
-port never refuses a client while a worker is replaced (it waits in the backlog); the
-parent only supervises (restarts a worker that dies, passes the stop on). The servers
-keep no state, so workers need no sharing.
-Logs, metrics and tracing are the package `observe`'s; it and `db` are imported once the
-settings are read (see `main`).
+"""What `python -m buyer_server` and `python -m seller_server` share: settings, logging,
+the database, the App and the server loop, from one call; with `--workers N` the parent
+binds the port and supervises N forked workers (runtime.supervisor).
 """
 from __future__ import annotations
 
@@ -18,13 +11,14 @@ import socket
 import ssl
 import sys
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any, TypeVar
 
 from wire.app import App
 from wire.tls import server_context
 
 from .admission import listen
-from .config import Settings, database_pool_size, server_settings
+from .config import Settings, server_settings
 from .server import Server, ServerLimits
 from .signals import StopRequested, StopSignals
 from .supervisor import Supervisor, WorkerFailed
@@ -76,15 +70,9 @@ def _readiness(settings: Settings, draining: Callable[[], bool]) -> Callable[[],
 
 
 def limits_of(settings: Settings) -> ServerLimits:
-    """The server loop's limits from settings."""
-    return ServerLimits(max_connections=settings.max_connections, max_frame=settings.max_frame,
-                        idle_timeout_s=settings.idle_timeout_s,
-                        frame_deadline_s=settings.frame_deadline_s, threads=settings.threads,
-                        aside_threads=settings.purchase_threads,
-                        max_connections_per_address=settings.max_connections_per_address,
-                        new_connections_per_s_per_address=settings.new_connections_per_s_per_address,
-                        max_queued_bytes_per_connection=settings.max_queued_bytes_per_connection,
-                        max_queued_bytes=settings.max_queued_bytes)
+    """The server loop's limits from settings: those of the same names."""
+    return ServerLimits(**{field.name: getattr(settings, field.name) for field in fields(ServerLimits)
+                           if hasattr(settings, field.name)})
 
 
 def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = None) -> int:
@@ -163,7 +151,7 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
     from .housekeeping import Housekeeper
 
     stops.hold()  # threads start from here: a signal must not cut that short
-    database = Database(settings.db_url, pool_size=database_pool_size(settings),
+    database = Database(settings.db_url, pool_size=settings.threads,
                         sqlite_synchronous=settings.sqlite_synchronous)
     housekeeper = Housekeeper.for_settings(database, settings)
     try:

@@ -10,15 +10,12 @@ client. The supervisor's health checks go to the front of the ring and are never
 from __future__ import annotations
 
 import collections
-import logging
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from wire.observer import SUPERVISOR
 
-log = logging.getLogger("market.server")
 LEAD = "lead"  # the ring's entry for the turn of watching the sockets
 
 
@@ -112,39 +109,3 @@ class Scheduler:
             return conn
         return None
 
-
-class WorkerPool:
-    """A fixed set of threads running submitted calls in submission order (the aside ops')."""
-
-    def __init__(self, threads: int, name: str) -> None:
-        self._calls: queue.SimpleQueue[tuple[Callable[[Any], None], Any] | None] = queue.SimpleQueue()
-        self._shut = False
-        self._shutting = threading.Lock()  # a call is queued before the threads' stops, or refused
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{n}", daemon=True)
-                         for n in range(threads)]
-        for thread in self._threads:
-            thread.start()
-
-    def submit_unless_shut(self, call: Callable[[Any], None], arg: Any) -> bool:
-        """Run call(arg) on a worker thread; False if the pool is shutting down (not run)."""
-        with self._shutting:
-            if not self._shut:
-                self._calls.put((call, arg))
-            return not self._shut
-
-    def shutdown(self) -> None:
-        """Finish the calls already submitted, then stop every thread."""
-        with self._shutting:
-            self._shut = True
-        for _ in self._threads:
-            self._calls.put(None)
-        for thread in self._threads:
-            thread.join()
-
-    def _work(self) -> None:
-        while (item := self._calls.get()) is not None:
-            call, arg = item
-            try:
-                call(arg)
-            except Exception:
-                log.exception("a worker's call failed")

@@ -1,23 +1,10 @@
 """The server loop both servers share: a fixed set of request threads taking turns.
 
-The turns (runtime.scheduler) go round robin between addresses and their connections, and
-one of them is the lead: the thread leading watches every socket through a selector,
-accepts, reads and decodes frames (framing.FrameDecoder), and queues complete requests on
-their connection, which then waits for its turn. A connection's turn answers one request
-(more while nobody else waits), so a pipeline never holds a thread while others wait, and
-requests of one connection keep their order. Exceptions become error responses in `answer`,
-the one place where that translation happens. An observer (wire.observer) hears of
-connections and answers: metrics, logs and tracing hang there.
-
-With `aside_threads`, an op that waits on another system (the App's `aside_ops`: the buyer's
-purchase, on the payment processor) is answered on threads of its own; its connection stays
-busy meanwhile, so its later requests wait and keep their order.
-
-No thread ever waits for a client to read: an answer the socket will not take at once
-stays in the connection's outbox and the leader sends the rest when the socket is writable.
-Requests wait undecoded, counted at their frame's size (runtime.flow), and a connection (or
-the process) holding too many stops being read until answers drain; admission
-(runtime.admission) bounds connections in all and per address.
+The turns (runtime.scheduler) go round robin between addresses and their connections; one
+is the lead's, which watches every socket, reads frames and queues them on their connection
+(runtime.reader). A connection's turn answers one request (more while nobody else waits),
+in order. No thread waits for a client to read: what the socket will not take stays in the
+connection's outbox for the leader. Exceptions become error responses in `answer` only.
 """
 from __future__ import annotations
 
@@ -38,10 +25,10 @@ from wire.framing import DEFAULT_MAX_FRAME, encode_frame
 from wire.observer import NO_SERVER_OBSERVER, SUPERVISOR, ServerObserver, now_ns
 
 from .admission import REFUSALS, Admission, evictable, listen, refuse_busy
-from .connection import Connection, decode, discard_unread, op_of
+from .connection import Connection, decode, discard_unread
 from .flow import QueuedBytes
 from .reader import Reader
-from .scheduler import LEAD, Scheduler, WorkerPool
+from .scheduler import LEAD, Scheduler
 from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
@@ -65,7 +52,6 @@ class ServerLimits:
     frame_deadline_s: float = 10.0
     send_timeout_s: float = 10.0  # how long an answer may wait for its client to read more of it
     threads: int = 3  # on two cores, with the database nearby: the lowest tail (docs/benchmarks.md)
-    aside_threads: int = 0  # threads of their own for the App's aside ops; 0: the request threads
     # the simulator's 100 clients to one server from one address, twice over (docs/reliability.md)
     max_connections_per_address: int = 200
     new_connections_per_s_per_address: float = 100.0  # bursts of max_connections_per_address
@@ -117,11 +103,6 @@ class Server(Reader):
         self._ready: list[Connection] = []  # connections the leader found requests for
         self._scheduler = Scheduler(limits.threads, self._admission.addresses)
         self._threads: list[threading.Thread] = []
-        # ops that wait on another system (the buyer's purchase: the payment processor) may run
-        # on threads of their own, so that they never hold every request thread
-        self._aside_ops: frozenset[str] = frozenset(getattr(app, "aside_ops", ()))
-        self._aside = (WorkerPool(limits.aside_threads, "market-aside")
-                       if self._aside_ops and limits.aside_threads else None)
         self._stopping = threading.Event()
         self._lead_ended = threading.Event()
         self._failure: BaseException | None = None
@@ -239,7 +220,7 @@ class Server(Reader):
 
     def _answer_next(self, conn: Connection) -> bool:
         """Answer the connection's next request; False when its queue is done with for now
-        (answered, set aside, or waiting for its client to read)."""
+        (answered, or waiting for its client to read)."""
         with conn.lock:
             if not conn.pending or conn.closed or self._past_stop_deadline():
                 conn.busy = False
@@ -254,9 +235,6 @@ class Server(Reader):
         size = len(frame) if isinstance(frame, bytes) else 0
         answering = now_ns()  # before decoding: a request waits undecoded, its decoding is service
         message = decode(conn, frame)
-        if self._aside is not None and op_of(message) in self._aside_ops and \
-                self._aside.submit_unless_shut(self._answer_aside, (conn, message, read, size)):
-            return False  # still busy: the aside thread answers (its frame counted till then), in order
         self._release(size)
         self.observer.answering(conn.address, message)
         return self._answer_one(conn, message, read, answering)
@@ -278,25 +256,6 @@ class Server(Reader):
             self._call_soon(lambda: self._wait_writable(conn))
             return False
         return True
-
-    def _answer_aside(self, job: tuple[Connection, dict[str, Any] | ProtocolError, int, int]) -> None:
-        """Answer an aside op's request, then hand the connection back to the scheduler (it
-        stayed busy meanwhile, so its requests keep their order). Past the stop's deadline it
-        is left unanswered, as queued requests are."""
-        conn, message, read, size = job
-        self.observer.threads_busy(1)
-        try:
-            answering = now_ns()  # its wait for an aside thread counts as waiting, not service
-            if self._past_stop_deadline():
-                self.observer.requests_read(-1)  # left unanswered
-            else:
-                self.observer.answering(conn.address, message)
-                if not self._answer_one(conn, message, read, answering):
-                    return  # the leader sends the rest, then hands the queue on
-            self._scheduler.put(conn)
-        finally:
-            self._release(size)
-            self.observer.threads_busy(-1)
 
     def _send(self, conn: Connection, frame: bytes) -> bool:
         """Send, or leave in the outbox what the socket will not take now; False if it failed."""
@@ -365,8 +324,6 @@ class Server(Reader):
     def _finish(self) -> None:
         if self._stop_deadline is None:  # stopped by a failure, not shutdown()
             self._close_listener()
-        if self._aside is not None:  # first: what it answers goes on with the request threads
-            self._aside.shutdown()
         self._scheduler.close()
         for thread in self._threads:
             thread.join()

@@ -33,14 +33,9 @@ class StopRequested(Exception):
 
 
 class StopSignals:
-    """The stop signals as a clean stop, from the moment this is made.
-
-    Made before the server listens, so no signal finds the process listening but without
-    its handlers (the default action killed it there: exit status -15, or a traceback).
-    Until `hold`, a signal raises StopRequested out of whatever start-up was doing (waiting
-    for the database, say); from `hold` on, while threads are started, it is remembered,
-    and `serve` stops at once; once serving, it shuts the server down, which answers what
-    is in flight."""
+    """The stop signals as a clean stop, from the moment this is made (before the server
+    listens). Until `hold` a signal raises StopRequested out of start-up; from then on it is
+    remembered and `serve` stops at once; once serving, it shuts the server down."""
 
     def __init__(self) -> None:
         self._server: Server | None = None

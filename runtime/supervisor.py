@@ -1,6 +1,6 @@
-"""The parent of `--workers N`: it holds the listening socket, forks the workers that serve
-it, passes the stop on, kills a worker that leaves a health check unanswered
-(runtime.health), and restarts a worker that dies.
+"""The parent of `--workers N`: it holds the listening socket (clients wait in its backlog
+while a worker is replaced), forks the workers that serve it, passes the stop on, kills a
+worker that leaves a health check unanswered (runtime.health), and restarts one that dies.
 """
 from __future__ import annotations
 
@@ -33,11 +33,8 @@ class WorkerFailed(Exception):
 
 
 class Supervisor:
-    """The parent of `--workers N`: forks the workers, passes the stop on, kills a worker that
-    leaves a health check unanswered (runtime.health), and restarts a worker that dies,
-    pausing a little longer after each quick death (0.1 s, doubling up to 2 s), and giving up
-    (exit 2) when five started in a row died before they listened. It holds the listening
-    socket all its life: clients wait in its backlog while a worker is being replaced."""
+    """See the module docstring. A worker that dies is restarted after a pause doubling from
+    0.1 s to 2 s; five in a row dying before they listen end it (exit 2)."""
 
     def __init__(self, workers: int, worker_timeout_s: float, listener: socket.socket,
                  serve: ServeInWorker) -> None:
@@ -118,12 +115,8 @@ class Supervisor:
 
 
 def _next_ended() -> tuple[int, int]:
-    """The pid and wait status of the next child to end, waited for in short naps.
-
-    Not a blocking os.wait(): Python runs signal handlers on the main thread between its own
-    steps, so a SIGTERM that came just before the wait began, or that the kernel handed to
-    another thread (a health check's), would be handled only once a worker ended, and none
-    would: the supervisor never stopped."""
+    """The pid and wait status of the next child to end, waited for in short naps: in a
+    blocking os.wait() a SIGTERM's handler would wait for a worker to end, and none would."""
     while True:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid:

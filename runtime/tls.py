@@ -1,11 +1,6 @@
-"""TLS for the server loop, over memory buffers (ssl.MemoryBIO), so that the thread
-watching the sockets can decrypt without ever blocking and the thread answering can
-encrypt its response.
-
-Records must leave in the order TLS made them: every ciphertext goes into one
-outbox, and one flusher at a time (`_sending`) writes it out in order, never waiting:
-what the socket will not take yet stays in the outbox for the server loop to send
-when the socket is writable (as with a plaintext connection's outbox).
+"""TLS for the server loop over memory buffers (ssl.MemoryBIO): the leader decrypts without
+blocking, the answering thread encrypts. Records leave in the order TLS made them: one
+outbox, one flusher at a time (`_sending`), the rest sent when the socket is writable.
 """
 from __future__ import annotations
 

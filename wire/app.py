@@ -55,8 +55,7 @@ class Stepwise:
     """A private op that runs its own transactions: `run(first_step)`, where
     first_step(work) runs work(tx, session, args) in the gate's transaction, so the token
     and the arguments are checked in the protocol's order before anything else. Its steps
-    may wait on another system (the purchase's on the payment processor): the server loop
-    answers it on threads of their own (`App.aside_ops`), never on every request thread."""
+    may wait on another system (the purchase's on the payment processor)."""
 
     run: Callable[[Callable[[Callable[[Any, Any, dict[str, Any]], Any]], Any]], dict[str, Any]]
 
@@ -79,7 +78,6 @@ class App:
             raise ValueError(f"ops without a spec or a handler: {sorted(missing)}")
         self.specs, self.handlers, self.gate, self.addressed = specs, handlers, gate, addressed
         self.background = list(background)
-        self.aside_ops = frozenset(op for op, handler in handlers.items() if isinstance(handler, Stepwise))
 
     def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]:
         """The response to one request message from `peer` (errors are raised, not returned;

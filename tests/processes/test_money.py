@@ -25,7 +25,6 @@ from support import (
     ServerProcess,
     free_port,
     list_items,
-    race,
     read_messages,
     running_market,
     sign_up,
@@ -38,9 +37,7 @@ from db.ledger import CAPTURED, DECLINED, VOIDED, Ledger, Payment
 from db.purchases import PAID, PENDING
 from db.schema import orders, users
 from operate.audit import audit
-from runtime.config import Settings, database_pool_size, server_settings
-from runtime.runner import limits_of
-from runtime.server import ServerLimits
+from runtime.config import Settings
 from wire import Connection, ProtocolError
 from wire.errors import ConflictError, PaymentDeclinedError, UnavailableError
 from wire.framing import encode_frame
@@ -594,42 +591,11 @@ class SlowProcessor:
         self.inner.void(key)
 
 
-def test_purchases_waiting_on_the_processor_leave_the_request_threads_to_everyone_else(
-        database: Database) -> None:
-    """With purchase threads (MARKET_PURCHASE_THREADS), as many purchases as the server has
-    request threads, all waiting on a slow processor: another buyer's requests are answered
-    at once, and the purchases complete (without them, get_item waits about 1.5 s)."""
-    processor = SlowProcessor(SimulatedProcessor(Ledger(database)), delay_s=2.0)
-    limits = ServerLimits(threads=2, aside_threads=2)  # MARKET_PURCHASE_THREADS=2
-    with running_market(database, processor=processor, limits=limits) as market:
-        seller, reader = market.user("seller"), market.user("buyer")
-        item_id = market.item(seller, quantity=5)
-        buyers = [market.user("buyer") for _ in range(2)]
-        for buyer in buyers:
-            buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
-        receipts = race([lambda b=buyer: b.call("make_purchase", CARD) for buyer in buyers]  # type: ignore[misc]
-                        + [lambda: _answered_in(reader, item_id, 0.5)])
-        waited = receipts.pop()
-        assert waited < 1.0, f"get_item waited {waited:.2f} s behind the purchases"
-        assert all(isinstance(r, dict) and r["total"] == "12.50" for r in receipts), receipts
-        assert reader.call("get_item", {"item_id": item_id})["quantity"] == 3
-    assert [(p.state, p.captures) for p in ledger_of(database)] == [(CAPTURED, 1)] * 2
-
-
-def _answered_in(conn: Connection, item_id: int, after_s: float) -> float:
-    """Seconds a get_item took, sent `after_s` from now (the purchases then in the processor)."""
-    time.sleep(after_s)
-    start = time.monotonic()
-    conn.call("get_item", {"item_id": item_id})
-    return time.monotonic() - start
-
-
 def test_a_request_sent_behind_a_purchase_on_one_connection_is_answered_after_it(database: Database) -> None:
     """A purchase waiting on the processor holds its connection's later requests: answers
     come in the order asked, the cart shown after the purchase is empty."""
     processor = SlowProcessor(SimulatedProcessor(Ledger(database)), delay_s=0.5)
-    limits = ServerLimits(threads=2, aside_threads=1)
-    with running_market(database, processor=processor, limits=limits) as market:
+    with running_market(database, processor=processor) as market:
         seller, buyer = market.user("seller"), market.user("buyer")
         buyer.call("add_to_cart", {"item_id": market.item(seller), "quantity": 2})
         with socket.create_connection(market.buyer_server.address, timeout=10) as sock:
@@ -639,51 +605,3 @@ def test_a_request_sent_behind_a_purchase_on_one_connection_is_answered_after_it
             purchase, cart = read_messages(sock, 2)
     assert (purchase["id"], purchase["ok"], cart["id"]) == (0, True, 1), (purchase, cart)
     assert cart["result"]["cart"]["items"] == []
-
-
-def test_market_purchase_threads_gives_the_buyer_server_purchase_threads_and_their_connections(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MARKET_PURCHASE_THREADS", raising=False)
-    assert limits_of(server_settings("buyer", [])).aside_threads == 0  # by default: none
-    monkeypatch.setenv("MARKET_PURCHASE_THREADS", "5")
-    buyer, seller = server_settings("buyer", []), server_settings("seller", [])
-    assert limits_of(buyer).aside_threads == 5
-    assert (database_pool_size(buyer), database_pool_size(seller)) == (buyer.threads + 5, seller.threads)
-    monkeypatch.setenv("MARKET_PURCHASE_THREADS", "-1")
-    with pytest.raises(SystemExit):
-        server_settings("buyer", [])
-
-
-def test_a_stop_leaves_purchases_still_waiting_for_a_purchase_thread_at_its_deadline_unanswered(
-        database: Database) -> None:
-    """One purchase thread, busy in a slow processor; a second purchase waits for it. A stop
-    whose deadline passes meanwhile finishes the first and never starts the second: one
-    payment in the ledger, one unit sold, the second buyer's connection closed unanswered."""
-    processor = SlowProcessor(SimulatedProcessor(Ledger(database)), delay_s=1.5)
-    limits = ServerLimits(threads=2, aside_threads=1, send_timeout_s=0.3)
-    with running_market(database, processor=processor, limits=limits) as market:
-        seller = market.user("seller")
-        item_id = market.item(seller, quantity=5)
-        buyers = [market.user("buyer") for _ in range(2)]
-        for buyer in buyers:
-            buyer.call("add_to_cart", {"item_id": item_id, "quantity": 1})
-        answers: list[Any] = [None, None]
-
-        def buy(n: int) -> None:
-            try:
-                answers[n] = buyers[n].call("make_purchase", CARD)
-            except Exception as exc:  # closed unanswered: how the client says so
-                answers[n] = exc
-
-        threads = [threading.Thread(target=buy, args=(n,)) for n in range(2)]
-        threads[0].start()
-        time.sleep(0.3)  # the first in the processor, then the second behind it
-        threads[1].start()
-        time.sleep(0.3)
-        market.buyer_server.shutdown()
-        for thread in threads:
-            thread.join(timeout=10)
-    assert isinstance(answers[0], dict) and answers[0]["total"] == "12.50", answers
-    assert not isinstance(answers[1], dict), answers
-    assert [(p.state, p.captures) for p in ledger_of(database)] == [(CAPTURED, 1)]
-    assert order_statuses(database) == Counter({PAID: 1})

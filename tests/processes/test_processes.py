@@ -795,7 +795,7 @@ from runtime import runner
 class SlowSearches:  # the buyer's App, each search taking 0.5 s first (as a long search would)
     def __init__(self, app):
         self.app = app
-        self.specs, self.aside_ops, self.background = app.specs, app.aside_ops, app.background
+        self.specs, self.background = app.specs, app.background
 
     def handle(self, message, peer=None):
         if message.get("op") == "search_items":
