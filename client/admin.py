@@ -1,8 +1,6 @@
 """`market admin`: the operator's commands, run against the database itself (no server needed).
-
-Each action is one small function over operate.admin, registered in ACTIONS with its arguments;
-what it did is printed in one line and written to the audit table `market admin log` shows.
-A bad name or id prints one line and exits 1; a database that cannot be used exits 2.
+Each action in ACTIONS is one small function over operate.admin (imported only when one runs);
+what it changed is printed in one line and written to the audit table `market admin log` shows.
 """
 from __future__ import annotations
 
@@ -43,18 +41,13 @@ def _operator(args: argparse.Namespace) -> Any:
     return Operator.here(args.reason)
 
 
-def _data_function(name: str) -> Callable[..., Any]:
-    """operate.admin's function `name`, imported only when an action runs (the shells never load it)."""
-    from operate import admin
-
-    return getattr(admin, name)  # type: ignore[no-any-return]
-
-
 def _change(work: str, *target: str) -> Callable[[Any, argparse.Namespace, Output], None]:
     """An action that changes something: run operate.admin's `work` in one transaction, say its
     outcome, and log it (INFO, logger market.business) besides the audit table."""
     def run(database: Any, args: argparse.Namespace, out: Output) -> None:
-        values, function = [getattr(args, name) for name in target], _data_function(work)
+        from operate import admin
+
+        values, function = [getattr(args, name) for name in target], getattr(admin, work)
         outcome = database.run(lambda tx: function(tx, _operator(args), *values))
         logs.business.info("admin %s: %s", work, outcome, extra={
             "action": work, "target": " ".join(map(str, values)), "reason": args.reason})
@@ -65,7 +58,9 @@ def _change(work: str, *target: str) -> Callable[[Any, argparse.Namespace, Outpu
 def _show(what: str, work: str, *target: str) -> Callable[[Any, argparse.Namespace, Output], None]:
     """An action that shows one user or item as a table of fields."""
     def run(database: Any, args: argparse.Namespace, out: Output) -> None:
-        values, function = [getattr(args, name) for name in target], _data_function(work)
+        from operate import admin
+
+        values, function = [getattr(args, name) for name in target], getattr(admin, work)
         shown = database.run(lambda tx: function(tx, *values), write=False)
         rows = [(label, _cell(label, value)) for label, value in shown.items()]
         out.table(Table(what, ("field", "value"), rows, f"no {what}"))
