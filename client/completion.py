@@ -24,7 +24,7 @@ class LineCompleter(Completer):
         words = _words(before)
         current = "" if not words or before[-1:].isspace() else words.pop()
         if not words:
-            yield from _matching(self.registry.names(), current)
+            yield from _matching(sorted(self.registry.commands), current)
             return
         command = self.registry.find(words[0])
         if command is not None:
