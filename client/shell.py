@@ -147,7 +147,7 @@ class Shell:
             keep = self.save_on_exit
         if keep:
             saved = self.call("save_cart")["cart"]
-            self.cart.saved(saved)
+            self.cart.seen(saved, unsaved=False)
             self.out.say(f"Cart saved: {len(saved['items'])} item(s).")
 
     def run_line(self, line: str) -> bool:
