@@ -161,7 +161,7 @@ def run_admin(args: argparse.Namespace) -> int:
         logs.configure_leniently("admin", str(env("MARKET_LOG_LEVEL", "INFO")),
                                  str(env("MARKET_LOG_FORMAT", "text")))
         logging.getLogger("alembic").setLevel(logging.WARNING)  # its schema check says each step
-    out = Output(args.format)
+    out = Output(args.format, say_to_stdout=True)
     database = Database(args.db_url, pool_size=1)
     try:
         problem = _schema_problem(database)
