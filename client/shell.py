@@ -170,22 +170,18 @@ class Shell:
         except UsageError as exc:
             self.out.error(f"{exc} (usage: {command.usage})" if command else str(exc))
             self.misread = True
-        except RefusedError as exc:
+        except (RefusedError, ConnectionLostError) as exc:
             self.out.error(str(exc))
         except UnauthenticatedError as exc:
             self._unauthenticated(exc)
         except ProtocolError as exc:
             self.out.error(in_plain_words(exc, self.role))
-        except ConnectionLostError as exc:
-            self.out.error(str(exc))
         except OSError as exc:
             self.out.error(f"cannot reach the {self.role} server at {self.address}: "
                            f"{exc.strerror or exc}; is it running? (`market serve` starts one)")
-        except KeyboardInterrupt:
-            if not self.interactive:  # a script stops, with sh's status for Ctrl-C
+        except (KeyboardInterrupt, EOFError) as exc:
+            if isinstance(exc, KeyboardInterrupt) and not self.interactive:  # a script stops (sh's status)
                 raise
-            self.out.error("cancelled")
-        except EOFError:
             self.out.error("cancelled")
         finally:
             self.out.end()
