@@ -1,9 +1,6 @@
-"""The buyer shell's commands, one per buyer op: search, the cart, buying, rating, history.
-
-Each command's alias is its op's wire name, so `help add_to_cart` finds `add`. Every purchase
-carries a fresh idempotency key, so a purchase cut off in flight is safely sent again, and the
-total the buyer was shown (`expected_total`, protocol 1.2), so that a changed price is asked
-about again instead of charged.
+"""The buyer shell's commands, one per buyer op (aliased by its wire name). A purchase carries
+a fresh idempotency key, so that one cut off in flight is safely sent again, and the total shown
+(`expected_total`), so that a changed price is asked about again instead of charged.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""What the shells print: items, carts, receipts and purchase history as tables.
-
-Tables are built as rows of values once; `Output` shows them with rich in a terminal (fitting
-its width: names wrap, keywords shorten with a marker, numbers are never cut), as tab-separated
-rows in `tsv` (sentences to stderr, so scripts can cut and grep stdout), or in `json` as JSON
-Lines: one object per command, with numbers as numbers and money as the contract's strings.
+"""What the shells print: items, carts, receipts and purchase history as tables of values,
+shown with rich in a terminal (fitting its width), as tab-separated rows in `tsv` (sentences to
+stderr), or in `json` as JSON Lines, one object per command.
 """
 from __future__ import annotations
 
