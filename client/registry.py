@@ -1,7 +1,5 @@
-"""The command registry of the shells: each command's name, arguments, one-line help and handler.
-
-Commands register with a decorator, as in litecli's special commands; `help`, tab completion
-and argument parsing are all generated from this one table.
+"""The command registry of the shells: each command's name, arguments, one-line help and handler,
+registered with a decorator; `help`, tab completion and argument parsing all come from it.
 """
 from __future__ import annotations
 
