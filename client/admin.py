@@ -1,8 +1,6 @@
 """`market admin`: the operator's commands, run against the database itself (no server needed).
-
-Each action is one small function over operate.admin, registered in ACTIONS with its arguments;
-what it did is printed in one line and written to the audit table `market admin log` shows.
-A bad name or id prints one line and exits 1; a database that cannot be used exits 2.
+Each action in ACTIONS is one small function over operate.admin (imported only when one runs);
+what it changed is printed in one line and written to the audit table `market admin log` shows.
 """
 from __future__ import annotations
 
@@ -43,32 +41,23 @@ def _operator(args: argparse.Namespace) -> Any:
     return Operator.here(args.reason)
 
 
-def _data_function(name: str) -> Callable[..., Any]:
-    """operate.admin's function `name`, imported only when an action runs (the shells never load it)."""
-    from operate import admin
-
-    return getattr(admin, name)  # type: ignore[no-any-return]
-
-
-def _change(work: str, *target: str) -> Callable[[Any, argparse.Namespace, Output], None]:
-    """An action that changes something: run operate.admin's `work` in one transaction, say its
-    outcome, and log it (INFO, logger market.business) besides the audit table."""
+def _work(work: str, *target: str, show: str = "") -> Callable[[Any, argparse.Namespace, Output], None]:
+    """An action running operate.admin's `work`: with `show`, one user or item shown as a table of
+    fields; else a change, made in one transaction, its outcome said and logged (INFO, logger
+    market.business) besides the audit table."""
     def run(database: Any, args: argparse.Namespace, out: Output) -> None:
-        values, function = [getattr(args, name) for name in target], _data_function(work)
+        from operate import admin
+
+        values, function = [getattr(args, name) for name in target], getattr(admin, work)
+        if show:
+            shown = database.run(lambda tx: function(tx, *values), write=False)
+            rows = [(label, _cell(label, value)) for label, value in shown.items()]
+            out.table(Table(show, ("field", "value"), rows, f"no {show}"))
+            return
         outcome = database.run(lambda tx: function(tx, _operator(args), *values))
         logs.business.info("admin %s: %s", work, outcome, extra={
             "action": work, "target": " ".join(map(str, values)), "reason": args.reason})
         out.say(outcome)
-    return run
-
-
-def _show(what: str, work: str, *target: str) -> Callable[[Any, argparse.Namespace, Output], None]:
-    """An action that shows one user or item as a table of fields."""
-    def run(database: Any, args: argparse.Namespace, out: Output) -> None:
-        values, function = [getattr(args, name) for name in target], _data_function(work)
-        shown = database.run(lambda tx: function(tx, *values), write=False)
-        rows = [(label, _cell(label, value)) for label, value in shown.items()]
-        out.table(Table(what, ("field", "value"), rows, f"no {what}"))
     return run
 
 
@@ -110,20 +99,20 @@ def _log(database: Any, args: argparse.Namespace, out: Output) -> None:
 
 ACTIONS = {
     "suspend": Action("suspend an account: its sessions end, its logins are refused", "user",
-                      _change("suspend", "role", "username", "off_sale"),
+                      _work("suspend", "role", "username", "off_sale"),
                       flags=(("--off-sale", "a seller's items leave sale too (for good: reinstating "
                                             "does not relist them)"),)),
-    "reinstate": Action("lift an account's suspension", "user", _change("reinstate", "role", "username")),
+    "reinstate": Action("lift an account's suspension", "user", _work("reinstate", "role", "username")),
     "end-sessions": Action("end every session of an account (its carts go; the saved cart stays)", "user",
-                           _change("end_user_sessions", "role", "username")),
+                           _work("end_user_sessions", "role", "username")),
     "clear-throttle": Action("forget the failed logins counted for a username", "user",
-                             _change("clear_throttle", "role", "username")),
+                             _work("clear_throttle", "role", "username")),
     "take-off-sale": Action("take every unit of an item off sale", "item",
-                            _change("take_off_sale", "item_id")),
+                            _work("take_off_sale", "item_id")),
     "show-user": Action("show an account with its state and counters", "user",
-                        _show("user", "show_user", "role", "username"), changes=False),
+                        _work("show_user", "role", "username", show="user"), changes=False),
     "show-item": Action("show an item with its counters", "item",
-                        _show("item", "show_item", "item_id"), changes=False),
+                        _work("show_item", "item_id", show="item"), changes=False),
     "purge-test-data": Action("remove the load tools' accounts (loadtest-...) and what they wrote", "",
                               _purge, flags=(("--yes", "remove them (without it: only say what would go)"),)),
     "log": Action("show the operator's actions, newest first", "", _log, changes=False),
@@ -166,7 +155,7 @@ def run_admin(args: argparse.Namespace) -> int:
         logs.configure_leniently("admin", str(env("MARKET_LOG_LEVEL", "INFO")),
                                  str(env("MARKET_LOG_FORMAT", "text")))
         logging.getLogger("alembic").setLevel(logging.WARNING)  # its schema check says each step
-    out = Output(args.format)
+    out = Output(args.format, say_to_stdout=True)
     database = Database(args.db_url, pool_size=1)
     try:
         problem = _schema_problem(database)

@@ -1,9 +1,6 @@
-"""The buyer shell's commands, one per buyer op: search, the cart, buying, rating, history.
-
-Each command's alias is its op's wire name, so `help add_to_cart` finds `add`. Every purchase
-carries a fresh idempotency key, so a purchase cut off in flight is safely sent again, and the
-total the buyer was shown (`expected_total`, protocol 1.2), so that a changed price is asked
-about again instead of charged.
+"""The buyer shell's commands, one per buyer op (aliased by its wire name). A purchase carries
+a fresh idempotency key, so that one cut off in flight is safely sent again, and the total shown
+(`expected_total`), so that a changed price is asked about again instead of charged.
 """
 from __future__ import annotations
 
@@ -101,7 +98,7 @@ def clear(shell: Shell, args: dict[str, Any]) -> None:
 def save(shell: Shell, args: dict[str, Any]) -> None:
     """save_cart."""
     saved = shell.call("save_cart")["cart"]
-    shell.cart.saved(saved)
+    shell.cart.seen(saved, unsaved=False)
     shell.out.say(f"Cart saved: {len(saved['items'])} item(s), total {money(saved['total'])}.")
 
 
@@ -132,7 +129,8 @@ def buy(shell: Shell, args: dict[str, Any]) -> None:
     while True:
         expected = money(shell.cart.total or "0")
         try:
-            receipt = purchase(shell, args, expected)
+            receipt = shell.call("make_purchase", {**args, "idempotency_key": str(uuid.uuid4()),
+                                                   "expected_total": expected})
             break
         except ConflictError:
             content = shell.call("display_cart")["cart"]
@@ -147,12 +145,6 @@ def buy(shell: Shell, args: dict[str, Any]) -> None:
     shell.cart.bought()
     shell.out.table(receipt_table(receipt))
     shell.out.say(f"Bought: order {receipt['order_id']}, total {money(receipt['total'])}.")
-
-
-def purchase(shell: Shell, args: dict[str, Any], expected: str) -> dict[str, Any]:
-    """make_purchase under a new idempotency key, made only at the total the buyer was shown."""
-    key = str(uuid.uuid4())
-    return shell.call("make_purchase", {**args, "idempotency_key": key, "expected_total": expected})
 
 
 @BUYER.command("rate", "Give an item you bought a thumbs up or down.", ITEM_ID,
@@ -179,7 +171,7 @@ def history(shell: Shell, args: dict[str, Any]) -> None:
 
 def changed_cart(shell: Shell, content: dict[str, Any]) -> None:
     """Show a cart a command changed, which now differs from the saved one."""
-    shell.cart.changed(content)
+    shell.cart.seen(content, unsaved=True)
     show_cart(shell, content)
 
 

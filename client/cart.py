@@ -4,7 +4,7 @@ say what was in it and put it back.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -15,21 +15,11 @@ class CartMemory:
     lines: list[dict[str, Any]] | None = None
     total: str | None = None  # as last seen: what `buy` expects to pay
     unsaved: bool = False
-    _changes: int = field(default=0, repr=False)
 
-    def seen(self, content: dict[str, Any]) -> None:
-        """The server showed the cart."""
+    def seen(self, content: dict[str, Any], unsaved: bool | None = None) -> None:
+        """The server showed the cart; `unsaved`: a command changed it (True) or saved it (False)."""
         self.lines, self.total = list(content["items"]), content["total"]
-
-    def changed(self, content: dict[str, Any]) -> None:
-        """A command changed the cart: it now differs from the saved one."""
-        self.seen(content)
-        self.unsaved = True
-
-    def saved(self, content: dict[str, Any]) -> None:
-        """The cart was saved."""
-        self.seen(content)
-        self.unsaved = False
+        self.unsaved = self.unsaved if unsaved is None else unsaved
 
     def bought(self) -> None:
         """A purchase emptied the cart."""

@@ -1,11 +1,10 @@
-"""Commands both shells have: accounts (signup, login, logout), help, more, ping and quit.
-
-Passwords come from the argument, a no-echo prompt, or MARKET_PASSWORD in script mode; they
-are checked for length before any request, passed to the server and never kept. The device
-token a login answers is kept (client.devices) and sent with the next login of that account.
+"""Commands both shells have: signup, login, logout, help, more, ping and quit. Passwords come
+from the argument, a no-echo prompt or MARKET_PASSWORD, and are never kept; a login's device
+token is kept (client.devices) and sent with the account's next login.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from runtime.config import env
@@ -29,8 +28,7 @@ DEVICES = DeviceTokens()
 
 @COMMON.command("signup", "Create an account and log in to it.", USERNAME,
                 Arg("name", "--name", hint="your name as others see it, 1 to 32 characters"),
-                Arg("password", "--password", "-p", secret=True, confirm=True,
-                    env="MARKET_PASSWORD", convert=fields.password(), hint="8 to 128 characters"),
+                replace(PASSWORD, confirm=True, convert=fields.password(), hint="8 to 128 characters"),
                 aliases=("create_account",), login=False)
 def signup(shell: Shell, args: dict[str, Any]) -> None:
     """create_account, then login."""
@@ -39,8 +37,7 @@ def signup(shell: Shell, args: dict[str, Any]) -> None:
     login(shell, {"username": args["username"], "password": args["password"]})
 
 
-@COMMON.command("login", "Log in.", USERNAME,
-                PASSWORD, login=False)
+@COMMON.command("login", "Log in.", USERNAME, PASSWORD, login=False)
 def login(shell: Shell, args: dict[str, Any]) -> None:
     """login; a session already open is ended once the new one is (a failed login leaves it)."""
     device = f"{shell.role} {shell.address} {args['username']}"

@@ -24,7 +24,7 @@ class LineCompleter(Completer):
         words = _words(before)
         current = "" if not words or before[-1:].isspace() else words.pop()
         if not words:
-            yield from _matching(self.registry.names(), current)
+            yield from _matching(sorted(self.registry.commands), current)
             return
         command = self.registry.find(words[0])
         if command is not None:
@@ -37,7 +37,8 @@ class LineCompleter(Completer):
         if option is not None:
             return self._values(option)
         positional = [arg for arg in command.args if not arg.flag]
-        index = sum(1 for at, word in enumerate(words) if _is_positional(command, words, at, word))
+        index = sum(1 for at, word in enumerate(words)  # the words not options nor their values
+                    if not word.startswith("-") and not (at > 0 and _option_of(command, words[at - 1])))
         arg = positional[min(index, len(positional) - 1)] if positional else None
         return self._values(arg) if arg is not None and (index < len(positional) or arg.many) else []
 
@@ -47,11 +48,6 @@ class LineCompleter(Completer):
 
 def _option_of(command: Command, word: str) -> Arg | None:
     return next((arg for arg in command.args if arg.flag and word in (arg.flag, arg.alias)), None)
-
-
-def _is_positional(command: Command, words: list[str], at: int, word: str) -> bool:
-    taken_by_option = at > 0 and _option_of(command, words[at - 1]) is not None
-    return not word.startswith("-") and not taken_by_option
 
 
 def _words(text: str) -> list[str]:

@@ -20,25 +20,16 @@ CATEGORY_NAMES = ("Other", "Books", "Home", "Electronics", "Clothing", "Sports",
 Convert = Callable[[str], Any]
 
 
-def wire_rule(rule: values.Validator, name: str) -> Convert:
-    """A converter applying one of wire's value rules to the typed text (unchanged if valid)."""
-    def convert(text: str) -> str:
+def wire_rule(rule: values.Validator, name: str, whole: bool = False) -> Convert:
+    """A converter applying one of wire's value rules to the typed text (unchanged if valid),
+    or with `whole` to the integer it spells (a quantity, an item id)."""
+    def convert(text: str) -> Any:
+        value = whole_number(text) if whole else text
         try:
-            rule(name, text)
+            number = rule(name, value)
         except BadRequestError as exc:
             raise ValueError(exc.message.removeprefix(f"{name}: ")) from None
-        return text
-    return convert
-
-
-def whole_number_in(rule: values.Validator, name: str) -> Convert:
-    """A converter to an integer that wire's rule accepts (a quantity, an item id)."""
-    def convert(text: str) -> int:
-        number = whole_number(text)
-        try:
-            return int(rule(name, number))
-        except BadRequestError as exc:
-            raise ValueError(exc.message.removeprefix(f"{name}: ")) from None
+        return int(number) if whole else text
     return convert
 
 
@@ -56,7 +47,7 @@ def whole_number(text: str) -> int:
 def category(text: str) -> int:
     """A category by name (any case, or the start of one name) or by number."""
     if text.strip().isdigit():
-        return whole_number_in(values.category, "category")(text)
+        return int(wire_rule(values.category, "category", whole=True)(text))
     wanted = text.strip().lower()
     matches = [number for number, name in enumerate(CATEGORY_NAMES) if name.lower().startswith(wanted)]
     exact = [number for number in matches if CATEGORY_NAMES[number].lower() == wanted]
@@ -129,9 +120,9 @@ def keywords(text: str | list[str]) -> list[str]:
 
 username = wire_rule(values.username, "username")
 item_name = wire_rule(values.item_name, "name")
-quantity = whole_number_in(values.quantity, "quantity")
-item_id = whole_number_in(values.object_id, "item_id")
-limit = whole_number_in(values.limit, "limit")
+quantity = wire_rule(values.quantity, "quantity", whole=True)
+item_id = wire_rule(values.object_id, "item_id", whole=True)
+limit = wire_rule(values.limit, "limit", whole=True)
 
 # The ranges `help COMMAND` lists (the wording of the contract's Values).
 PRICE_RANGE = f"0.01 to {values.format_money(values.MAX_CENTS)}, at most two decimals"

@@ -3,10 +3,9 @@ keepalive thread while it waits at the prompt, and script mode over `-c` or stan
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from prompt_toolkit import PromptSession
 
@@ -29,63 +28,45 @@ def run_interactive(shell: Shell, history_file: str, keepalive_s: float) -> int:
     session: PromptSession[str] = PromptSession(
         history=history, completer=LineCompleter(shell.registry, lambda: shell.seen_ids))
     _greet(shell)
-    keepalive = Keepalive(shell, keepalive_s)
+    idle, stopped = threading.Event(), threading.Event()
+    if keepalive_s > 0:
+        threading.Thread(target=_keep_alive, args=(shell, keepalive_s, idle, stopped), name="keepalive",
+                         daemon=True).start()
     interrupted = False
     while shell.running:
+        idle.set()
         try:
-            with keepalive.while_idle():
-                line = session.prompt(shell.prompt_text())
+            line = session.prompt(f"{shell.username + '@' if shell.username else ''}{shell.role}> ")
         except KeyboardInterrupt:
             if session.default_buffer.text or not interrupted:
                 interrupted = not session.default_buffer.text
                 if interrupted:
                     shell.out.say("(Ctrl-C again, Ctrl-D or `quit` leaves the shell)")
                 continue
-            shell.running = False
             break
         except EOFError:
             break
+        finally:
+            idle.clear()
         interrupted = False
         with shell.busy:
             shell.run_line(line)
         history.settle(understood=not shell.misread)
-    keepalive.stop()
+    stopped.set()
     with shell.busy:
         shell.leave()
     return 0
 
 
-class Keepalive:
-    """A thread that, while the shell waits at its prompt, sends a quiet request every so often:
-    the server then neither closes the idle connection nor lets the session expire."""
-
-    def __init__(self, shell: Shell, every_s: float) -> None:
-        self.shell, self.every_s = shell, every_s
-        self._idle, self._stopped = threading.Event(), threading.Event()
-        if every_s > 0:
-            threading.Thread(target=self._run, name="keepalive", daemon=True).start()
-
-    @contextlib.contextmanager
-    def while_idle(self) -> Iterator[None]:
-        """A context in which the shell is idle at its prompt."""
-        self._idle.set()
-        try:
-            yield
-        finally:
-            self._idle.clear()
-
-    def stop(self) -> None:
-        """Send nothing more."""
-        self._stopped.set()
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self.every_s):
-            if self._idle.is_set() and self.shell.busy.acquire(blocking=False):
-                try:
-                    self.shell.refresh_quietly()
-                finally:
-                    self.shell.busy.release()
-
+def _keep_alive(shell: Shell, every_s: float, idle: threading.Event, stopped: threading.Event) -> None:
+    """While the shell waits at its prompt, a quiet request every so often: the server then
+    neither closes the idle connection nor lets the session expire."""
+    while not stopped.wait(every_s):
+        if idle.is_set() and shell.busy.acquire(blocking=False):
+            try:
+                shell.refresh_quietly()
+            finally:
+                shell.busy.release()
 
 
 def _greet(shell: Shell) -> None:

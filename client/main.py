@@ -1,23 +1,10 @@
-"""`market`: the command people type. Subcommands:
-
-  market buyer            the interactive buyer shell (`-c "CMD; CMD"` or stdin: script mode)
-  market seller           the interactive seller shell
-  market serve            both servers in the foreground (SQLite by default)
-  market health HOST:PORT ping a server; exit 0 when it answers (--ready: and its database)
-  market seed             bulk-load sellers and items into a database (for scale measurements)
-  market db upgrade       bring a database to this code's schema (made from nothing if empty)
-  market db current       print a database's schema revision, and whether it is the newest
-  market backup FILE      copy a live database to a new file; market restore FILE makes a new
-                          database from one
-  market audit            check the books of a whole database and the payment ledger; exit 0 when
-                          they balance, 1 when not
-  market admin ACTION     the operator's commands: suspend, reinstate, end-sessions, clear-throttle,
-                          take-off-sale, show-user, show-item, log (see `market admin -h`)
-  market --version        the marketplace's version and its protocol's
+"""`market`: the command people type: the buyer and seller shells, `serve`, `health`, `seed`,
+`db`, `backup`/`restore`, `audit` and `admin` (`market -h` lists them).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -63,7 +50,9 @@ def serve(args: argparse.Namespace) -> int:
     for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port)):
         if not stopping:
             own = ["--metrics-port", str(metrics[role])] if role in metrics else []
-            procs[role] = _start_server(role, [*extra, "--port", str(port), *own], parent)
+            procs[role] = subprocess.Popen(  # stopped by the kernel should this process die
+                [sys.executable, "-m", f"{role}_server", *extra, "--port", str(port), *own],
+                preexec_fn=lambda: die_with_parent(parent))
     if stopping:  # a signal between a start and its entry in procs
         stop(signal.SIGTERM, None)
     while not stopping and all(proc.poll() is None for proc in procs.values()):
@@ -91,12 +80,6 @@ def metrics_ports(text: str) -> tuple[int, int]:
     return ports[0], ports[1]
 
 
-def _start_server(role: str, args: list[str], parent: int) -> subprocess.Popen[bytes]:
-    """`python -m ROLE_server ARGS`, stopped by the kernel should `parent` die."""
-    return subprocess.Popen([sys.executable, "-m", f"{role}_server", *args],
-                            preexec_fn=lambda: die_with_parent(parent))
-
-
 # A private read of each server, asked with a token no session has: UNAUTHENTICATED means the
 # server looked the token up in its database, UNAVAILABLE that it could not reach it.
 _READINESS_OPS = {"buyer": "display_cart", "seller": "display_items"}
@@ -109,8 +92,12 @@ def health(args: argparse.Namespace) -> int:
         tls = optional_client_context(args.tls_ca, args.tls)
         with Connection(host or "127.0.0.1", int(port), timeout=args.timeout, tls=tls) as conn:
             result = conn.call("ping")
-            if args.ready:
-                _reaches_its_database(conn, str(result.get("server")))
+            role = str(result.get("server"))
+            if args.ready and role not in _READINESS_OPS:
+                raise ValueError(f"not a marketplace server: {role!r}")
+            with contextlib.suppress(UnauthenticatedError):  # the token was looked up: the database answers
+                if args.ready:
+                    conn.call(_READINESS_OPS[role], token="health-check-" + "0" * 30)
     except (OSError, ValueError, ProtocolError) as exc:
         print(f"unhealthy: {args.address}: {exc}", file=sys.stderr)
         return 1
@@ -119,34 +106,16 @@ def health(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reaches_its_database(conn: Connection, role: str) -> None:
-    """Nothing if the server's database answered a token check; its error otherwise."""
-    op = _READINESS_OPS.get(role)
-    if op is None:
-        raise ValueError(f"not a marketplace server: {role!r}")
-    try:
-        conn.call(op, token="health-check-" + "0" * 30)
-    except UnauthenticatedError:
-        return  # the token was looked up, and is no session's: the database answers
-
-
 def seed(args: argparse.Namespace) -> int:
     """Load a large catalogue into a database (for scale measurements)."""
-    from db import Database, DatabaseUnusable
     from operate.seed import SEED_PASSWORD, timed_seed
 
-    database = Database(args.db_url, pool_size=2)
-    try:
+    def report(database: Any) -> str:
         database.create_schema()
         result = timed_seed(database, args.sellers, args.items)
-    except DatabaseUnusable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        database.close()
-    print(f"seeded {result['sellers']} sellers (seed<id>, password {SEED_PASSWORD!r}) and "
-          f"{result['items']} items in {result['seconds']} s")
-    return 0
+        return (f"seeded {result['sellers']} sellers (seed<id>, password {SEED_PASSWORD!r}) and "
+                f"{result['items']} items in {result['seconds']} s")
+    return _on_database(args.db_url, report, pool_size=2)
 
 
 def audit(args: argparse.Namespace) -> int:
@@ -173,7 +142,11 @@ def audit(args: argparse.Namespace) -> int:
     totals.update(ledger_totals(ledger))
     for violation in found:
         print(violation)
-    print(_totals_line(found, totals))
+    verdict = "the books balance" if not found else f"{len(found)} violation{'s' * (len(found) != 1)}"
+    taken, captured = totals.pop("cents taken"), totals.pop("cents captured")
+    counted = ", ".join(f"{count} {name}" for name, count in totals.items())
+    print(f"audit: {verdict}; checked {counted}, {format_money(taken)} taken, "
+          f"{format_money(captured)} captured")
     return 1 if found else 0
 
 
@@ -223,11 +196,11 @@ def db_current(args: argparse.Namespace) -> int:
     return code if code or all(found) else 1
 
 
-def _on_database(db_url: str, report: Any) -> int:
+def _on_database(db_url: str, report: Any, pool_size: int = 1) -> int:
     """Print report(database)'s line; one line and exit 2 on a database it cannot use."""
     from db import Database, DatabaseUnusable
 
-    database = Database(db_url, pool_size=1)
+    database = Database(db_url, pool_size=pool_size)
     try:
         print(report(database))
         return 0
@@ -236,14 +209,6 @@ def _on_database(db_url: str, report: Any) -> int:
         return 2
     finally:
         database.close()
-
-
-def _totals_line(found: list[str], totals: dict[str, int]) -> str:
-    verdict = "the books balance" if not found else f"{len(found)} violation{'s' * (len(found) != 1)}"
-    taken, captured = totals.pop("cents taken"), totals.pop("cents captured")
-    counted = ", ".join(f"{count} {name}" for name, count in totals.items())
-    return (f"audit: {verdict}; checked {counted}, {format_money(taken)} taken, "
-            f"{format_money(captured)} captured")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,5 @@
-"""The command registry of the shells: each command's name, arguments, one-line help and handler.
-
-Commands register with a decorator, as in litecli's special commands; `help`, tab completion
-and argument parsing are all generated from this one table.
+"""The command registry of the shells: each command's name, arguments, one-line help and handler,
+registered with a decorator; `help`, tab completion and argument parsing all come from it.
 """
 from __future__ import annotations
 
@@ -86,17 +84,14 @@ class Command:
 
         Options and positional words may be intermixed; after `--` every word is positional.
         """
-        options, rest = _split_at_dashes(words)
-        namespace, extra = _parser(self).parse_known_intermixed_args(options)  # it ignores `--`
-        extra += _fill_positionals(self.args, namespace, rest)
+        at = words.index("--") if "--" in words else len(words)
+        namespace, extra = _parser(self).parse_known_intermixed_args(words[:at])  # it ignores `--`
+        extra += _fill_positionals(self.args, namespace, words[at + 1:])
+        if extra and any(arg.secret for arg in self.args):  # a stray word may be the secret typed in the open
+            raise UsageError(f"{len(extra)} unexpected word(s)")
         if extra:
-            raise UsageError(self._unrecognized(extra))
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
         return {arg.name: getattr(namespace, arg.name) for arg in self.args}
-
-    def _unrecognized(self, words: list[str]) -> str:
-        if any(arg.secret for arg in self.args):  # a stray word may be the secret typed in the open
-            return f"{len(words)} unexpected word(s)"
-        return f"unrecognized arguments: {' '.join(words)}"
 
     def values(self, words: list[str], ask: Ask | None) -> dict[str, Any]:
         """Converted values; a missing required one, or one not valid, is asked for (again),
@@ -128,13 +123,6 @@ def _value(arg: Arg, raw: Any, ask: Ask | None, asking: bool = False) -> Any:
             if ask is None:
                 raise BadValueError(f"{arg.label}{where}: {exc}") from None
             raw, problem = None, str(exc)
-
-
-def _split_at_dashes(words: list[str]) -> tuple[list[str], list[str]]:
-    if "--" not in words:
-        return words, []
-    at = words.index("--")
-    return words[:at], words[at + 1:]
 
 
 def _fill_positionals(args: tuple[Arg, ...], namespace: argparse.Namespace, words: list[str]) -> list[str]:
@@ -202,7 +190,7 @@ class Registry:
 
     def get(self, name: str) -> Command:
         """The command of a name or alias; UsageError if there is none."""
-        command = self.commands.get(name)
+        command = self.find(name)
         if command is None:
             raise UsageError(f"unknown command {name!r}; type `help` for the list")
         return command
@@ -210,10 +198,6 @@ class Registry:
     def unique(self) -> list[Command]:
         """Each command once, in registration order."""
         return list({id(c): c for c in self.commands.values()}.values())
-
-    def names(self) -> list[str]:
-        """Every name and alias, for completion."""
-        return sorted(self.commands)
 
 
 def word_list(text: str | list[str]) -> list[str]:

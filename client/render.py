@@ -1,9 +1,6 @@
-"""What the shells print: items, carts, receipts and purchase history as tables.
-
-Tables are built as rows of values once; `Output` shows them with rich in a terminal (fitting
-its width: names wrap, keywords shorten with a marker, numbers are never cut), as tab-separated
-rows in `tsv` (sentences to stderr, so scripts can cut and grep stdout), or in `json` as JSON
-Lines: one object per command, with numbers as numbers and money as the contract's strings.
+"""What the shells print: items, carts, receipts and purchase history as tables of values,
+shown with rich in a terminal (fitting its width), as tab-separated rows in `tsv` (sentences to
+stderr), or in `json` as JSON Lines, one object per command.
 """
 from __future__ import annotations
 
@@ -50,8 +47,8 @@ class Output:
     """Prints lines, errors and tables in one of FORMATS; in json, what one command prints
     (between `begin` and `end`) becomes one JSON object on one line."""
 
-    def __init__(self, format: str) -> None:
-        self.format = format
+    def __init__(self, format: str, say_to_stdout: bool = False) -> None:
+        self.format, self.say_to_stdout = format, say_to_stdout  # in tsv (`market admin`)
         self.console = Console(highlight=False, soft_wrap=True, emoji=False)  # ":fire:" stays as typed
         self.doc: dict[str, Any] | None = None
         self._depth = 0  # a command run by another (login again) adds to its document
@@ -76,6 +73,8 @@ class Output:
             self.doc.setdefault("messages", []).append(text)
         elif self.format == "table":
             self.console.print(text, markup=False)
+        elif self.format == "tsv" and self.say_to_stdout:
+            _print(text)
         else:
             print(text, file=sys.stderr, flush=True)
 
@@ -91,9 +90,12 @@ class Output:
 
     def table(self, table: Table) -> None:
         """A table, or its `empty` sentence when there are no rows (in json, an empty list)."""
-        if self.doc is not None:
+        if self.format == "json":
             rows = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
-            self.doc.update(table=table.title, rows=rows, **table.fields)
+            if self.doc is None:  # outside a shell's command (`market admin`): a line of its own
+                _print(json.dumps({"table": table.title, "rows": rows, **table.fields}, ensure_ascii=False))
+            else:
+                self.doc.update(table=table.title, rows=rows, **table.fields)
         elif not table.rows:
             self.say(table.empty)
         elif self.format == "tsv":

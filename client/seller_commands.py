@@ -57,9 +57,7 @@ def remove(shell: Shell, args: dict[str, Any]) -> None:
                   f"{item['quantity']} left on sale.")
 
 
-@SELLER.command("items", "Show your items on sale.",
-                fields.LIMIT,
-                aliases=("display_items",))
+@SELLER.command("items", "Show your items on sale.", fields.LIMIT, aliases=("display_items",))
 def items(shell: Shell, args: dict[str, Any]) -> None:
     """display_items."""
     shell.page("display_items", args,

@@ -54,10 +54,6 @@ class Shell:
     lost: bool = field(default=False, repr=False)
     misread: bool = field(default=False, repr=False)  # the last line had a command not understood, or not run
 
-    def prompt_text(self) -> str:
-        """The prompt: who is logged in, on which server."""
-        return f"{self.username}@{self.role}> " if self.username else f"{self.role}> "
-
     def call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
         """One request; says so when the connection had to be opened again first."""
         before, was_open = self.conn.reconnects, self.conn.is_open  # closed: by the shell itself
@@ -147,7 +143,7 @@ class Shell:
             keep = self.save_on_exit
         if keep:
             saved = self.call("save_cart")["cart"]
-            self.cart.saved(saved)
+            self.cart.seen(saved, unsaved=False)
             self.out.say(f"Cart saved: {len(saved['items'])} item(s).")
 
     def run_line(self, line: str) -> bool:
@@ -174,22 +170,18 @@ class Shell:
         except UsageError as exc:
             self.out.error(f"{exc} (usage: {command.usage})" if command else str(exc))
             self.misread = True
-        except RefusedError as exc:
+        except (RefusedError, ConnectionLostError) as exc:
             self.out.error(str(exc))
         except UnauthenticatedError as exc:
             self._unauthenticated(exc)
         except ProtocolError as exc:
             self.out.error(in_plain_words(exc, self.role))
-        except ConnectionLostError as exc:
-            self.out.error(str(exc))
         except OSError as exc:
             self.out.error(f"cannot reach the {self.role} server at {self.address}: "
                            f"{exc.strerror or exc}; is it running? (`market serve` starts one)")
-        except KeyboardInterrupt:
-            if not self.interactive:  # a script stops, with sh's status for Ctrl-C
+        except (KeyboardInterrupt, EOFError) as exc:
+            if isinstance(exc, KeyboardInterrupt) and not self.interactive:  # a script stops (sh's status)
                 raise
-            self.out.error("cancelled")
-        except EOFError:
             self.out.error("cancelled")
         finally:
             self.out.end()
@@ -218,20 +210,16 @@ class Shell:
         had = f"; your cart held {self.cart.summary()}" if lost else ""
         self.log_out()
         self.out.error(f"your session has expired or ended{had}; please log in again: login {name}")
-        if self.interactive and lost:
-            try:
-                if self.confirm(f"Log in again as {name} and put the cart back?"):
-                    self.log_in_again(name, lost)
-            except (KeyboardInterrupt, EOFError):
-                self.out.error("cancelled")
-
-    def log_in_again(self, name: str, lines: list[tuple[int, int]]) -> None:
-        """Log in as `name` (asking the password) and add the lines of a lost cart again."""
-        password = self.ask(Arg("password", secret=True), "")
-        if not password or not self.execute(["login", name, "--password", password]):
+        if not (self.interactive and lost):
             return
-        for item_id, quantity in lines:
-            self.execute(["add", str(item_id), str(quantity)])
+        try:  # log in again (asking the password) and add the lines of the lost cart again
+            if self.confirm(f"Log in again as {name} and put the cart back?"):
+                password = self.ask(Arg("password", secret=True), "")
+                if password and self.execute(["login", name, "--password", password]):
+                    for item_id, quantity in lost:
+                        self.execute(["add", str(item_id), str(quantity)])
+        except (KeyboardInterrupt, EOFError):
+            self.out.error("cancelled")
 
     def end_session(self) -> None:
         """Log out if logged in, ignoring failures (the session may be gone already)."""
@@ -257,18 +245,14 @@ class Shell:
             self.cart.seen(result["cart"])
 
     def leave(self) -> None:
-        """Offer to save an unsaved cart, then close (quit, Ctrl-D, the end of a script)."""
+        """Offer to save an unsaved cart, end the session and close (quit, Ctrl-D, the end of a
+        script; Ctrl-C while it waits: just close, the server ends the session when it expires)."""
         try:
             self.offer_to_save()
         except (OSError, ProtocolError, ConnectionLostError) as exc:
             self.out.error(f"the cart could not be saved: {exc}")
         except KeyboardInterrupt:
             self.out.error("cancelled: the cart was not saved")
-        self.close()
-
-    def close(self) -> None:
-        """End the session and close the connection (Ctrl-C while it waits: just close; the
-        server ends the session when it expires)."""
         try:
             self.end_session()
         except KeyboardInterrupt:
