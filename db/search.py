@@ -218,7 +218,7 @@ def _page_with_items(ranked: Select[Any] | CompoundSelect) -> Select[Any]:
 # exact matches (9 each above 81) beyond it, and those any number of stems (1 each).
 EXACT, STEM, EDIT = 90, 82, 81
 TYPOS = 2  # vocabulary words matched per query word by one edit (the first in their order)
-FIRST_WINDOW = 50  # items read of each term's range for a first page (at least twice the page)
+FIRST_WINDOW = 1000  # items read of each term's range for a first page (exact up to that)
 WINDOW = 1000  # the most items read of each term's range, by a later page
 CANDIDATES = 100  # vocabulary words read for typos by each of two reads, a query word
 _LAST = "\U0010ffff"  # after every letter: a prefix's range ends at prefix + _LAST
