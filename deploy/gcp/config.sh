@@ -84,6 +84,9 @@ if [ -n "$DRY_RUN" ]; then
     case " $* " in
       *" describe "* | *" describe-from-family "* | *" list "* | *" get-value "* | *" versions access "*)
         command gcloud "$@" ;;
+      *" --flags-file=- "* | *" --data-file=- "*)  # read what is piped in, so the writer ends well
+        cat >/dev/null
+        printf 'would run: gcloud%s\n' "$(printf ' %q' "$@")" ;;
       *) printf 'would run: gcloud%s\n' "$(printf ' %q' "$@")" ;;
     esac
   }
