@@ -10,21 +10,20 @@ commit token (db.commit_tokens) says whether it committed (then its answer stand
 (then it runs again). Work that may run twice with the same outcome (`idempotent=True`: the
 payment ledger's calls, each keyed) writes no token and runs again while the database is away.
 
-The Connections themselves stay open between calls (`_Connections`): opening one per
+The Connections themselves stay open between calls (`Connections`): opening one per
 call (a pool checkout, its events and a return) cost about 100 Python function calls,
 more than the rest of a write's transaction handling.
 """
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from sqlalchemy import Connection, CursorResult, inspect
+from sqlalchemy import CursorResult, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -34,7 +33,8 @@ from wire.errors import BusyError, ProtocolError, UnavailableError
 
 from . import commit_tokens
 from .commit_tokens import CommitToken
-from .engine import LOCK_WAIT_S, PROGRESS_KEY, RECYCLE_S, UNIT_KEY, WalKeeper, is_sqlite, make_engine
+from .connections import ALL_IN_USE, Connections
+from .engine import LOCK_WAIT_S, PROGRESS_KEY, UNIT_KEY, WalKeeper, is_sqlite, make_engine
 from .unit_of_work import Answer, CommitUnanswered, ReplayUnheld, UnitOfWork
 
 T = TypeVar("T")
@@ -53,7 +53,6 @@ _UNUSABLE_ERRNOS = {1044, 1045, 1049, 1142, 1290, 1698, 2002, 2003, 2005}
 # the transaction back: nothing was changed)
 _SQLITE_UNAVAILABLE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
                        sqlite3.SQLITE_CANTOPEN}
-_ALL_IN_USE = "every database connection is in use; try again"
 _LOCK_WAITED = f"waited {LOCK_WAIT_S} s for a lock another request held; nothing was changed; try again"
 # How long a COMMIT whose answer was lost is asked about while the database is away: a
 # restart takes a few seconds, and the answer must reach the client within its 30 s.
@@ -93,7 +92,7 @@ class Database:
         self.url = url
         self.engine = make_engine(url, pool_size, sqlite_synchronous)
         self._wal = WalKeeper.for_engine(self.engine)
-        self._connections = _Connections(self.engine, pool_size)
+        self._connections = Connections(self.engine, pool_size)
         self._has_tokens: bool | None = None  # the commit_tokens table exists (None: not looked yet)
 
     def close(self) -> None:
@@ -151,7 +150,7 @@ class Database:
             except IntegrityError:
                 raise
             except PoolTimeoutError:
-                raise BusyError(_ALL_IN_USE) from None
+                raise BusyError(ALL_IN_USE) from None
             except DBAPIError as exc:
                 if exc.connection_invalidated:  # the database restarted, most likely: all died
                     self._connections.retire_all()
@@ -313,85 +312,6 @@ class _Unanswered(Exception):
     def __init__(self, token: CommitToken, result: Any) -> None:
         super().__init__("the connection was lost before the COMMIT was answered")
         self.token, self.result = token, result
-
-
-class _Held:
-    """A Connection kept open between calls, and what every call reads of it (each read of a
-    SQLAlchemy Connection's `info` or driver connection is a few Python calls)."""
-
-    __slots__ = ("conn", "info", "driver", "opened")
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn, self.info = conn, conn.info
-        self.driver: Any = conn.connection.driver_connection
-        self.opened = time.monotonic()
-
-
-class _Connections:
-    """Open Connections kept between calls, at most `size`, each holding a pooled one.
-
-    A slot is a Connection ready for use (with what each call reads of it: _Held) or None
-    (open a new one when taken). One that was invalidated (its database connection died) is
-    closed when given back; one older than the engine's recycle time, or opened before
-    retire_all, is replaced when taken, as the pool would.
-    """
-
-    def __init__(self, engine: Any, size: int, timeout_s: float = 10.0) -> None:
-        self._engine, self._timeout_s = engine, timeout_s
-        self._recycle_s = RECYCLE_S if not is_sqlite(engine) else float("inf")
-        self._retired_before = 0.0
-        self._slots: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
-        for _ in range(size):
-            self._slots.put(None)
-
-    def take(self) -> _Held:
-        """A Connection for one call; BUSY if none is free within the timeout."""
-        try:
-            held = self._slots.get(timeout=self._timeout_s)
-        except queue.Empty:
-            raise BusyError(_ALL_IN_USE) from None
-        if held is not None:
-            if held.opened > self._retired_before and time.monotonic() - held.opened < self._recycle_s:
-                return held
-            held.conn.close()
-        try:
-            return _Held(self._engine.connect())
-        except BaseException:
-            self._slots.put(None)
-            raise
-
-    def give(self, held: _Held) -> None:
-        """Return a Connection taken for a call that has ended (committed or rolled back)."""
-        conn = held.conn
-        if conn.invalidated or conn.in_transaction() or _left_open(held.driver):
-            conn.close()
-            self._slots.put(None)
-        else:
-            self._slots.put(held)
-
-    def retire_all(self) -> None:
-        """Replace every Connection open now at its next use (one found its connection dead)."""
-        self._retired_before = time.monotonic()
-
-    def close(self) -> None:
-        """Close the Connections that are not in use (their slots stay, to open anew)."""
-        drained = 0
-        while True:
-            try:
-                held = self._slots.get_nowait()
-            except queue.Empty:
-                break
-            drained += 1
-            if held is not None:
-                held.conn.close()
-        for _ in range(drained):
-            self._slots.put(None)
-
-
-def _left_open(driver: Any) -> bool:
-    """A server transaction still open after the call (a failed COMMIT whose ROLLBACK failed
-    too, say): the connection would keep its locks, SQLite's write lock among them."""
-    return bool(getattr(driver, "in_transaction", False))
 
 
 def _errno(exc: DBAPIError) -> int | None:

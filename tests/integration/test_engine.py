@@ -34,7 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from support import BUMP, FAILURE_OF, LOGIN_FAILURE, fresh_mysql_database
 
 import db.engine as engine_module
-from db import Database, DatabaseUnusable, mysql_dbapi, unit_of_work
+from db import Database, DatabaseUnusable, mysql_dbapi, statements
 from db.engine import driver_url
 from db.schema import login_failures
 from wire.errors import BusyError, UnavailableError
@@ -119,7 +119,7 @@ def test_row_counts_and_new_ids_come_back(database: Database) -> None:
     assert database.run(lambda tx: tx.execute(bump, {"role": "nobody"})).rowcount == 0
 
 
-# -- Connections stay open between calls (Database's _Connections) -----------------------------
+# -- Connections stay open between calls (db.connections) -----------------------------
 
 def _driver(tx: Any) -> Any:
     return tx.connection.driver_connection
@@ -289,7 +289,7 @@ def test_a_statement_made_per_call_is_not_kept_and_a_reused_one_is(database: Dat
     assert [ref() for ref in kept] == [None, None, None]
     for _ in range(2):
         database.run(lambda tx: tx.execute(FAILURE_OF, {"role": "buyer", "username": "x"}).all(), write=False)
-    assert FAILURE_OF in unit_of_work.STATEMENTS.of(database.engine.dialect)
+    assert FAILURE_OF in statements.STATEMENTS.of(database.engine.dialect)
 
 
 class _NoNegatives(TypeDecorator[int]):
