@@ -15,9 +15,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, inspect, select, update
+from sqlalchemy import Connection, delete, inspect, select, update
 
-from db.accounts import end_sessions
 from db.catalog import relist
 from db.database import Database
 from db.ledger import payments
@@ -34,22 +33,17 @@ from db.schema import (
     order_lines,
     orders,
     saved_cart_lines,
-    sessions,
     suspensions,
     users,
 )
 
-from .admin import Operator, record, withdraw
+from .admin import Operator, count, end_all_sessions, plural, record, withdraw
 
 # What the load tools (market-sim, locust) name their accounts and items from.
 LOAD_TEST_PREFIX = "loadtest-"
 
 
 _COUNTED = ("test buyer", "order", "test seller", "item")
-
-
-def _plural(count: int, what: str) -> str:
-    return f"{count} {what}{'s' * (count != 1)}"
 
 
 @dataclass
@@ -61,10 +55,10 @@ class PurgeCounts:
 
     def sentence(self) -> str:
         """The counts in one line."""
-        counted = [_plural(self.removed[what], what) for what in _COUNTED if self.removed[what]]
+        counted = [plural(self.removed[what], what) for what in _COUNTED if self.removed[what]]
         said = ", ".join(counted) or "nothing"
         if self.kept_sellers:
-            said += (f"; kept {_plural(len(self.kept_sellers), 'test seller')}"
+            said += (f"; kept {plural(len(self.kept_sellers), 'test seller')}"
                      f" whose items real buyers bought ({', '.join(self.kept_sellers[:5])}"
                      f"{', ...' if len(self.kept_sellers) > 5 else ''})")
         return said
@@ -78,7 +72,7 @@ def _test_users(tx: Connection, role: str) -> list[int]:
 
 def preview(database: Database) -> PurgeCounts:
     """What a purge would remove now, and which test sellers it would keep (nothing is changed)."""
-    def count(tx: Connection) -> PurgeCounts:
+    def counted(tx: Connection) -> PurgeCounts:
         buyers, sellers = _test_users(tx, "buyer"), _test_users(tx, "seller")
         bought_by_others = select(order_lines.c.item_id).where(
             order_lines.c.item_id == items.c.item_id, order_lines.c.buyer_id.not_in(buyers)).exists()
@@ -88,14 +82,10 @@ def preview(database: Database) -> PurgeCounts:
             .order_by(users.c.user_id)).scalars()))
         found.removed.update({
             "test buyer": len(buyers), "test seller": len(sellers) - len(found.kept_sellers),
-            "order": _count(tx, orders, orders.c.buyer_id.in_(buyers)),
-            "item": _count(tx, items, items.c.seller_id.in_(sellers) & ~bought_by_others)})
+            "order": count(tx, orders, orders.c.buyer_id.in_(buyers)),
+            "item": count(tx, items, items.c.seller_id.in_(sellers) & ~bought_by_others)})
         return found
-    return database.run(count, write=False)
-
-
-def _count(tx: Connection, table: Any, where: Any) -> int:
-    return int(tx.execute(select(func.count()).select_from(table).where(where)).scalar_one())
+    return database.run(counted, write=False)
 
 
 def purge(database: Database, operator: Operator) -> PurgeCounts:
@@ -114,20 +104,13 @@ def purge(database: Database, operator: Operator) -> PurgeCounts:
     return done
 
 
-def _end_all(tx: Connection, user_id: int) -> None:
-    ids = tx.execute(select(sessions.c.session_id).where(sessions.c.user_id == user_id)
-                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
-    if ids:
-        end_sessions(tx, ids)
-
-
 def _lock_out(tx: Connection, user_id: int) -> None:
     """End the account's sessions and hold its row to the commit: a login opening a session
     holds that row shared (db.accounts), so it either made its session before (ended here
     too) or waits and finds the account gone."""
-    _end_all(tx, user_id)
+    end_all_sessions(tx, user_id)
     tx.execute(select(users.c.user_id).where(users.c.user_id == user_id).with_for_update())
-    _end_all(tx, user_id)
+    end_all_sessions(tx, user_id)
 
 
 def _purge_buyer(tx: Connection, buyer_id: int) -> Counter[str]:
