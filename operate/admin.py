@@ -1,9 +1,6 @@
-"""The operator's actions (`market admin`): suspend and reinstate accounts, take items off sale,
-end sessions, clear a login throttle, and show a user or an item with its counters.
-
-Each action is one transaction that also writes its row of admin_actions (who ran it, from
-where, when, on what, with what outcome), so the log holds exactly the actions that happened.
-Accounts are named by role and username, as users know them; a bad name is NOT_FOUND.
+"""The operator's actions (`market admin`), each one transaction that also writes its row of
+admin_actions, so the log holds exactly the actions that happened. Accounts are named by role
+and username; a bad name is NOT_FOUND.
 """
 from __future__ import annotations
 
@@ -93,12 +90,10 @@ def plural(count: int, what: str) -> str:
 
 
 def suspend(tx: Connection, operator: Operator, role: str, username: str, off_sale: bool = False) -> str:
-    """Suspend an account: its sessions end now, and its logins are refused until reinstated;
-    with `off_sale`, a seller's items are taken off sale too (reinstating does not relist them).
+    """Suspend an account (its sessions end; with `off_sale`, its items go off sale too).
 
-    Locks go in the order every write keeps: the sessions' rows, the items', then the user's.
-    The sessions are looked for again once the user's row is held: a login holds that row
-    shared while it opens its session, so a session opened meanwhile is found and ended too."""
+    Locks in the order every write keeps: sessions, items, user. Sessions are ended again
+    once the user's row is held: a login holds it shared while opening its session."""
     user = find_user(tx, role, username)
     ended = end_all_sessions(tx, user.user_id)
     withdrawn = withdraw(tx, items.c.seller_id == user.user_id) if off_sale else []
@@ -144,8 +139,8 @@ def clear_throttle(tx: Connection, operator: Operator, role: str, username: str)
 
 
 def withdraw(tx: Connection, which: Any) -> Sequence[Any]:
-    """Take every unit of the items `which` selects off sale, locked in item order as purchases
-    lock them (counted as removed, as a seller's remove_item); the rows as they were."""
+    """Take every unit of the items `which` selects off sale (locked in item order, counted as
+    removed); the rows as they were."""
     found = tx.execute(select(items.c.item_id, items.c.name, items.c.quantity)
                        .where(which, items.c.quantity > 0).order_by(items.c.item_id).with_for_update()).all()
     for item in found:

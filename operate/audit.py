@@ -1,10 +1,6 @@
-"""A consistency audit of the whole database, like a bank's: every counter is checked
-against the rows it counts, every purchase a client was told about must be there, and the
-payment processor's ledger agrees with the orders (_payment_rules).
-
-Run it when no load is running: on SQLite it reads in one read transaction, but on
-MySQL it reads statement by statement (autocommit), with no snapshot across them. Each rule returns a
-list of readable violations; an empty list means the books balance.
+"""A consistency audit of the whole database: every counter against the rows it counts,
+every acknowledged purchase present, the payment ledger agreeing with the orders. Run it with
+no load (MySQL reads statement by statement, no snapshot). No violations: the books balance.
 """
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ class AckedOrder:
     lines: dict[int, int] = field(default_factory=dict)
 
 
-# How long a purchase may stay unsettled: the settler's longest wait (MARKET_SETTLE_AFTER_S
-# at most 30 s, then a period of at most 25 s) and a little over, 60 s as the protocol says.
+# How long a purchase may stay unsettled (the settler's longest wait and a little over)
 SETTLE_WITHIN_MS = 60_000
 
 
@@ -95,9 +90,8 @@ def _payment_rules(tx: Connection, ledger: list[Payment]) -> Iterator[str]:
 
 
 def _order_against_ledger(order: Any, entry: Payment | None, in_progress: bool) -> Iterator[str]:
-    """A paid order has its capture, of its buyer and total; no other order has one, but a
-    pending order whose purchase is `in_progress` (captured, about to be marked paid). (A
-    capturing order's capture may be on its way: its age is checked by the caller.)"""
+    """A paid order has its capture, of its buyer and total; no other has one, but a pending
+    order whose purchase is `in_progress`."""
     name = f"order {order.order_id} ({order.status})"
     if entry is not None and entry.captures > 1:
         yield f"{name}: captured {entry.captures} times"

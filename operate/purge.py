@@ -1,12 +1,7 @@
-"""Removing what the load tools wrote into a live marketplace: the accounts named
-LOAD_TEST_PREFIX..., their orders, votes, carts and items (`market admin purge-test-data`).
-
-One transaction per account, each leaving the books balanced for `market audit`: a test
-buyer's orders go with their lines, and each line's units go back where they came from (the
-item's `sold` and its seller's `items_sold` drop; a real seller's item gets its stock back on
-sale, relisted in search if it had sold out); a test buyer's votes go with their thumbs.
-Test sellers' items go too, unless a real buyer bought one: that item stays in the buyer's
-history, off sale, and so does its seller's account, with no session.
+"""`market admin purge-test-data`: remove the accounts named LOAD_TEST_PREFIX... and what
+they wrote, one transaction per account, each leaving the books balanced for `market audit`
+(units bought go back on sale, votes take their thumbs back). A test seller's item a real
+buyer bought stays, off sale, and so does its seller, with no session.
 """
 from __future__ import annotations
 
@@ -105,9 +100,8 @@ def purge(database: Database, operator: Operator) -> PurgeCounts:
 
 
 def _lock_out(tx: Connection, user_id: int) -> None:
-    """End the account's sessions and hold its row to the commit: a login opening a session
-    holds that row shared (db.accounts), so it either made its session before (ended here
-    too) or waits and finds the account gone."""
+    """End the account's sessions and hold its row to the commit (a login opening a session
+    holds it shared, so it either ended here too or finds the account gone)."""
     end_all_sessions(tx, user_id)
     tx.execute(select(users.c.user_id).where(users.c.user_id == user_id).with_for_update())
     end_all_sessions(tx, user_id)
@@ -135,9 +129,8 @@ def _purge_buyer(tx: Connection, buyer_id: int) -> Counter[str]:
 
 
 def _forget_payments(tx: Connection, buyer_id: int) -> None:
-    """The simulated processor's entries of the buyer's orders, when its ledger is kept in
-    this database (a ledger elsewhere, MARKET_PAYMENTS_URL, keeps them: its audit then names
-    them as payments of no order)."""
+    """The simulated processor's entries of the buyer's orders, when its ledger is in this
+    database (a ledger elsewhere keeps them)."""
     if not inspect(getattr(tx, "core", tx)).has_table(payments.name):
         return
     keys = tx.execute(select(orders.c.payment_key).where(orders.c.buyer_id == buyer_id,
@@ -147,8 +140,8 @@ def _forget_payments(tx: Connection, buyer_id: int) -> None:
 
 
 def _give_back(tx: Connection, lines: Sequence[Any]) -> None:
-    """The units of deleted order lines back to their items (items in item order, as
-    purchases lock them, then sellers): on sale again, unless the seller is suspended."""
+    """Units of deleted order lines back to their items (in item order, then sellers): on sale
+    again, unless the seller is suspended."""
     units: Counter[int] = Counter()
     for line in lines:
         units[line.item_id] += line.quantity
