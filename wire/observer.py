@@ -21,12 +21,8 @@ class ServerObserver:
         """A connection opened earlier was closed, by either side."""
 
     def connection_refused(self, address: str, reason: str) -> None:
-        """A connection was turned away, or a client went unheard for a while; reason:
-        "max_connections", "max_connections_per_address", "new_connections_per_address" (the
-        connection answered BUSY and closed), "tls_handshake" (closed), "out_of_descriptors"
-        (an accept failed; the client waits in the backlog, address ""), "memory" (the
-        process holds too many unanswered requests: this connection is not read for now) or
-        "idle_evicted" (the table was full: this connection, idle longest, was closed for a new one)."""
+        """A connection was turned away, or a client went unheard for a while; `reason` is one
+        of observe.metrics' CONNECTIONS_REFUSED values, or "idle_evicted"."""
 
     def requests_read(self, count: int) -> None:
         """`count` complete requests were read and queued for an answer (negative: that many
