@@ -5,7 +5,7 @@ no load (MySQL reads statement by statement, no snapshot). No violations: the bo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,36 +136,38 @@ def _item_rules(tx: Connection) -> Iterator[str]:
 def _search_index_rules(tx: Connection) -> Iterator[str]:
     """item_keywords holds exactly the keywords (and category) of every item on sale, and
     item_keyword_pairs exactly every pair of those keywords."""
-    indexed: dict[int, set[tuple[Any, ...]]] = {}
-    for row in tx.execute(select(item_keywords.c.item_id, item_keywords.c.keyword, item_keywords.c.category)):
-        indexed.setdefault(row.item_id, set()).add((row.keyword, row.category))
-    for pair in tx.execute(select(item_keyword_pairs.c.item_id, item_keyword_pairs.c.first_keyword,
-                                  item_keyword_pairs.c.second_keyword)):
-        indexed.setdefault(pair.item_id, set()).add((pair.first_keyword, pair.second_keyword))
-    for item in tx.execute(select(items.c.item_id, items.c.quantity, items.c.keywords, items.c.category)):
+    def expected(item: Any) -> set[tuple[Any, ...]]:
         words = json.loads(item.keywords) if item.quantity > 0 else []
-        expected = {(word, item.category) for word in words} | set(keyword_pairs(words))
-        if indexed.pop(item.item_id, set()) != expected:
-            yield (f"item {item.item_id}: search index rows differ from its keywords"
-                   f" (on sale: {item.quantity})")
-    for item_id in indexed:
-        yield f"search index rows for item {item_id}, which does not exist"
+        return {(word, item.category) for word in words} | set(keyword_pairs(words))
+    pairs = item_keyword_pairs.c
+    keywords = select(item_keywords.c.item_id, item_keywords.c.keyword, item_keywords.c.category)
+    return _index_rules(tx, (keywords, select(pairs.item_id, pairs.first_keyword, pairs.second_keyword)),
+                        expected, "search index", "keywords")
 
 
 def _word_index_rules(tx: Connection) -> Iterator[str]:
     """item_words holds exactly the words (and category) of every item on sale (word_rows)."""
-    indexed: dict[int, set[tuple[str, int]]] = {}
-    for row in tx.execute(select(item_words.c.item_id, item_words.c.word, item_words.c.category)):
-        indexed.setdefault(row.item_id, set()).add((row.word, row.category))
+    def expected(item: Any) -> set[tuple[Any, ...]]:
+        rows = word_rows(item.item_id, item.category, item.name, json.loads(item.keywords))
+        return {(row["word"], item.category) for row in rows} if item.quantity > 0 else set()
+    return _index_rules(tx, (select(item_words.c.item_id, item_words.c.word, item_words.c.category),),
+                        expected, "word index", "name and keywords")
+
+
+def _index_rules(tx: Connection, queries: tuple[Any, ...], expected: Callable[[Any], set[tuple[Any, ...]]],
+                 index: str, source: str) -> Iterator[str]:
+    """Each item's rows of an index, (item_id, *values) from `queries`, against `expected(item)`."""
+    indexed: dict[int, set[tuple[Any, ...]]] = {}
+    for query in queries:
+        for row in tx.execute(query):
+            indexed.setdefault(row[0], set()).add(tuple(row[1:]))
     for item in tx.execute(select(items.c.item_id, items.c.quantity, items.c.name, items.c.keywords,
                                   items.c.category)):
-        rows = word_rows(item.item_id, item.category, item.name, json.loads(item.keywords))
-        expected = {(row["word"], item.category) for row in rows} if item.quantity > 0 else set()
-        if indexed.pop(item.item_id, set()) != expected:
-            yield (f"item {item.item_id}: word index rows differ from its name and keywords"
+        if indexed.pop(item.item_id, set()) != expected(item):
+            yield (f"item {item.item_id}: {index} rows differ from its {source}"
                    f" (on sale: {item.quantity})")
     for item_id in indexed:
-        yield f"word index rows for item {item_id}, which does not exist"
+        yield f"{index} rows for item {item_id}, which does not exist"
 
 
 def _seller_rules(tx: Connection) -> Iterator[str]:
