@@ -51,7 +51,8 @@ def seed(db: Database, sellers: int, items_count: int, *, rng: random.Random | N
     given, else by two of its keywords and its id); returns counts and ids."""
     rng = rng or random.Random(1)
     first_seller = _next_id(db, users.c.user_id)
-    _insert_batches(db, users, _seller_rows(first_seller, sellers))
+    for batch in _batches(_seller_rows(first_seller, sellers), BATCH):
+        db.run(functools.partial(_insert_rows, table=users, rows=batch))
     first_item = _next_id(db, items.c.item_id)
     done = 0
     for batch in _batches(_item_rows(rng, first_item, items_count, first_seller, sellers, name), BATCH):
@@ -112,11 +113,6 @@ def _item_rows(rng: random.Random, first: int, count: int, first_seller: int,
                "category": rng.randint(0, 9), "keywords": json.dumps(words),
                "item_condition": rng.choice(("new", "used")), "price_cents": rng.randint(1, 100_000),
                "quantity": quantity, "listed": quantity, "created_ms": now}
-
-
-def _insert_batches(db: Database, table: Table, rows: Iterator[dict[str, Any]]) -> None:
-    for batch in _batches(rows, BATCH):
-        db.run(functools.partial(_insert_rows, table=table, rows=batch))
 
 
 def _insert_rows(tx: UnitOfWork, table: Table, rows: list[dict[str, Any]]) -> None:
