@@ -63,7 +63,7 @@ class TracedScope(LoggedScope):
         self.tracer = tracer
 
     @contextmanager
-    def _traced(self, op: str, peer: str | None) -> Iterator[str]:
+    def request(self, op: str, peer: str | None) -> Iterator[str]:
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         attributes = {"market.op": op, "client.address": peer or ""}
@@ -80,9 +80,6 @@ class TracedScope(LoggedScope):
                     span.set_status(Status(StatusCode.ERROR, exc.code))
                 raise
             span.set_attribute("market.code", "OK")
-
-    def request(self, op: str, peer: str | None) -> AbstractContextManager[str]:
-        return self._traced(op, peer)
 
 
 def install(server: str, provider: Any = None) -> None:
