@@ -167,14 +167,10 @@ def _give_back(tx: Connection, lines: Sequence[Any]) -> None:
 
 def _take_back_votes(tx: Connection, votes: Sequence[Any]) -> None:
     """A deleted vote's thumb off its item and its seller."""
-    for vote in sorted(votes, key=lambda v: v.item_id):
-        thumb = "thumbs_up" if vote.vote == "up" else "thumbs_down"
-        tx.execute(update(items).where(items.c.item_id == vote.item_id)
-                   .values({thumb: items.c[thumb] - 1}))
-    for vote in sorted(votes, key=lambda v: v.seller_id):
-        thumb = "thumbs_up" if vote.vote == "up" else "thumbs_down"
-        tx.execute(update(users).where(users.c.user_id == vote.seller_id)
-                   .values({thumb: users.c[thumb] - 1}))
+    for table, key, column in ((items, "item_id", items.c.item_id), (users, "seller_id", users.c.user_id)):
+        for vote in sorted(votes, key=lambda v: getattr(v, key)):  # noqa: B023 - sorted at once
+            thumb = "thumbs_up" if vote.vote == "up" else "thumbs_down"
+            tx.execute(update(table).where(column == getattr(vote, key)).values({thumb: table.c[thumb] - 1}))
 
 
 def _delete_account(tx: Connection, user_id: int) -> None:
