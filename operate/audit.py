@@ -58,8 +58,8 @@ def violations(tx: Connection, acknowledged: Iterable[AckedOrder] = (),
     acked = list(acknowledged)
     entries = list(ledger) if ledger is not None else _ledger_here(tx)
     return [*_item_rules(tx), *_search_index_rules(tx), *_word_index_rules(tx), *_seller_rules(tx),
-            *_order_rules(tx), *_feedback_rules(tx), *_acknowledged_rules(tx, acked),
-            *_payment_rules(tx, entries)]
+            *_order_line_rules(tx), *_line_owner_rules(tx), *_feedback_rules(tx),
+            *_acknowledged_rules(tx, acked), *_payment_rules(tx, entries)]
 
 
 def _ledger_here(tx: Connection) -> list[Payment]:
@@ -103,12 +103,6 @@ def _order_against_ledger(order: Any, entry: Payment | None, in_progress: bool) 
     elif captured and entry and (entry.buyer_id, entry.amount_cents) != (order.buyer_id, order.total_cents):
         yield (f"{name}: buyer {order.buyer_id} owes {order.total_cents} cents, the capture says "
                f"buyer {entry.buyer_id}, {entry.amount_cents} cents")
-
-
-def _order_rules(tx: Connection) -> Iterator[str]:
-    undone = set(tx.execute(select(orders.c.order_id).where(orders.c.status.in_((VOIDING, VOID)))).scalars())
-    yield from _order_line_rules(tx, undone)
-    yield from _line_owner_rules(tx)
 
 
 def _item_rules(tx: Connection) -> Iterator[str]:
@@ -184,7 +178,8 @@ def _seller_rules(tx: Connection) -> Iterator[str]:
         yield from _thumbs(name, user, thumbs.get(user.user_id, (0, 0)), "its items'")
 
 
-def _order_line_rules(tx: Connection, undone: set[int]) -> Iterator[str]:
+def _order_line_rules(tx: Connection) -> Iterator[str]:
+    undone = set(tx.execute(select(orders.c.order_id).where(orders.c.status.in_((VOIDING, VOID)))).scalars())
     totals = _by_key(tx, select(order_lines.c.order_id,
                                 func.sum(order_lines.c.quantity * order_lines.c.price_cents),
                                 func.min(order_lines.c.quantity), func.min(order_lines.c.price_cents))
