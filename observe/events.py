@@ -1,7 +1,4 @@
-"""Events of the data layer and the ops worth a count or a security log line: refused logins
-and sign-ups, transactions run again, card charges, database connections in use. One
-function each, so the code that sees the event spends one line on it.
-"""
+"""Events of the data layer and the ops worth a count or a log line, one function each."""
 from __future__ import annotations
 
 from . import metrics, tracing
@@ -16,10 +13,7 @@ _LOGIN_MESSAGES = {"wrong_credentials": "login failed", "throttled": "login thro
 
 
 def login_refused(reason: str, username: str) -> None:
-    """A login refused: "wrong_credentials"; "throttled" (too many failures for the username)
-    or "address_throttled" (from the address); "busy" (the hashing queue is full) or
-    "address_busy" (the address holds its share of it). The client's address comes from
-    the request's log context."""
+    """A login refused, for `reason` (a key of _LOGIN_MESSAGES)."""
     metrics.LOGINS_REFUSED.labels(metrics.server, reason).inc()
     events = 1 if reason == "wrong_credentials" else _bursts.due(f"login {reason}")
     if events:
@@ -28,8 +22,7 @@ def login_refused(reason: str, username: str) -> None:
 
 
 def signup_refused(reason: str, username: str) -> None:
-    """A sign-up refused: "address_limit" (too many accounts from the address this hour),
-    "busy" (the hashing queue is full) or "address_busy" (the address holds its share of it)."""
+    """A sign-up refused: "address_limit", "busy" or "address_busy"."""
     metrics.SIGNUPS_REFUSED.labels(metrics.server, reason).inc()
     if events := _bursts.due(f"sign-up {reason}"):
         security.warning("sign-up refused", extra={"username": username[:64], "reason": reason,

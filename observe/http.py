@@ -1,9 +1,6 @@
-"""The metrics port's HTTP server: /metrics, /healthz and /readyz, with bounded cost.
-
-One thread serves every connection through a selector, so connections cost no threads; at
-most `max_connections` are open (the oldest is closed to let a new one in), each has
-TIME_LIMIT_S to send its request and read its answer, and a request head is at most 8 KiB.
-One request per connection (HTTP/1.1 with `Connection: close`), GET and HEAD only.
+"""The metrics port's HTTP server, at bounded cost: one thread and a selector, at most
+`max_connections` open (the oldest gives way), TIME_LIMIT_S each, an 8 KiB head, one GET or
+HEAD per connection.
 """
 from __future__ import annotations
 
@@ -56,8 +53,7 @@ class HttpServer:
         self._thread.join()
 
     def close_in_child(self) -> None:
-        """In a forked process: let go of the sockets (the parent serves them; a copy left open
-        here would keep a client's connection from ending when the parent closes it)."""
+        """In a forked process: let go of the sockets the parent serves."""
         for sock in [self._listener, *self._exchanges]:
             sock.close()
         self._selector.close()

@@ -1,11 +1,6 @@
 """One logging set-up for the servers, their supervisor and `market serve`: plain text, or JSON
 lines (MARKET_LOG_FORMAT=json) with the request's id, op and client address on every line
-logged while it is answered. Security events go to the logger "market.security", the
-sampled access log to "market.access", sign-ups, logins, payments, purchases and the
-operator's actions (at INFO) to "market.business".
-
-The standard library's logging, with a small JSON formatter over orjson: every module of
-the project already logs through it, and the formatter is all a JSON line needs.
+logged while it is answered. Loggers: "market.security", "market.access", "market.business".
 """
 from __future__ import annotations
 
@@ -34,8 +29,7 @@ _BURST_S = 1.0  # at most one line per this many seconds for each kind of event 
 
 
 class Bursts:
-    """Keeps a storm of one event (refused connections, bad frames, throttled logins) to a line
-    a second, each saying how many it stands for: a flood must not drown the log or slow the loop."""
+    """Keeps a storm of one event to a line a second, saying how many it stands for."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

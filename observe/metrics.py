@@ -1,8 +1,5 @@
-"""The servers' Prometheus metrics (prometheus_client), defined once for every process.
-
-With `--workers N` the supervisor points PROMETHEUS_MULTIPROC_DIR at a fresh folder before
-this module is first imported: every worker then writes its values to files there, and the
-supervisor's /metrics sums them (multiprocess mode). docs/operations.md lists what each means.
+"""The servers' Prometheus metrics, defined once for every process (with `--workers N`, in
+prometheus_client's multiprocess mode: see observe.serving). docs/operations.md lists them.
 """
 from __future__ import annotations
 
@@ -60,8 +57,7 @@ SETTLEMENT_DUE = Gauge("market_settlement_due",
 BUILD_INFO = Gauge("market_build_info", "1, labelled with the running code's version, protocol and Python.",
                    ["server", "version", "protocol", "python"], multiprocess_mode="max")
 
-# Every value each label takes, so that each series exists (at 0) from the start: a panel or an
-# alert over rate() sees 0, not "No data", until the first event.
+# Every value each label takes, so each series exists at 0 from the start (rate() sees 0, not no data).
 LABEL_VALUES = (
     (CONNECTIONS_REFUSED, ("max_connections", "max_connections_per_address", "new_connections_per_address",
                            "tls_handshake", "out_of_descriptors", "memory")),

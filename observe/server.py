@@ -1,9 +1,5 @@
-"""The server loop's observers. LogObserver, always on: the request context of log lines,
-security events of the loop, the sampled access log and tracing. MarketObserver adds the
-metrics, when they are served: metrics off costs a request nothing of theirs.
-
-Label children are looked up in dicts made once per (op, code): an answer costs a few dict
-lookups, a counter increment and a histogram observation.
+"""The server loop's observers: LogObserver (log context, the loop's security events, the
+sampled access log, trace records) and MarketObserver, which adds the metrics when served.
 """
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ Message = dict[str, Any] | Exception
 
 
 def _loggable(request_id: Any) -> Any:
-    """The client's request id as a log field: a number, or at most 64 printable characters
-    (an id is the client's to choose; a line of the log is not)."""
+    """The client's request id as a log field: a number, or at most 64 printable characters."""
     if request_id is None or isinstance(request_id, int) and not isinstance(request_id, bool):
         return request_id
     text = request_id if isinstance(request_id, str) else repr(request_id)

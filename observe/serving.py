@@ -25,8 +25,7 @@ _http: HttpServer | None = None  # the metrics port's server of this process
 
 
 def prepare(settings: Any) -> None:
-    """Set up logging; with metrics on and several workers, an empty multiprocess folder;
-    metrics.served, so that the per-call gauges are kept only when /metrics is served."""
+    """Set up logging, the multiprocess folder (metrics on, several workers) and metrics.served."""
     global _made_folder
     logs.configure(settings.role, settings.log_level, settings.log_format)
     if settings.metrics_port is not None and settings.workers > 1:
@@ -80,8 +79,7 @@ def in_worker() -> None:
 
 
 def worker_ended(pid: int) -> None:
-    """A worker exited: its gauges (connections open, threads busy) leave the sums; its
-    counters stay, so the totals neither drop nor double when it is replaced."""
+    """A worker exited: its gauges leave the sums (its counters stay)."""
     if os.environ.get(MULTIPROC_VARIABLE):
         from prometheus_client import multiprocess
 
@@ -97,8 +95,7 @@ def stopped() -> None:
 
 
 def observer_for(settings: Any, app: Any) -> Any:
-    """The server loop's observer for this App (a wire.observer.ServerObserver): with the
-    metrics when they are served, else the logs' alone."""
+    """The server loop's observer for this App: with the metrics when served, else the logs'."""
     from .server import LogObserver, MarketObserver
     from .trace import trace_file
 

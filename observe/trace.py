@@ -16,8 +16,9 @@ from wire.observer import ClientObserver, now_ns
 VARIABLE = "MARKET_TRACE_DIR"
 
 
-class TraceFile:
-    """Records kept in memory (appending is cheap on the request's path), written at exit."""
+class TraceFile(ClientObserver):
+    """Records kept in memory (appending is cheap on the request's path), written at exit; as
+    the clients' observer, it gives each call an id unique across processes."""
 
     def __init__(self, folder: str) -> None:
         self.folder = Path(folder)
@@ -31,19 +32,12 @@ class TraceFile:
             for record in self.records:
                 out.write("\t".join(map(str, record)) + "\n")
 
-
-class ClientTracer(ClientObserver):
-    """Gives each call an id unique across processes and records its marks."""
-
-    def __init__(self, trace: TraceFile) -> None:
-        self.trace = trace
-
     def request_id(self, number: int) -> Any:
         return f"{os.getpid()}-{now_ns()}-{number}"
 
     def call_done(self, request_id: Any, op: str, start_ns: int, sending_ns: int,
                   first_byte_ns: int, done_ns: int) -> None:
-        self.trace.records.append(("C", request_id, op, start_ns, sending_ns, first_byte_ns, done_ns))
+        self.records.append(("C", request_id, op, start_ns, sending_ns, first_byte_ns, done_ns))
 
 
 def trace_file() -> TraceFile | None:
@@ -59,9 +53,8 @@ def trace_clients() -> None:
     """Trace every client Connection of this process when MARKET_TRACE_DIR is set."""
     from wire.client import Connection
 
-    trace = trace_file()
-    if trace is not None:
-        Connection.observer = ClientTracer(trace)
+    if (trace := trace_file()) is not None:
+        Connection.observer = trace
 
 
 _trace: TraceFile | None = None

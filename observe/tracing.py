@@ -1,12 +1,8 @@
 """Request ids and OpenTelemetry traces of a server process.
 
-Every request the App dispatches gets an id the server makes (wire.app.RequestScope): it is
-the `request_id` of every log line written while the request is answered, and named in an
-INTERNAL or UNAVAILABLE answer's message. With an OTLP endpoint set (the SDK's own
-OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; OTEL_SERVICE_NAME,
-OTEL_RESOURCE_ATTRIBUTES and the sampler's OTEL_TRACES_SAMPLER are read by the SDK too) each
-request is also a span: its op, the client's address, the answer's code, and a child span
-for each database transaction run inside it; the request id is then the trace id.
+Every request gets an id (its log lines' `request_id`, named in INTERNAL and UNAVAILABLE
+answers). With an OTLP endpoint set (the SDK's OTEL_* variables) each request is also a span
+with a child per database transaction, and its id is the trace id.
 """
 from __future__ import annotations
 
@@ -67,7 +63,7 @@ class TracedScope(LoggedScope):
         self.tracer = tracer
 
     @contextmanager
-    def _traced(self, op: str, peer: str | None) -> Iterator[str]:
+    def request(self, op: str, peer: str | None) -> Iterator[str]:
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         attributes = {"market.op": op, "client.address": peer or ""}
@@ -84,9 +80,6 @@ class TracedScope(LoggedScope):
                     span.set_status(Status(StatusCode.ERROR, exc.code))
                 raise
             span.set_attribute("market.code", "OK")
-
-    def request(self, op: str, peer: str | None) -> AbstractContextManager[str]:
-        return self._traced(op, peer)
 
 
 def install(server: str, provider: Any = None) -> None:

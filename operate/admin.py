@@ -1,9 +1,6 @@
-"""The operator's actions (`market admin`): suspend and reinstate accounts, take items off sale,
-end sessions, clear a login throttle, and show a user or an item with its counters.
-
-Each action is one transaction that also writes its row of admin_actions (who ran it, from
-where, when, on what, with what outcome), so the log holds exactly the actions that happened.
-Accounts are named by role and username, as users know them; a bad name is NOT_FOUND.
+"""The operator's actions (`market admin`), each one transaction that also writes its row of
+admin_actions, so the log holds exactly the actions that happened. Accounts are named by role
+and username; a bad name is NOT_FOUND.
 """
 from __future__ import annotations
 
@@ -32,8 +29,6 @@ from db.schema import (
     users,
 )
 from wire.errors import ConflictError, NotFoundError
-
-ROLES = ("buyer", "seller")
 
 
 @dataclass(frozen=True)
@@ -81,7 +76,7 @@ def _name(user: Any) -> str:
     return f"{user.role} {user.username} (user {user.user_id})"
 
 
-def _end_all_sessions(tx: Connection, user_id: int) -> int:
+def end_all_sessions(tx: Connection, user_id: int) -> int:
     """End every session of the user, live or not; how many there were."""
     ids = tx.execute(select(sessions.c.session_id).where(sessions.c.user_id == user_id)
                      .order_by(sessions.c.session_id).with_for_update()).scalars().all()
@@ -90,29 +85,27 @@ def _end_all_sessions(tx: Connection, user_id: int) -> int:
     return len(ids)
 
 
-def _sessions_word(count: int) -> str:
-    return f"{count} session{'s' * (count != 1)}"
+def plural(count: int, what: str) -> str:
+    return f"{count} {what}{'s' * (count != 1)}"
 
 
 def suspend(tx: Connection, operator: Operator, role: str, username: str, off_sale: bool = False) -> str:
-    """Suspend an account: its sessions end now, and its logins are refused until reinstated;
-    with `off_sale`, a seller's items are taken off sale too (reinstating does not relist them).
+    """Suspend an account (its sessions end; with `off_sale`, its items go off sale too).
 
-    Locks go in the order every write keeps: the sessions' rows, the items', then the user's.
-    The sessions are looked for again once the user's row is held: a login holds that row
-    shared while it opens its session, so a session opened meanwhile is found and ended too."""
+    Locks in the order every write keeps: sessions, items, user. Sessions are ended again
+    once the user's row is held: a login holds it shared while opening its session."""
     user = find_user(tx, role, username)
-    ended = _end_all_sessions(tx, user.user_id)
+    ended = end_all_sessions(tx, user.user_id)
     withdrawn = withdraw(tx, items.c.seller_id == user.user_id) if off_sale else []
     user = find_user(tx, role, username, lock=True)
     if tx.execute(select(suspensions.c.user_id).where(suspensions.c.user_id == user.user_id)).first():
         raise ConflictError(f"{_name(user)} is suspended already")
     tx.execute(_SUSPEND, {"user_id": user.user_id, "suspended_ms": now_ms(),
                           "reason": operator.reason[:500] if operator.reason else None})
-    ended += _end_all_sessions(tx, user.user_id)
-    outcome = f"suspended {_name(user)}; ended {_sessions_word(ended)}"
+    ended += end_all_sessions(tx, user.user_id)
+    outcome = f"suspended {_name(user)}; ended {plural(ended, 'session')}"
     if off_sale:
-        outcome += f"; took {len(withdrawn)} item{'s' * (len(withdrawn) != 1)} off sale"
+        outcome += f"; took {plural(len(withdrawn), 'item')} off sale"
     return record(tx, operator, "suspend", _name(user), outcome)
 
 
@@ -127,9 +120,9 @@ def reinstate(tx: Connection, operator: Operator, role: str, username: str) -> s
 def end_user_sessions(tx: Connection, operator: Operator, role: str, username: str) -> str:
     """End every session of an account (its carts go with them; the saved cart stays)."""
     user = find_user(tx, role, username)
-    ended = _end_all_sessions(tx, user.user_id)
+    ended = end_all_sessions(tx, user.user_id)
     return record(tx, operator, "end-sessions", _name(user),
-                   f"ended {_sessions_word(ended)} of {_name(user)}")
+                   f"ended {plural(ended, 'session')} of {_name(user)}")
 
 
 def clear_throttle(tx: Connection, operator: Operator, role: str, username: str) -> str:
@@ -142,12 +135,12 @@ def clear_throttle(tx: Connection, operator: Operator, role: str, username: str)
     tx.execute(delete(login_failures).where(login_failures.c.role == role,
                                             login_failures.c.username == username))
     return record(tx, operator, "clear-throttle", target,
-                   f"forgot {row.failures} failed login{'s' * (row.failures != 1)} of {target}")
+                   f"forgot {plural(row.failures, 'failed login')} of {target}")
 
 
 def withdraw(tx: Connection, which: Any) -> Sequence[Any]:
-    """Take every unit of the items `which` selects off sale, locked in item order as purchases
-    lock them (counted as removed, as a seller's remove_item); the rows as they were."""
+    """Take every unit of the items `which` selects off sale (locked in item order, counted as
+    removed); the rows as they were."""
     found = tx.execute(select(items.c.item_id, items.c.name, items.c.quantity)
                        .where(which, items.c.quantity > 0).order_by(items.c.item_id).with_for_update()).all()
     for item in found:
@@ -169,7 +162,7 @@ def take_off_sale(tx: Connection, operator: Operator, item_id: int) -> str:
                    f"took item {item_id} ({item.name}) off sale: {item.quantity} units removed")
 
 
-def _count(tx: Connection, table: Any, *where: Any, column: Any = None) -> int:
+def count(tx: Connection, table: Any, *where: Any, column: Any = None) -> int:
     total = func.count() if column is None else func.coalesce(func.sum(column), 0)
     return int(tx.execute(select(total).select_from(table).where(*where)).scalar_one())
 
@@ -186,20 +179,20 @@ def show_user(tx: Connection, role: str, username: str) -> dict[str, Any]:
         "state": "suspended" if suspended else "active",
         "suspended": suspended.suspended_ms if suspended else None,
         "suspension reason": suspended.reason if suspended else None,
-        "sessions": _count(tx, sessions, sessions.c.user_id == user.user_id),
+        "sessions": count(tx, sessions, sessions.c.user_id == user.user_id),
         "failed logins": failures or 0,
     }
     if role == "seller":
         shown.update({
-            "items": _count(tx, items, items.c.seller_id == user.user_id),
-            "items on sale": _count(tx, items, items.c.seller_id == user.user_id, items.c.quantity > 0),
+            "items": count(tx, items, items.c.seller_id == user.user_id),
+            "items on sale": count(tx, items, items.c.seller_id == user.user_id, items.c.quantity > 0),
             "items sold": user.items_sold, "thumbs up": user.thumbs_up, "thumbs down": user.thumbs_down})
     else:
         shown.update({
-            "orders": _count(tx, orders, orders.c.buyer_id == user.user_id),
-            "units bought": _count(tx, order_lines, order_lines.c.buyer_id == user.user_id,
+            "orders": count(tx, orders, orders.c.buyer_id == user.user_id),
+            "units bought": count(tx, order_lines, order_lines.c.buyer_id == user.user_id,
                                    column=order_lines.c.quantity),
-            "saved cart lines": _count(tx, saved_cart_lines, saved_cart_lines.c.buyer_id == user.user_id)})
+            "saved cart lines": count(tx, saved_cart_lines, saved_cart_lines.c.buyer_id == user.user_id)})
     return shown
 
 
@@ -217,8 +210,8 @@ def show_item(tx: Connection, item_id: int) -> dict[str, Any]:
         "keywords": row.keywords, "condition": row.item_condition, "price": row.price_cents,
         "on sale": row.quantity, "listed": row.listed, "sold": row.sold, "removed": row.removed,
         "thumbs up": row.thumbs_up, "thumbs down": row.thumbs_down, "created": row.created_ms,
-        "in carts": _count(tx, cart_lines, cart_lines.c.item_id == item_id),
-        "in saved carts": _count(tx, saved_cart_lines, saved_cart_lines.c.item_id == item_id),
+        "in carts": count(tx, cart_lines, cart_lines.c.item_id == item_id),
+        "in saved carts": count(tx, saved_cart_lines, saved_cart_lines.c.item_id == item_id),
     }
 
 

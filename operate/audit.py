@@ -1,15 +1,11 @@
-"""A consistency audit of the whole database, like a bank's: every counter is checked
-against the rows it counts, every purchase a client was told about must be there, and the
-payment processor's ledger agrees with the orders (_payment_rules).
-
-Run it when no load is running: on SQLite it reads in one read transaction, but on
-MySQL it reads statement by statement (autocommit), with no snapshot across them. Each rule returns a
-list of readable violations; an empty list means the books balance.
+"""A consistency audit of the whole database: every counter against the rows it counts,
+every acknowledged purchase present, the payment ledger agreeing with the orders. Run it with
+no load (MySQL reads statement by statement, no snapshot). No violations: the books balance.
 """
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +39,7 @@ class AckedOrder:
     lines: dict[int, int] = field(default_factory=dict)
 
 
-# How long a purchase may stay unsettled: the settler's longest wait (MARKET_SETTLE_AFTER_S
-# at most 30 s, then a period of at most 25 s) and a little over, 60 s as the protocol says.
+# How long a purchase may stay unsettled (the settler's longest wait and a little over)
 SETTLE_WITHIN_MS = 60_000
 
 
@@ -63,8 +58,8 @@ def violations(tx: Connection, acknowledged: Iterable[AckedOrder] = (),
     acked = list(acknowledged)
     entries = list(ledger) if ledger is not None else _ledger_here(tx)
     return [*_item_rules(tx), *_search_index_rules(tx), *_word_index_rules(tx), *_seller_rules(tx),
-            *_order_rules(tx), *_feedback_rules(tx), *_acknowledged_rules(tx, acked),
-            *_payment_rules(tx, entries)]
+            *_order_line_rules(tx), *_line_owner_rules(tx), *_feedback_rules(tx),
+            *_acknowledged_rules(tx, acked), *_payment_rules(tx, entries)]
 
 
 def _ledger_here(tx: Connection) -> list[Payment]:
@@ -95,9 +90,8 @@ def _payment_rules(tx: Connection, ledger: list[Payment]) -> Iterator[str]:
 
 
 def _order_against_ledger(order: Any, entry: Payment | None, in_progress: bool) -> Iterator[str]:
-    """A paid order has its capture, of its buyer and total; no other order has one, but a
-    pending order whose purchase is `in_progress` (captured, about to be marked paid). (A
-    capturing order's capture may be on its way: its age is checked by the caller.)"""
+    """A paid order has its capture, of its buyer and total; no other has one, but a pending
+    order whose purchase is `in_progress`."""
     name = f"order {order.order_id} ({order.status})"
     if entry is not None and entry.captures > 1:
         yield f"{name}: captured {entry.captures} times"
@@ -109,12 +103,6 @@ def _order_against_ledger(order: Any, entry: Payment | None, in_progress: bool) 
     elif captured and entry and (entry.buyer_id, entry.amount_cents) != (order.buyer_id, order.total_cents):
         yield (f"{name}: buyer {order.buyer_id} owes {order.total_cents} cents, the capture says "
                f"buyer {entry.buyer_id}, {entry.amount_cents} cents")
-
-
-def _order_rules(tx: Connection) -> Iterator[str]:
-    undone = set(tx.execute(select(orders.c.order_id).where(orders.c.status.in_((VOIDING, VOID)))).scalars())
-    yield from _order_line_rules(tx, undone)
-    yield from _line_owner_rules(tx)
 
 
 def _item_rules(tx: Connection) -> Iterator[str]:
@@ -142,36 +130,38 @@ def _item_rules(tx: Connection) -> Iterator[str]:
 def _search_index_rules(tx: Connection) -> Iterator[str]:
     """item_keywords holds exactly the keywords (and category) of every item on sale, and
     item_keyword_pairs exactly every pair of those keywords."""
-    indexed: dict[int, set[tuple[Any, ...]]] = {}
-    for row in tx.execute(select(item_keywords.c.item_id, item_keywords.c.keyword, item_keywords.c.category)):
-        indexed.setdefault(row.item_id, set()).add((row.keyword, row.category))
-    for pair in tx.execute(select(item_keyword_pairs.c.item_id, item_keyword_pairs.c.first_keyword,
-                                  item_keyword_pairs.c.second_keyword)):
-        indexed.setdefault(pair.item_id, set()).add((pair.first_keyword, pair.second_keyword))
-    for item in tx.execute(select(items.c.item_id, items.c.quantity, items.c.keywords, items.c.category)):
+    def expected(item: Any) -> set[tuple[Any, ...]]:
         words = json.loads(item.keywords) if item.quantity > 0 else []
-        expected = {(word, item.category) for word in words} | set(keyword_pairs(words))
-        if indexed.pop(item.item_id, set()) != expected:
-            yield (f"item {item.item_id}: search index rows differ from its keywords"
-                   f" (on sale: {item.quantity})")
-    for item_id in indexed:
-        yield f"search index rows for item {item_id}, which does not exist"
+        return {(word, item.category) for word in words} | set(keyword_pairs(words))
+    pairs = item_keyword_pairs.c
+    keywords = select(item_keywords.c.item_id, item_keywords.c.keyword, item_keywords.c.category)
+    return _index_rules(tx, (keywords, select(pairs.item_id, pairs.first_keyword, pairs.second_keyword)),
+                        expected, "search index", "keywords")
 
 
 def _word_index_rules(tx: Connection) -> Iterator[str]:
     """item_words holds exactly the words (and category) of every item on sale (word_rows)."""
-    indexed: dict[int, set[tuple[str, int]]] = {}
-    for row in tx.execute(select(item_words.c.item_id, item_words.c.word, item_words.c.category)):
-        indexed.setdefault(row.item_id, set()).add((row.word, row.category))
+    def expected(item: Any) -> set[tuple[Any, ...]]:
+        rows = word_rows(item.item_id, item.category, item.name, json.loads(item.keywords))
+        return {(row["word"], item.category) for row in rows} if item.quantity > 0 else set()
+    return _index_rules(tx, (select(item_words.c.item_id, item_words.c.word, item_words.c.category),),
+                        expected, "word index", "name and keywords")
+
+
+def _index_rules(tx: Connection, queries: tuple[Any, ...], expected: Callable[[Any], set[tuple[Any, ...]]],
+                 index: str, source: str) -> Iterator[str]:
+    """Each item's rows of an index, (item_id, *values) from `queries`, against `expected(item)`."""
+    indexed: dict[int, set[tuple[Any, ...]]] = {}
+    for query in queries:
+        for row in tx.execute(query):
+            indexed.setdefault(row[0], set()).add(tuple(row[1:]))
     for item in tx.execute(select(items.c.item_id, items.c.quantity, items.c.name, items.c.keywords,
                                   items.c.category)):
-        rows = word_rows(item.item_id, item.category, item.name, json.loads(item.keywords))
-        expected = {(row["word"], item.category) for row in rows} if item.quantity > 0 else set()
-        if indexed.pop(item.item_id, set()) != expected:
-            yield (f"item {item.item_id}: word index rows differ from its name and keywords"
+        if indexed.pop(item.item_id, set()) != expected(item):
+            yield (f"item {item.item_id}: {index} rows differ from its {source}"
                    f" (on sale: {item.quantity})")
     for item_id in indexed:
-        yield f"word index rows for item {item_id}, which does not exist"
+        yield f"{index} rows for item {item_id}, which does not exist"
 
 
 def _seller_rules(tx: Connection) -> Iterator[str]:
@@ -188,7 +178,8 @@ def _seller_rules(tx: Connection) -> Iterator[str]:
         yield from _thumbs(name, user, thumbs.get(user.user_id, (0, 0)), "its items'")
 
 
-def _order_line_rules(tx: Connection, undone: set[int]) -> Iterator[str]:
+def _order_line_rules(tx: Connection) -> Iterator[str]:
+    undone = set(tx.execute(select(orders.c.order_id).where(orders.c.status.in_((VOIDING, VOID)))).scalars())
     totals = _by_key(tx, select(order_lines.c.order_id,
                                 func.sum(order_lines.c.quantity * order_lines.c.price_cents),
                                 func.min(order_lines.c.quantity), func.min(order_lines.c.price_cents))

@@ -1,12 +1,6 @@
-"""`market backup` and `market restore`: a consistent copy of a live database, and a new
-database made from one.
-
-SQLite: the library's online backup API copies every page in one read transaction, so the
-servers write on (WAL) and the copy is the database at one instant. MariaDB and MySQL:
-`mariadb-dump --single-transaction` reads every table in one consistent snapshot (InnoDB,
-REPEATABLE READ) without holding writers up, as SQL text that `mariadb` plays back. A copy
-is written to a new file readable by its owner alone (it holds password hashes); a restore
-refuses a database that already holds tables.
+"""`market backup` and `market restore`: a consistent copy of a live database (SQLite's
+online backup API; `mariadb-dump --single-transaction`), written to a new file only its owner
+reads, and a new database made from one (a restore refuses a database holding tables).
 """
 from __future__ import annotations
 
@@ -39,10 +33,8 @@ def backup(db_url: str, target: Path) -> str:
     url = make_url(db_url)
     with _new_file(target) as out:
         if url.get_backend_name() == "sqlite":
-            source = _sqlite_file(url, must_exist=True)
             out.close()
-            with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
-                src.backup(dst)
+            _copy_sqlite(_sqlite_file(url, must_exist=True), target)
         else:
             _mysql(url, DUMP, ["--single-transaction", "--quick", "--hex-blob", "--no-tablespaces",
                                _database(url)], stdout=out)
@@ -63,8 +55,7 @@ def restore(source: Path, db_url: str) -> str:
         target = Path(_sqlite_file(url, must_exist=False))
         with _new_file(target, empty_ok=True) as out:
             out.close()
-            with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
-                src.backup(dst)
+            _copy_sqlite(source, target)
     else:
         name = _database(url)
         _mysql(url.set(database=None), CLIENT, ["-e", f"CREATE DATABASE IF NOT EXISTS {name} "
@@ -76,6 +67,11 @@ def restore(source: Path, db_url: str) -> str:
         with source.open("rb") as dump:
             _mysql(url, CLIENT, [name], stdin=dump)
     return f"restored {_where(url)} from {source}"
+
+
+def _copy_sqlite(source: str | Path, target: Path) -> None:
+    with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
 
 
 @contextmanager
@@ -116,8 +112,8 @@ def _where(url: URL) -> str:
 
 def _mysql(url: URL, tools: tuple[str, ...], args: list[str], stdin: IO[bytes] | None = None,
            stdout: IO[bytes] | None = None) -> str:
-    """Run MariaDB's client or dump tool against `url`, the password in a file of the run's own
-    (never on the command line); its standard output (unless `stdout` takes it)."""
+    """Run MariaDB's client or dump tool against `url` (the password in a file, never on the
+    command line); its standard output (unless `stdout` takes it)."""
     tool = next((found for name in tools if (found := shutil.which(name))), None)
     if tool is None:
         raise BackupError(f"{' or '.join(tools)} is not installed (apt-get install mariadb-client)")

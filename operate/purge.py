@@ -1,12 +1,7 @@
-"""Removing what the load tools wrote into a live marketplace: the accounts named
-LOAD_TEST_PREFIX..., their orders, votes, carts and items (`market admin purge-test-data`).
-
-One transaction per account, each leaving the books balanced for `market audit`: a test
-buyer's orders go with their lines, and each line's units go back where they came from (the
-item's `sold` and its seller's `items_sold` drop; a real seller's item gets its stock back on
-sale, relisted in search if it had sold out); a test buyer's votes go with their thumbs.
-Test sellers' items go too, unless a real buyer bought one: that item stays in the buyer's
-history, off sale, and so does its seller's account, with no session.
+"""`market admin purge-test-data`: remove the accounts named LOAD_TEST_PREFIX... and what
+they wrote, one transaction per account, each leaving the books balanced for `market audit`
+(units bought go back on sale, votes take their thumbs back). A test seller's item a real
+buyer bought stays, off sale, and so does its seller, with no session.
 """
 from __future__ import annotations
 
@@ -15,9 +10,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, inspect, select, update
+from sqlalchemy import Connection, delete, inspect, select, update
 
-from db.accounts import end_sessions
 from db.catalog import relist
 from db.database import Database
 from db.ledger import payments
@@ -34,22 +28,17 @@ from db.schema import (
     order_lines,
     orders,
     saved_cart_lines,
-    sessions,
     suspensions,
     users,
 )
 
-from .admin import Operator, record, withdraw
+from .admin import Operator, count, end_all_sessions, plural, record, withdraw
 
 # What the load tools (market-sim, locust) name their accounts and items from.
 LOAD_TEST_PREFIX = "loadtest-"
 
 
 _COUNTED = ("test buyer", "order", "test seller", "item")
-
-
-def _plural(count: int, what: str) -> str:
-    return f"{count} {what}{'s' * (count != 1)}"
 
 
 @dataclass
@@ -61,10 +50,10 @@ class PurgeCounts:
 
     def sentence(self) -> str:
         """The counts in one line."""
-        counted = [_plural(self.removed[what], what) for what in _COUNTED if self.removed[what]]
+        counted = [plural(self.removed[what], what) for what in _COUNTED if self.removed[what]]
         said = ", ".join(counted) or "nothing"
         if self.kept_sellers:
-            said += (f"; kept {_plural(len(self.kept_sellers), 'test seller')}"
+            said += (f"; kept {plural(len(self.kept_sellers), 'test seller')}"
                      f" whose items real buyers bought ({', '.join(self.kept_sellers[:5])}"
                      f"{', ...' if len(self.kept_sellers) > 5 else ''})")
         return said
@@ -78,7 +67,7 @@ def _test_users(tx: Connection, role: str) -> list[int]:
 
 def preview(database: Database) -> PurgeCounts:
     """What a purge would remove now, and which test sellers it would keep (nothing is changed)."""
-    def count(tx: Connection) -> PurgeCounts:
+    def counted(tx: Connection) -> PurgeCounts:
         buyers, sellers = _test_users(tx, "buyer"), _test_users(tx, "seller")
         bought_by_others = select(order_lines.c.item_id).where(
             order_lines.c.item_id == items.c.item_id, order_lines.c.buyer_id.not_in(buyers)).exists()
@@ -88,14 +77,10 @@ def preview(database: Database) -> PurgeCounts:
             .order_by(users.c.user_id)).scalars()))
         found.removed.update({
             "test buyer": len(buyers), "test seller": len(sellers) - len(found.kept_sellers),
-            "order": _count(tx, orders, orders.c.buyer_id.in_(buyers)),
-            "item": _count(tx, items, items.c.seller_id.in_(sellers) & ~bought_by_others)})
+            "order": count(tx, orders, orders.c.buyer_id.in_(buyers)),
+            "item": count(tx, items, items.c.seller_id.in_(sellers) & ~bought_by_others)})
         return found
-    return database.run(count, write=False)
-
-
-def _count(tx: Connection, table: Any, where: Any) -> int:
-    return int(tx.execute(select(func.count()).select_from(table).where(where)).scalar_one())
+    return database.run(counted, write=False)
 
 
 def purge(database: Database, operator: Operator) -> PurgeCounts:
@@ -114,20 +99,12 @@ def purge(database: Database, operator: Operator) -> PurgeCounts:
     return done
 
 
-def _end_all(tx: Connection, user_id: int) -> None:
-    ids = tx.execute(select(sessions.c.session_id).where(sessions.c.user_id == user_id)
-                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
-    if ids:
-        end_sessions(tx, ids)
-
-
 def _lock_out(tx: Connection, user_id: int) -> None:
-    """End the account's sessions and hold its row to the commit: a login opening a session
-    holds that row shared (db.accounts), so it either made its session before (ended here
-    too) or waits and finds the account gone."""
-    _end_all(tx, user_id)
+    """End the account's sessions and hold its row to the commit (a login opening a session
+    holds it shared, so it either ended here too or finds the account gone)."""
+    end_all_sessions(tx, user_id)
     tx.execute(select(users.c.user_id).where(users.c.user_id == user_id).with_for_update())
-    _end_all(tx, user_id)
+    end_all_sessions(tx, user_id)
 
 
 def _purge_buyer(tx: Connection, buyer_id: int) -> Counter[str]:
@@ -152,9 +129,8 @@ def _purge_buyer(tx: Connection, buyer_id: int) -> Counter[str]:
 
 
 def _forget_payments(tx: Connection, buyer_id: int) -> None:
-    """The simulated processor's entries of the buyer's orders, when its ledger is kept in
-    this database (a ledger elsewhere, MARKET_PAYMENTS_URL, keeps them: its audit then names
-    them as payments of no order)."""
+    """The simulated processor's entries of the buyer's orders, when its ledger is in this
+    database (a ledger elsewhere keeps them)."""
     if not inspect(getattr(tx, "core", tx)).has_table(payments.name):
         return
     keys = tx.execute(select(orders.c.payment_key).where(orders.c.buyer_id == buyer_id,
@@ -164,8 +140,8 @@ def _forget_payments(tx: Connection, buyer_id: int) -> None:
 
 
 def _give_back(tx: Connection, lines: Sequence[Any]) -> None:
-    """The units of deleted order lines back to their items (items in item order, as
-    purchases lock them, then sellers): on sale again, unless the seller is suspended."""
+    """Units of deleted order lines back to their items (in item order, then sellers): on sale
+    again, unless the seller is suspended."""
     units: Counter[int] = Counter()
     for line in lines:
         units[line.item_id] += line.quantity
@@ -191,14 +167,10 @@ def _give_back(tx: Connection, lines: Sequence[Any]) -> None:
 
 def _take_back_votes(tx: Connection, votes: Sequence[Any]) -> None:
     """A deleted vote's thumb off its item and its seller."""
-    for vote in sorted(votes, key=lambda v: v.item_id):
-        thumb = "thumbs_up" if vote.vote == "up" else "thumbs_down"
-        tx.execute(update(items).where(items.c.item_id == vote.item_id)
-                   .values({thumb: items.c[thumb] - 1}))
-    for vote in sorted(votes, key=lambda v: v.seller_id):
-        thumb = "thumbs_up" if vote.vote == "up" else "thumbs_down"
-        tx.execute(update(users).where(users.c.user_id == vote.seller_id)
-                   .values({thumb: users.c[thumb] - 1}))
+    for table, key, column in ((items, "item_id", items.c.item_id), (users, "seller_id", users.c.user_id)):
+        for vote in sorted(votes, key=lambda v: getattr(v, key)):  # noqa: B023 - sorted at once
+            thumb = "thumbs_up" if vote.vote == "up" else "thumbs_down"
+            tx.execute(update(table).where(column == getattr(vote, key)).values({thumb: table.c[thumb] - 1}))
 
 
 def _delete_account(tx: Connection, user_id: int) -> None:

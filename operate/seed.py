@@ -1,11 +1,8 @@
 """Bulk seeding of a large catalogue, for measuring how the marketplace scales.
 
-Sellers and items go in with multi-row INSERTs in batches, with ids chosen here
-(after the current largest), so keywords can be written without a round trip per
-item; each index table's rows of a batch go in key order, so that each of its pages
-is visited once per batch rather than once per row. Seed an idle database: ids are taken
-as max + 1 without a lock. Seeded sellers all share one password (hashing 100,000
-passwords would take most of an hour).
+Batches of multi-row INSERTs with ids chosen here (max + 1, no lock: seed an idle database),
+each index table's rows in key order so each page is visited once per batch. Seeded sellers
+share one password (hashing 100,000 would take most of an hour).
 """
 from __future__ import annotations
 
@@ -54,7 +51,8 @@ def seed(db: Database, sellers: int, items_count: int, *, rng: random.Random | N
     given, else by two of its keywords and its id); returns counts and ids."""
     rng = rng or random.Random(1)
     first_seller = _next_id(db, users.c.user_id)
-    _insert_batches(db, users, _seller_rows(first_seller, sellers))
+    for batch in _batches(_seller_rows(first_seller, sellers), BATCH):
+        db.run(functools.partial(_insert_rows, table=users, rows=batch))
     first_item = _next_id(db, items.c.item_id)
     done = 0
     for batch in _batches(_item_rows(rng, first_item, items_count, first_seller, sellers, name), BATCH):
@@ -86,9 +84,8 @@ def _insert_items(tx: UnitOfWork, item_rows: list[dict[str, Any]]) -> None:
 
 
 def _bulk_insert(tx: UnitOfWork, table: Table, rows: list[dict[str, Any]]) -> None:
-    """rows in primary key order (the index tables' keys are scattered: sorted, each page is
-    visited once), through the driver's executemany: its own loop on SQLite, INSERTs of
-    INSERT_ROWS rows on MySQL, where the unit of work would send INSERTs of 20 rows."""
+    """rows in primary key order, through the driver's executemany (INSERTs of INSERT_ROWS
+    rows on MySQL, where the unit of work would send 20)."""
     rows.sort(key=operator.itemgetter(*(column.name for column in table.primary_key.columns)))
     for start in range(0, len(rows), INSERT_ROWS):
         tx.core.execute(insert(table), rows[start:start + INSERT_ROWS])
@@ -116,11 +113,6 @@ def _item_rows(rng: random.Random, first: int, count: int, first_seller: int,
                "category": rng.randint(0, 9), "keywords": json.dumps(words),
                "item_condition": rng.choice(("new", "used")), "price_cents": rng.randint(1, 100_000),
                "quantity": quantity, "listed": quantity, "created_ms": now}
-
-
-def _insert_batches(db: Database, table: Table, rows: Iterator[dict[str, Any]]) -> None:
-    for batch in _batches(rows, BATCH):
-        db.run(functools.partial(_insert_rows, table=table, rows=batch))
 
 
 def _insert_rows(tx: UnitOfWork, table: Table, rows: list[dict[str, Any]]) -> None:

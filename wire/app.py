@@ -1,11 +1,7 @@
 """Dispatch of one request: op lookup, token check, argument check, handler.
 
-Checks run in the order PROTOCOL.md fixes: UNKNOWN_OP, then UNAUTHENTICATED, then
-BAD_REQUEST (the envelope's other fields, then the args), then the op's own errors; only
-an `op` that is not a string comes first, as BAD_REQUEST, having no op to look up. A
-private op runs inside the transaction that checked its token (the gate), so a call costs
-one transaction; an op of several steps (`Stepwise`) runs its first step there and the
-others itself.
+Checks run in the order PROTOCOL.md fixes: UNKNOWN_OP, UNAUTHENTICATED, BAD_REQUEST, then
+the op's own errors. A private op runs inside the transaction that checked its token.
 """
 from __future__ import annotations
 
@@ -28,9 +24,8 @@ SERVER_FAULTS = frozenset({"INTERNAL", "UNAVAILABLE"})  # answers whose message 
 
 
 class RequestScope:
-    """Wraps the dispatch of each request: `request(op, peer)` is entered around it and gives
-    the request's id, made by the server and unique across servers and restarts. This one
-    makes the id alone; observe.tracing's also sets the log context and makes a span."""
+    """Entered around each request's dispatch; gives the request's id (observe.tracing's also
+    sets the log context and makes a span)."""
 
     def request(self, op: str, peer: str | None) -> AbstractContextManager[str]:
         return nullcontext(os.urandom(8).hex())
@@ -61,13 +56,8 @@ class Stepwise:
 
 
 class App:
-    """A server's ops: specs from wire.ops paired with handlers.
-
-    Public handlers are called as handler(**args), those named in `addressed` as
-    handler(peer, **args) with the client's address (None when unknown), for limits per
-    address; private ones as handler(tx, session, **args) inside the gate's transaction.
-    Every request runs inside `scope.request` (set on the class, for every App of a process).
-    """
+    """A server's ops: specs from wire.ops paired with handlers, called as handler(**args),
+    handler(peer, **args) if named in `addressed`, or, if private, handler(tx, session, **args)."""
 
     scope: RequestScope = RequestScope()
 

@@ -1,10 +1,8 @@
 """A blocking client connection: request in, result out, error codes as exceptions.
 
-It reconnects by itself at the next call after the server went away. A call that
-fails in flight is repeated (up to three times, with short pauses) only when repeating
-is safe: a read-only op, or a request that carries an idempotency key. Anything else
-raises ConnectionLostError. A call that took the whole timeout is not repeated: a server
-that answers nothing in 30 s would most likely do so again.
+It reconnects at the next call after the server went away. A call failing in flight is
+repeated only when that is safe (a read-only op, or one with an idempotency key), and not
+after a timeout; anything else raises ConnectionLostError.
 """
 from __future__ import annotations
 
@@ -21,13 +19,10 @@ from .framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
 from .observer import NO_CLIENT_OBSERVER, ClientObserver, now_ns
 from .ops import READ_ONLY_OPS
 
-# A repeatable request (read-only, or carrying an idempotency key) is tried again after
-# these pauses when the connection fails: a balancer needs a moment to notice a dead instance.
+# pauses before a repeatable request is tried again: a balancer needs a moment to see a dead instance
 _RETRY_PAUSES = (0.05, 0.25, 1.0)
-# A password-hashing op answered BUSY did nothing (the server's hashing queue was full):
-# tried again after about these pauses (each drawn from its upper half, so that clients
-# refused together do not come back together), as the contract's retryable BUSY invites:
-# about 7 s in all, for a loaded server's queue to drain (3 s was not always enough).
+# A hashing op answered BUSY did nothing: tried again after about these pauses (each drawn
+# from its upper half, so clients refused together do not return together), about 7 s in all.
 _HASHING_OPS = frozenset({"login", "create_account"})
 _BUSY_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0)
 

@@ -1,6 +1,5 @@
-"""What the server loop and the client connection tell an onlooker: the hooks behind metrics,
-logs and per-request tracing (the package `observe` implements them). The loop calls these
-on its hot path, so they must be cheap and must not raise; the default does nothing.
+"""Hooks the server loop and the client connection call for metrics, logs and tracing (the
+package `observe` implements them): on the hot path, so cheap and never raising.
 """
 from __future__ import annotations
 
@@ -21,25 +20,19 @@ class ServerObserver:
         """A connection opened earlier was closed, by either side."""
 
     def connection_refused(self, address: str, reason: str) -> None:
-        """A connection was turned away, or a client went unheard for a while; reason:
-        "max_connections", "max_connections_per_address", "new_connections_per_address" (the
-        connection answered BUSY and closed), "tls_handshake" (closed), "out_of_descriptors"
-        (an accept failed; the client waits in the backlog, address ""), "memory" (the
-        process holds too many unanswered requests: this connection is not read for now) or
-        "idle_evicted" (the table was full: this connection, idle longest, was closed for a new one)."""
+        """A connection was turned away, or a client went unheard for a while; `reason` is one
+        of observe.metrics' CONNECTIONS_REFUSED values, or "idle_evicted"."""
 
     def requests_read(self, count: int) -> None:
-        """`count` complete requests were read and queued for an answer (negative: that many
-        queued ones were dropped unanswered, their connection closing)."""
+        """`count` requests were queued for an answer (negative: dropped unanswered)."""
 
     def answering(self, address: str, message: dict[str, Any] | Exception) -> None:
         """A thread takes up a queued request; what it logs until answer_sent is about this one."""
 
     def answer_sent(self, address: str, message: dict[str, Any] | Exception, response: dict[str, Any],
                     marks: tuple[int, int, int]) -> None:
-        """An answer was handed to the socket; marks are the now_ns() of its request's reading,
-        of a thread taking it up and of the answer, ready, going to the socket. `message` is an
-        exception for a frame that could not be read (BAD_FRAME, FRAME_TOO_LARGE)."""
+        """An answer was handed to the socket; marks are the now_ns() of the request's reading,
+        of a thread taking it up and of the answer going out (`message`: an exception for a bad frame)."""
 
     def threads_busy(self, delta: int) -> None:
         """A thread of the pool started (+1) or finished (-1) answering a connection's queue."""

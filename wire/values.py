@@ -55,11 +55,8 @@ def text(low: int, high: int, *, printable: bool = False, pattern: re.Pattern[st
 
 
 def _unprintable(value: str) -> str | None:
-    """Why `value` is not text a person would write, or None if it is. Text has no control or
-    invisible format characters but the two joiners (U+200C in Persian, U+200D in emoji
-    sequences), no line or paragraph separators, and something visible (not only spaces and
-    joiners). Unlike str.isprintable, spaces such as U+00A0 are text; bidirectional overrides
-    are not (they make a name read as another)."""
+    """Why `value` is not text a person would write (a control, separator or format character
+    but the two joiners, or nothing visible), or None if it is."""
     visible = False
     for at, char in enumerate(value, 1):
         kind = unicodedata.category(char)
