@@ -34,7 +34,7 @@ from wire.errors import BusyError, ProtocolError, UnavailableError
 from . import commit_tokens
 from .commit_tokens import CommitToken
 from .connections import ALL_IN_USE, Connections
-from .engine import LOCK_WAIT_S, PROGRESS_KEY, UNIT_KEY, WalKeeper, is_sqlite, make_engine
+from .engine import CONNECT_TIMEOUT_S, LOCK_WAIT_S, PROGRESS_KEY, UNIT_KEY, WalKeeper, is_sqlite, make_engine
 from .unit_of_work import Answer, CommitUnanswered, ReplayUnheld, UnitOfWork
 
 T = TypeVar("T")
@@ -46,9 +46,9 @@ _LOCK_WAIT_ERRNOS = {1205}  # waited LOCK_WAIT_S already: BUSY, not another wait
 # primary component: 1047 (not ready for clients) and 1180 (a commit it could not replicate,
 # rolled back); and a server in read-only mode (1290: a replica, say, during a failover).
 _UNAVAILABLE_ERRNOS = {1040, 1047, 1053, 1180, 1290, 2002, 2003, 2005, 2006, 2013, 2055}
-# At start: no server at that address, no such host, access denied, no such database,
-# no right to write (1142), a read-only server (1290)
-_UNUSABLE_ERRNOS = {1044, 1045, 1049, 1142, 1290, 1698, 2002, 2003, 2005}
+# At start: no server at that address, no such host, no answer within the connect timeout
+# (2013), access denied, no such database, no right to write (1142), a read-only server (1290)
+_UNUSABLE_ERRNOS = {1044, 1045, 1049, 1142, 1290, 1698, 2002, 2003, 2005, 2013}
 # SQLite: the disk is full, the file cannot be read, written or opened (SQLite has rolled
 # the transaction back: nothing was changed)
 _SQLITE_UNAVAILABLE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
@@ -249,6 +249,8 @@ class Database:
         if not _is_unusable(exc):
             return None
         reason = " ".join(str(exc.orig).split())
+        if _errno(exc) == 2013:
+            reason += f" (no answer within the {CONNECT_TIMEOUT_S} s connect timeout)"
         if _errno(exc) == 1049:
             reason += (f"; create it first: CREATE DATABASE {self.engine.url.database} "
                        "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")

@@ -50,6 +50,7 @@ BATCHES_KEY = "market_batches"
 PROGRESS_KEY = "market_progress"  # connection info: [statements run] in the current call
 _MYSQL_DRIVER = "mysql+mysqlconnector"
 RECYCLE_S = 1800  # a MySQL connection older than this is replaced (the server's idle limit is far longer)
+CONNECT_TIMEOUT_S = 5  # a MySQL server that does not answer is reported after this long
 _WAL_CHECK_EVERY_S, _WAL_WAIT_AFTER_BUSY_S = 0.5, 5.0
 
 
@@ -246,7 +247,7 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
         # test_mysql_dbapi.py check such values come back as data. The flags given as a list
         # replace SQLAlchemy's FOUND_ROWS: an UPDATE's rowcount is the rows it changed.
         connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin",
-                      "connection_timeout": 5,
+                      "connection_timeout": CONNECT_TIMEOUT_S,
                       "client_flags": _MULTI_STATEMENTS},
     )
 

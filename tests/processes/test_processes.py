@@ -185,6 +185,17 @@ def test_a_server_with_no_database_server_there_says_so_in_one_line() -> None:
     assert "secret" not in done.stderr
 
 
+def test_a_database_server_that_never_answers_is_reported_in_one_line_after_the_timeout() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, and never says a word
+        port = silent.getsockname()[1]
+        done = _start_failing("buyer", f"mysql://root@127.0.0.1:{port}/market")
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    url = f"mysql://root@127.0.0.1:{port}/market"
+    assert line.startswith(f"error: buyer server: cannot use the database {url}: ")
+    assert line.endswith("(no answer within the 5 s connect timeout)")
+
+
 def test_a_missing_mariadb_database_is_named_with_the_statement_that_makes_it(mysql_server: str) -> None:
     url = driver_url(mysql_server).set(database="market_nowhere_x").render_as_string(hide_password=False)
     done = _start_failing("seller", url)
