@@ -80,7 +80,8 @@ class Scheduler:
             self._busy[conn.address] -= 1
             if not self._busy[conn.address]:
                 del self._busy[conn.address]
-            self._changed.notify()
+            if self._ring:  # a turn held back by its address's cap may go now
+                self._changed.notify()
 
     def close(self) -> None:
         """Hand out no more turns; threads waiting for one end."""
