@@ -2,17 +2,13 @@
 errors turned into the protocol's UNAVAILABLE / BUSY in one place.
 
 A transaction is a plain function of a unit of work (db.unit_of_work: it executes Core
-statements like a SQLAlchemy Connection); `Database.run` calls it inside BEGIN ... COMMIT
+statements on the driver's connection); `Database.run` calls it inside BEGIN ... COMMIT
 (a read runs statement by statement, without one) and calls it again (a bounded number of
 times) when the database asks for a retry, so the function must do all its work through `tx`.
 A MySQL transaction whose connection is lost at its COMMIT is never simply run again: its
 commit token (db.commit_tokens) says whether it committed (then its answer stands) or not
 (then it runs again). Work that may run twice with the same outcome (`idempotent=True`: the
 payment ledger's calls, each keyed) writes no token and runs again while the database is away.
-
-The Connections themselves stay open between calls (`Connections`): opening one per
-call (a pool checkout, its events and a return) cost about 100 Python function calls,
-more than the rest of a write's transaction handling.
 """
 from __future__ import annotations
 
@@ -33,11 +29,12 @@ from wire.errors import BusyError, ProtocolError, UnavailableError
 
 from . import commit_tokens
 from .commit_tokens import CommitToken
-from .connections import ALL_IN_USE, Connections
-from .engine import CONNECT_TIMEOUT_S, LOCK_WAIT_S, PROGRESS_KEY, UNIT_KEY, WalKeeper, is_sqlite, make_engine
+from .connections import DriverConnection
+from .engine import CONNECT_TIMEOUT_S, LOCK_WAIT_S, WalKeeper, is_sqlite, make_engine
 from .unit_of_work import Answer, CommitUnanswered, ReplayUnheld, UnitOfWork
 
 T = TypeVar("T")
+ALL_IN_USE = "every database connection is in use; try again"
 log = logging.getLogger("market.db")
 MAX_ATTEMPTS = 8
 _DEADLOCK_ERRNOS = {1213}  # retried (Galera's certification failures arrive as these too)
@@ -92,14 +89,12 @@ class Database:
         self.url = url
         self.engine = make_engine(url, pool_size, sqlite_synchronous)
         self._wal = WalKeeper.for_engine(self.engine)
-        self._connections = Connections(self.engine, pool_size)
         self._has_tokens: bool | None = None  # the commit_tokens table exists (None: not looked yet)
 
     def close(self) -> None:
         """Close every pooled connection."""
         if self._wal is not None:
             self._wal.close()
-        self._connections.close()
         self.engine.dispose()
 
     @overload
@@ -153,7 +148,7 @@ class Database:
                 raise BusyError(ALL_IN_USE) from None
             except DBAPIError as exc:
                 if exc.connection_invalidated:  # the database restarted, most likely: all died
-                    self._connections.retire_all()
+                    self.engine.dispose(close=False)
                     if progress[0] == 0 and attempt == 0:
                         events.transaction_retried("reconnect")
                         continue  # nothing ran yet: run it on a fresh connection
@@ -173,22 +168,19 @@ class Database:
     def _run_once(self, work: Callable[[Any], T], tokened: bool, write: bool, progress: list[int],
                   hold: bool = True) -> T:
         token = CommitToken.new() if tokened and self._writes_tokens() else None
-        held = self._connections.take()
-        conn, info = held.conn, held.info
+        conn = DriverConnection(self.engine)
         events.db_connections_in_use(1)
+        tx = UnitOfWork(conn, write, hold, token)
         try:
-            info[PROGRESS_KEY] = progress
-            info[UNIT_KEY] = True
-            tx = UnitOfWork(conn, info, held.driver, write, hold, token)
             return _transaction(tx, work)
         except DBAPIError as exc:
-            if _is_unavailable(exc) and not conn.invalidated:
-                conn.invalidate()  # say, a node out of its cluster: the next call connects anew
+            if _is_unavailable(exc) and conn.usable:  # say, a node out of its cluster: connect anew
+                conn.usable = False
+                conn.proxied.invalidate()
             raise
         finally:
-            if not conn.invalidated:
-                info.pop(UNIT_KEY, None)
-            self._connections.give(held)
+            progress[0] = tx.sent
+            conn.give_back()
             events.db_connections_in_use(-1)
 
     @staticmethod
@@ -222,7 +214,7 @@ class Database:
     def _committed(self, token: CommitToken) -> bool:
         """Whether the transaction that wrote `token` committed, asked on a fresh connection
         for a few seconds while the database is away; UNAVAILABLE, saying so, if it stays away."""
-        self._connections.retire_all()  # the lost connection's siblings are suspect too
+        self.engine.dispose(close=False)  # the lost connection's siblings are suspect too
         return _while_away(lambda: commit_tokens.committed(self.engine, token), _OUTCOME_UNKNOWN,
                            away=lambda exc: isinstance(exc, DBAPIError | PoolTimeoutError),
                            noticed=lambda exc: log.warning("could not ask whether a commit went through: %s",

@@ -3,12 +3,11 @@
 SQLite: WAL, a busy timeout, and transactions begun by us so that writers take the
 write lock up front (BEGIN IMMEDIATE) instead of failing to upgrade half-way, asking
 for it again every 0.1-1 ms while another writer holds it (_begin_immediate).
-MySQL/MariaDB: mysql-connector-python's C extension, through the project's small DB-API
-module over its documented C API (db.mysql_dbapi), with the multi-statement flag, utf8mb4
+MySQL/MariaDB: mysql-connector-python's C extension, with the multi-statement flag, utf8mb4
 with binary collation (text comes back exactly as sent), autocommit reads
 and READ COMMITTED write transactions begun by the unit of work, a pool the size of the
-worker pool (Database keeps that many open between calls; the overflow serves anything
-else using the engine), and recycling; a restarted database is survived by retrying a
+worker pool (each request thread keeps one between calls, db.connections; the overflow
+serves anything else using the engine), and recycling; a restarted database is survived by retrying a
 call whose first statement found its pooled connection dead (Database.run).
 Only public APIs: engine events, create_engine options and the driver's documented ones.
 """
@@ -42,12 +41,10 @@ log = logging.getLogger("market.db")
 # Connection info, for code using the engine directly (not Database.run): a transaction it
 # begins writes (BEGIN IMMEDIATE on SQLite; False: a plain BEGIN, none on MySQL).
 WRITE_KEY = "market_write"
-UNIT_KEY = "market_unit"  # connection info: a unit of work runs on it and begins transactions itself
 # Connection info: several statements may share one query. Not on a Galera node (wsrep_on):
 # there a replicated write can abort the transaction between two statements of one query,
 # and those after it would then run on their own in autocommit.
 BATCHES_KEY = "market_batches"
-PROGRESS_KEY = "market_progress"  # connection info: [statements run] in the current call
 _MYSQL_DRIVER = "mysql+mysqlconnector"
 RECYCLE_S = 1800  # a MySQL connection older than this is replaced (the server's idle limit is far longer)
 CONNECT_TIMEOUT_S = 5  # a MySQL server that does not answer is reported after this long
@@ -72,27 +69,11 @@ def make_engine(url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL
     if parsed.get_backend_name() == "sqlite":
         if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
             raise ValueError(f"sqlite_synchronous: one of {', '.join(SQLITE_SYNCHRONOUS)}")
-        return _count_statements(_sqlite_engine(url, pool_size, sqlite_synchronous))
+        return _sqlite_engine(url, pool_size, sqlite_synchronous)
     if parsed.get_backend_name() in ("mysql", "mariadb"):
-        return _count_statements(_mysql_engine(parsed, pool_size))
+        return _mysql_engine(parsed, pool_size)
     raise ValueError(f"unsupported database URL {parsed.render_as_string(hide_password=True)}; "
                      "use sqlite:///FILE or mysql://USER:PASS@HOST:PORT/DB")
-
-
-def _count_statements(engine: Engine) -> Engine:
-    """Count statements that reached the database (see Database.run's retry rule)."""
-    @event.listens_for(engine, "after_cursor_execute")
-    def _counted(conn: Any, *_args: Any) -> None:
-        count_statement(conn.info)
-
-    return engine
-
-
-def count_statement(info: dict[str, Any]) -> None:
-    """One more statement ran in the current call."""
-    progress = info.get(PROGRESS_KEY)
-    if progress is not None:
-        progress[0] += 1
 
 
 def is_sqlite(engine: Engine) -> bool:
@@ -102,6 +83,7 @@ def is_sqlite(engine: Engine) -> bool:
 
 def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
     engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_timeout=30,
+                           paramstyle="named",  # :name, as db.unit_of_work passes a dict of values
                            connect_args={"timeout": 30, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")
@@ -115,8 +97,6 @@ def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        if conn.info.get(UNIT_KEY):
-            return
         if conn.info.get(WRITE_KEY, True):
             begin_immediate(conn.connection.driver_connection)
         else:
@@ -222,14 +202,8 @@ def begin_immediate(raw: sqlite3.Connection) -> None:
 
 
 def _mysql_engine(url: Any, pool_size: int) -> Engine:
-    try:
-        from . import mysql_dbapi
-    except ImportError as exc:
-        raise ImportError("MySQL/MariaDB needs mysql-connector-python's C extension, which does not "
-                          f"load here ({exc}): pip install -r requirements/runtime.txt") from exc
     engine = create_engine(
         url,
-        module=mysql_dbapi,  # the dialect stays mysqlconnector's; the connections are ours
         pool_size=pool_size, max_overflow=pool_size, pool_timeout=10, pool_recycle=RECYCLE_S,
         # No pre-ping: a ping is a round trip per call. A connection found dead by a call's
         # first statement (nothing has run yet) is retried once on a fresh one instead.
@@ -242,9 +216,9 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
         isolation_level="AUTOCOMMIT",
         # MULTI_STATEMENTS: the unit of work sends held writes, START TRANSACTION and COMMIT
         # in the query of the statement that follows them (one round trip). It would let an
-        # injected "; DROP ..." run: nothing puts a value into SQL text unquoted (every bound
-        # value is quoted by the C API), and tests/integration/test_engine.py and
-        # test_mysql_dbapi.py check such values come back as data. The flags given as a list
+        # injected "; DROP ..." run: nothing puts a value into SQL text unquoted (the driver
+        # quotes every bound value), and tests/integration/test_engine.py checks such values
+        # come back as data. The flags given as a list
         # replace SQLAlchemy's FOUND_ROWS: an UPDATE's rowcount is the rows it changed.
         connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin",
                       "connection_timeout": CONNECT_TIMEOUT_S,
@@ -269,5 +243,5 @@ def _on_mysql_connect(dbapi_conn: Any, record: Any) -> None:
 
 
 def _on_mysql_begin(conn: Any) -> None:
-    if not conn.info.get(UNIT_KEY) and conn.info.get(WRITE_KEY, True):
+    if conn.info.get(WRITE_KEY, True):
         conn.exec_driver_sql("START TRANSACTION")

@@ -76,7 +76,7 @@ class ExactText(TypeDecorator[str]):
 
 
 def _counter(name: str) -> Column[int]:
-    return Column(name, BigInteger, nullable=False, default=0, server_default="0")
+    return Column(name, BigInteger, nullable=False, server_default="0")
 
 
 schema_info = Table(

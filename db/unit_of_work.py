@@ -1,53 +1,122 @@
 """The unit of work: the transaction object Database.run hands to a transaction function.
 
-It runs plain SQLAlchemy Core statements (`tx.execute(statement, params)`) and owns every
-batching rule, so that the area modules need none. A write (INSERT, UPDATE, DELETE) is held
-and answered with a pending result; what is held is sent before the next read, before a call
-that leaves the database (`call_outside`), at COMMIT, or when a held write's result is read.
-On MySQL/MariaDB what is held travels in the same query as the statement that follows it
-(START TRANSACTION and COMMIT too), through the driver's documented multi-statement support:
-one round trip instead of several. A write transaction given a commit token writes it in the
-query of its START TRANSACTION (db.commit_tokens), so that a COMMIT whose answer is lost can
-be asked about. A transaction whose answer is a read made last (`answer`) sends that read
-with its COMMIT too. Statements are compiled once per dialect (StatementCache) and run straight on
-the driver's connection (SQLite: one cursor per connection; MySQL: db.mysql_dbapi's `run`),
-skipping SQLAlchemy's per-execution machinery; anything else (DDL, text(), executemany) goes
-through SQLAlchemy, after a flush.
+It runs SQLAlchemy Core statements (`tx.execute(statement, params)`) on the driver's own
+connection: each statement is compiled once per dialect with SQLAlchemy's public `compile`,
+and its SQL text runs on a DB-API cursor with the caller's values as a dict (the driver quotes
+them). A write (INSERT, UPDATE, DELETE) is held and answered with a pending Result; what is
+held is sent before the next read, before a call that leaves the database (`call_outside`), at
+COMMIT, or when a held write's result is read. On MySQL/MariaDB what is held travels in the
+query of the statement that follows it (START TRANSACTION and COMMIT too: the driver's
+multi-statement support), so a write op costs one or two round trips. A transaction whose
+answer is a read made last (`answer`) sends that read with its COMMIT.
 """
 from __future__ import annotations
 
+import re
+from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
-from sqlalchemy import Connection, Delete, Insert, Select, Update
+from sqlalchemy import Dialect, Insert, Select, bindparam, insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from .commit_tokens import WRITE_TOKEN, CommitToken
-from .engine import BATCHES_KEY, PROGRESS_KEY, begin_immediate
-from .statements import STATEMENTS, Compiled
 
 T = TypeVar("T")
-_CURSOR_KEY = "market_cursor"  # connection info: the driver cursor statements run on
-ROW_CHUNK = 20  # rows per INSERT of many rows: few statements are ever compiled
-Outcome = tuple[list[Any], int, "int | None"]  # a statement's rows, rowcount, new id
+ROW_CHUNK = 20  # rows per INSERT of many rows
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+Held = tuple["Statement", dict[str, Any], "Result | None"]
+
+
+class Statement:
+    """A Core statement compiled for one dialect: its SQL, the values it embeds, how its
+    values and rows are converted, and (MySQL) its SQL with placeholders renamed for the
+    n-th place of a query of several statements."""
+
+    def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
+        compiled = statement.compile(dialect=dialect, compile_kwargs={"render_postcompile": True})
+        self.sql = str(compiled)
+        reads = bool(getattr(statement, "is_select", False))  # a SELECT, or a UNION of them
+        self.writes = not reads
+        self.defaults = {k: v for k, v in (compiled.params or {}).items() if v is not None}
+        binds = compiled.binds if isinstance(compiled, SQLCompiler) else {}  # none in DDL
+        self.binds = {name: processor for name, bind in binds.items()
+                      if (processor := bind.type.dialect_impl(dialect).bind_processor(dialect))}
+        columns = statement.selected_columns if reads else None  # type: ignore[attr-defined]
+        self.row = namedtuple("Row", list(columns.keys()), rename=True) if columns is not None else None  # type: ignore[misc]
+        self.results = [c.type.dialect_impl(dialect).result_processor(dialect, None)
+                        for c in columns] if columns is not None else []
+        self._placed: dict[int, str] = {}
+
+    def values(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The caller's values with the statement's own, each converted as its type says."""
+        if not (self.defaults or self.binds):
+            return params
+        values = {**self.defaults, **params}
+        for name, processor in self.binds.items():
+            if name in values:
+                values[name] = processor(values[name])
+        return values
+
+    def placed(self, n: int) -> str:
+        """The SQL with each %(name)s renamed %(name__n)s (MySQL: several in one query)."""
+        sql = self._placed.get(n)
+        if sql is None:
+            sql = self._placed[n] = _PLACEHOLDER.sub(rf"%(\1__{n})s", self.sql)
+        return sql
+
+    def rows(self, raw: Sequence[Sequence[Any]]) -> list[Any]:
+        """Driver rows as named tuples, each value converted as its column's type says (rows of
+        text() SQL as the driver gives them)."""
+        if self.row is None:
+            return list(raw)
+        if any(self.results):
+            return [self.row(*[p(v) if p else v for p, v in zip(self.results, r, strict=True)])  # type: ignore[misc,arg-type]
+                    for r in raw]
+        return [self.row(*r) for r in raw]
+
+
+class _Bare(Statement):
+    """A statement without values or rows: START TRANSACTION, COMMIT, ROLLBACK."""
+
+    def __init__(self, sql: str) -> None:  # pylint: disable=super-init-not-called
+        self.sql, self.writes, self.row, self._placed = sql, False, None, {}
+        self.defaults, self.binds, self.results = {}, {}, []
+
+
+_START, _COMMIT, _ROLLBACK = _Bare("START TRANSACTION"), _Bare("COMMIT"), _Bare("ROLLBACK")
+_COMPILED: dict[tuple[str, Any], Statement] = {}  # a module's statements, compiled once
+_MAX_COMPILED = 4096  # statements made per call are compiled per call: bound the cache
+
+
+def compiled(statement: ClauseElement, dialect: Dialect) -> Statement:
+    """The statement compiled for the dialect (a module's statement once, kept)."""
+    key = (dialect.name, statement)
+    found = _COMPILED.get(key)
+    if found is None:
+        found = Statement(statement, dialect)
+        if len(_COMPILED) >= _MAX_COMPILED:
+            _COMPILED.clear()
+        _COMPILED[key] = found
+    return found
 
 
 class Result:
     """A statement's rows, or its row count and new id; reading it sends what is held.
-    A write whose query lost its answer (a COMMIT asked about after) has rowcount -1: not known."""
+    A write whose query lost its answer (a COMMIT asked about after) has rowcount -1."""
+
+    filled = False  # the database's answer arrived
 
     def __init__(self, uow: UnitOfWork | None = None) -> None:
         self._uow = uow
         self._rows: list[Any] = []
-        self._rowcount = -1
-        self._lastrowid: int | None = None
+        self._rowcount, self._lastrowid = -1, cast("int | None", None)
 
     def fill(self, rows: list[Any], rowcount: int, lastrowid: int | None) -> None:
         self._rows, self._rowcount, self._lastrowid, self._uow = rows, rowcount, lastrowid, None
         self.filled = True
-
-    filled = False  # the database's answer arrived
 
     def _ready(self) -> Result:
         if self._uow is not None:
@@ -59,12 +128,10 @@ class Result:
         return self._ready()._rowcount
 
     @property
-    def lastrowid(self) -> int | None:
-        return self._ready()._lastrowid
-
-    @property
     def inserted_primary_key(self) -> tuple[int | None]:
-        return (self.lastrowid,)
+        return (self._ready()._lastrowid,)
+
+    lastrowid = property(lambda self: self.inserted_primary_key[0])
 
     def all(self) -> list[Any]:
         return list(self._ready()._rows)
@@ -86,10 +153,6 @@ class Result:
             raise ValueError(f"expected one row, found {len(rows)}")
         return rows[0]
 
-    def one_or_none(self) -> Any | None:
-        rows = self._ready()._rows
-        return self.one() if rows else None
-
     def scalar(self) -> Any | None:
         row = self.first()
         return row[0] if row is not None else None
@@ -97,23 +160,13 @@ class Result:
     def scalar_one(self) -> Any:
         return self.one()[0]
 
-    def scalar_one_or_none(self) -> Any | None:
-        row = self.one_or_none()
-        return row[0] if row is not None else None
-
     def scalars(self) -> _Scalars:
-        return _Scalars([row[0] for row in self.all()])
-
-    def mappings(self) -> _Scalars:
-        return _Scalars([row._asdict() for row in self.all()])
+        return _Scalars(row[0] for row in self.all())
 
 
 class _Scalars(list[Any]):
     def all(self) -> list[Any]:
         return list(self)
-
-    def first(self) -> Any | None:
-        return self[0] if self else None
 
 
 class Answer(Generic[T]):
@@ -140,87 +193,54 @@ class CommitUnanswered(Exception):
 
 
 class UnitOfWork:
-    """One transaction's statements; behaves like a SQLAlchemy Connection for `execute`.
+    """One transaction's statements on one driver connection (`conn`: db.connections.Kept).
 
     Rules it keeps so callers need not: a write is held until something needs it sent (a
     read, a held write's result read, `call_outside`, `flush`, commit); whatever it holds
     fails with the statement it was sent with, and the whole transaction rolls back.
     """
 
-    def __init__(self, conn: Connection, info: dict[Any, Any], driver: Any, write: bool, hold: bool = True,
-                 token: CommitToken | None = None) -> None:
-        """`info` and `driver`: the Connection's, as its holder read them once (each read of
-        them through the Connection is a few SQLAlchemy calls)."""
-        self.core = conn  # the SQLAlchemy Connection underneath: for DDL and inspection
-        dialect = conn.dialect
-        self._sqlite = dialect.name == "sqlite"
-        self._statements = STATEMENTS.of(dialect)  # looked up by every execute
-        self._info, self._driver = info, driver
-        self._progress: list[int] | None = info.get(PROGRESS_KEY)  # statements sent, for Database.run
-        self.write = write
-        self.token = token  # written with START TRANSACTION (MySQL), if given
-        self._token_sent = False
-        self._batches = hold and bool(info.get(BATCHES_KEY, False))
-        self._went_outside = False  # call_outside was called: no replay past that point
-        self._held: list[tuple[Any, dict[str, Any], Result | None]] = []
-        self._begin_pending = False  # START TRANSACTION waits for the next statement (MySQL)
-        self._open = False  # a transaction was begun on the server
-        self._answer: Answer[Any] | None = None  # the read sent with the COMMIT
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.core, name)  # dialect, info, engine ... as the Connection has them
+    def __init__(self, conn: Any, write: bool, hold: bool = True, token: CommitToken | None = None) -> None:
+        self.conn, self.dialect, self.engine = conn, conn.dialect, conn.engine
+        self._sqlite = self.dialect.name == "sqlite"
+        self.write, self.token = write, token
+        self.sent = 0  # statements sent: Database.run retries a call that sent none
+        self._batches = hold and conn.batches
+        self._token_sent = self._went_outside = self._begin_pending = self._open = False
+        self._held: list[Held] = []
+        self._answer: Answer[Any] | None = None
 
     def execute(self, statement: Any, params: dict[str, Any] | Sequence[dict[str, Any]] | None = None) -> Any:
-        """Run a Core statement: a write is held (see the class notes), a read runs now."""
-        if self._answer is not None:
-            self._before_answer()
-        compiled = self._statements.get(statement)
-        if compiled is None or compiled.expanding or (params is not None and type(params) is not dict):
-            return self._execute_other(statement, params)
-        return self._execute_compiled(compiled, params)
-
-    def _execute_compiled(self, compiled: Compiled, params: dict[str, Any] | None) -> Result:
-        result = Result(self)
-        if compiled.writes and self.write and self._batches:
-            self._held.append((compiled, params or {}, result))
-        elif self._held or self._begin_pending:
-            self._held.append((compiled, params or {}, result))
-            self.flush(demanded=result)
-        else:  # most reads: nothing to send before it
-            self._send([(compiled, params or {}, result)])
-        return result
-
-    def _execute_other(self, statement: Any, params: Any) -> Any:
-        """A statement not yet compiled, or one the unit of work leaves to SQLAlchemy (DDL,
-        text(), RETURNING, an IN of a list: after a flush), or an INSERT of a list of rows."""
-        if isinstance(params, Sequence) and isinstance(statement, Insert) and _plain(statement):
+        """Run a Core statement: a write is held (see the class notes), a read runs now. A list
+        of rows for an INSERT goes as INSERTs of up to ROW_CHUNK rows each."""
+        self._before_answer()
+        if isinstance(params, Sequence):
             for part, values in _row_chunks(statement, params):
                 self.execute(part, values)
             return None
-        if not (isinstance(statement, Select | Insert | Update | Delete) and _plain(statement)) \
-                or (params is not None and not isinstance(params, dict)):
-            self.flush()
-            return self.core.execute(statement, params)
-        compiled = STATEMENTS.compiled(statement, self.core.dialect)
-        if compiled.expanding:
-            self.flush()
-            return self.core.execute(statement, params)
-        return self._execute_compiled(compiled, dict(params) if params is not None else None)
+        result = Result(self)
+        held = (compiled(statement, self.dialect), params or {}, result)
+        if held[0].writes and self.write and self._batches:
+            self._held.append(held)
+        elif self._held or self._begin_pending:
+            self._held.append(held)
+            self.flush(demanded=result)
+        else:  # most reads: nothing to send before it
+            self._send([held])
+        return result
 
     def flush(self, demanded: Result | None = None) -> None:
-        """Send every held statement now (one query on MySQL/MariaDB).
-
-        Should one that was held (not `demanded` now) break a constraint (a duplicate key, say),
-        ReplayUnheld: the code that made it may be waiting for that error at the statement."""
+        """Send every held statement now (one query on MySQL/MariaDB). Should one that was
+        held (not `demanded` now) break a constraint, ReplayUnheld: the code that made it may
+        be waiting for that error at the statement."""
         if not self._held and not self._begin_pending:
             return
         held, self._held = self._held, []
         try:
             self._send(held)
-        except DBAPIError as exc:
-            was_held = any(c.writes and r is not demanded for c, _, r in held)
-            if was_held and not self._went_outside and isinstance(exc, IntegrityError):
-                raise ReplayUnheld from exc
+        except IntegrityError:
+            if not self._went_outside and any(s.writes and r is not demanded for s, _, r in held):
+                raise ReplayUnheld from None
             raise
 
     def call_outside(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -232,15 +252,11 @@ class UnitOfWork:
         return call(*args, **kwargs)
 
     def answer(self, statement: Select, params: dict[str, Any], shape: Callable[[list[Any]], T]) -> Answer[T]:
-        """The transaction's answer, a read made after everything else: return what this
-        returns, and Database.run hands back `shape(rows)` once the transaction has committed.
-        The read goes with the COMMIT (on MySQL/MariaDB in its query: a round trip fewer); no
-        statement or outside call may follow it (execute and call_outside raise). `shape` runs
-        after the COMMIT, so it only shapes rows: an error there is reported though the change
-        was made."""
+        """The transaction's answer, a read made after everything else: Database.run hands
+        back `shape(rows)` once the transaction has committed. The read goes with the COMMIT
+        (on MySQL/MariaDB in its query); nothing may run after it. `shape` runs after the
+        COMMIT, so it only shapes rows."""
         self._before_answer()
-        if STATEMENTS.compiled(statement, self.core.dialect).expanding:
-            raise ValueError("an answer's read is compiled once: no IN of a list")
         self._answer = Answer(statement, params, shape)
         return self._answer
 
@@ -254,7 +270,7 @@ class UnitOfWork:
             return
         self._open = True
         if self._sqlite:
-            self._guarded("BEGIN IMMEDIATE", partial(begin_immediate, self._driver))
+            self._guarded(lambda: self.conn.begin_immediate(), "BEGIN IMMEDIATE")
         else:  # even on Galera: nothing can be aborted before the first statement
             self._begin_pending = True
 
@@ -263,8 +279,7 @@ class UnitOfWork:
         CommitUnanswered if the connection is lost meanwhile and the token was written."""
         if self._answer is not None:
             answer = self._answer
-            self._held.append((STATEMENTS.compiled(answer.statement, self.core.dialect), answer.params,
-                               answer.result))
+            self._held.append((compiled(answer.statement, self.dialect), answer.params, answer.result))
             if not (self._open and self._batches):  # a read transaction, or a Galera node
                 self.flush()
         if self._open and not self._begin_pending or self._held:
@@ -276,121 +291,73 @@ class UnitOfWork:
                     raise CommitUnanswered(self.token) from exc
                 raise
         self._begin_pending = self._open = False
-        if self.core.in_transaction():  # SQLAlchemy's own bookkeeping, for statements it ran
-            self.core.commit()
 
     def rollback(self) -> None:
         """Forget what is held and end the transaction, if the server has one open."""
         self._held, self._begin_pending, self._answer = [], False, None
-        if self._open and not self.core.invalidated and _in_server_transaction(self._driver):
+        if self._open and self.conn.usable and self.conn.in_transaction:
             self._send([(_ROLLBACK, {}, None)])
         self._open = False
-        if self.core.in_transaction():
-            self.core.rollback()
 
-    def _send(self, batch: list[tuple[Any, dict[str, Any], Result | None]]) -> None:
-        """Send the statements (each with its parameters and the Result it fills): in one
-        query on MySQL/MariaDB, one by one on SQLite."""
-        # the values first: a bind processor's error leaves the transaction as it was (unopened)
-        statements = [(c, c.parameters(p)) for c, p, _ in batch]
+    def _send(self, batch: list[Held]) -> None:
+        """Send the statements (each with its values and the Result it fills): in one query on
+        MySQL/MariaDB, one by one on SQLite."""
+        # the values first: a type's error leaves the transaction as it was (unopened)
+        values = [s.values(p) for s, p, _ in batch]
         if self._begin_pending:
             opening = self._opening()
-            batch = opening + batch  # a new list: the caller's is what it held
-            statements[:0] = [(c, c.parameters(p)) for c, p, _ in opening]
-            self._begin_pending = False
+            batch, self._begin_pending = opening + batch, False
+            values[:0] = [s.values(p) for s, p, _ in opening]
+        sql = ";".join(s.sql for s, _, _ in batch)
         if self._sqlite:
-            cursor = self._cursor()
-            outcomes = [self._guarded(c.sql, partial(_run_sqlite, cursor, c.sql, values))
-                        for c, values in statements]
+            outcomes = [self._guarded(lambda s=s, v=v: self.conn.run(s.sql, v), s.sql)  # type: ignore[misc]
+                        for (s, _, _), v in zip(batch, values, strict=True)]
+        elif len(batch) == 1:
+            outcomes = self._guarded(lambda: self.conn.run_all(sql, values[0]), sql)
         else:
-            outcomes = self._guarded(batch, partial(_run_mysql, self._driver, statements))
-        for (compiled, _, result), (rows, rowcount, lastrowid) in zip(batch, outcomes, strict=False):
+            placed = {f"{k}__{n}": v for n, given in enumerate(values) for k, v in given.items()}
+            sql = ";".join(s.placed(n) for n, (s, _, _) in enumerate(batch))
+            outcomes = self._guarded(lambda: self.conn.run_all(sql, placed), sql)
+        for (statement, _, result), (rows, rowcount, lastrowid) in zip(batch, outcomes, strict=False):
             if result is not None:
-                result.fill(compiled.rows(rows) if compiled.row is not None else [], rowcount, lastrowid)
-        if self._progress is not None:
-            self._progress[0] += len(batch)
+                result.fill(statement.rows(rows), rowcount, lastrowid)
+        self.sent += len(batch)
 
-    def _opening(self) -> list[tuple[Any, dict[str, Any], Result | None]]:
+    def _opening(self) -> list[Held]:
         """START TRANSACTION, and the commit token if there is one."""
-        opening: list[tuple[Any, dict[str, Any], Result | None]] = [(_START, {}, None)]
-        if self.token is not None:
-            opening.append((STATEMENTS.compiled(WRITE_TOKEN, self.core.dialect), self.token.params, None))
-            self._token_sent = True
-        return opening
+        if self.token is None:
+            return [(_START, {}, None)]
+        self._token_sent = True
+        return [(_START, {}, None), (compiled(WRITE_TOKEN, self.dialect), self.token.params, None)]
 
-    def _cursor(self) -> Any:
-        driver = self._driver
-        kept = self._info.get(_CURSOR_KEY)
-        if kept is None or kept[0] is not driver:  # one per connection: the driver pings for each new one
-            kept = self._info[_CURSOR_KEY] = (driver, driver.cursor())
-        return kept[1]
-
-    def _guarded(self, sent: str | list[tuple[Any, Any, Any]], send: Callable[[], T]) -> T:
-        """Run `send`; a driver error raised as SQLAlchemy would raise it (IntegrityError ...),
-        naming the SQL `sent` (a statement, or the batch whose statements were sent)."""
-        dialect = self.core.dialect
+    def _guarded(self, send: Callable[[], T], sql: str) -> T:
+        """Run `send`; a driver error raised as SQLAlchemy raises it (IntegrityError ...)."""
         try:
             return send()
-        except dialect.loaded_dbapi.Error as exc:
+        except Exception as exc:
             self._held = []
-            disconnect = dialect.is_disconnect(exc, self.core.connection.dbapi_connection, None)  # type: ignore[arg-type]
-            if disconnect:  # as SQLAlchemy does: every pooled connection of this age is suspect
-                self._info.pop(_CURSOR_KEY, None)
-                self.core.invalidate(exc)
-                self.core.engine.dispose(close=False)
-            sql = sent if isinstance(sent, str) else ";".join(c.sql for c, _, _ in sent)
-            error = DBAPIError.instance(sql, None, exc, dialect.loaded_dbapi.Error,
-                                        connection_invalidated=disconnect, dialect=dialect)
-            raise error from exc
-
-
-class _Bare:
-    """A statement without parameters or rows: START TRANSACTION, COMMIT, ROLLBACK."""
-
-    row = None
-    writes = False  # read by flush when a query fails: a COMMIT alone (on Galera) is no held write
-
-    def __init__(self, sql: str) -> None:
-        self.sql, self.texts = sql, [sql.encode()]
-
-    def parameters(self, _params: dict[str, Any]) -> list[Any]:
-        return []
-
-
-_START: Any = _Bare("START TRANSACTION")
-_COMMIT: Any = _Bare("COMMIT")
-_ROLLBACK: Any = _Bare("ROLLBACK")
-
-
-def _plain(statement: Any) -> bool:
-    """A statement the unit of work runs itself: no RETURNING, no multi-table options."""
-    return not getattr(statement, "_returning", ()) and not getattr(statement, "_post_values_clause", None)
+            raise self.conn.translated(exc, sql) from exc
 
 
 def _row_chunks(statement: Insert, rows: Sequence[dict[str, Any]]) -> Iterator[tuple[Insert, dict[str, Any]]]:
-    """Rows for INSERTs of up to ROW_CHUNK rows each (one round trip, no executemany)."""
+    """INSERTs of up to ROW_CHUNK rows each, and their values (parameters `column_n`)."""
     if not rows:
         return
     columns = tuple(rows[0])
     for start in range(0, len(rows), ROW_CHUNK):
         part = rows[start:start + ROW_CHUNK]
-        yield (STATEMENTS.rows_insert(statement, columns, len(part)),
+        yield (_rows_insert(statement, columns, len(part)),
                {f"{c}_{n}": row[c] for n, row in enumerate(part) for c in columns})
 
 
-def _in_server_transaction(driver: Any) -> bool:
-    return bool(getattr(driver, "in_transaction", True))
+_ROWS: dict[tuple[Any, tuple[str, ...], int], Insert] = {}
 
 
-def _run_sqlite(cursor: Any, sql: str, values: Any) -> Outcome:
-    cursor.execute(sql, values)
-    rows = cursor.fetchall() if cursor.description else []
-    return rows, cursor.rowcount, cursor.lastrowid
-
-
-def _run_mysql(driver: Any, statements: list[tuple[Any, list[Any]]]) -> list[Outcome]:
-    """The statements (each compiled, with its values in order) in one query, each one's
-    outcome; every result is read, so that an error of a later statement (after which
-    MariaDB runs nothing more) is raised here. The connection is db.mysql_dbapi's, over the
-    driver's C API: it fills the values into each statement's texts, cut once (`Compiled`)."""
-    return driver.run_filled([(compiled.texts, values) for compiled, values in statements])  # type: ignore[no-any-return]
+def _rows_insert(statement: Insert, columns: tuple[str, ...], count: int) -> Insert:
+    """An INSERT of `count` rows in one VALUES list (parameters `column_n`)."""
+    key = (statement.table, columns, count)
+    found = _ROWS.get(key)
+    if found is None:
+        values: list[dict[str, Any]] = [{c: bindparam(f"{c}_{n}") for c in columns} for n in range(count)]
+        found = _ROWS[key] = insert(statement.table).values(values)  # type: ignore[arg-type]
+    return found

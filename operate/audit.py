@@ -48,7 +48,7 @@ def audit(database: Database, acknowledged: Iterable[AckedOrder] = (),
     """Every violation of the marketplace's invariants; empty when consistent. `ledger`: the
     payment processor's entries (default: the payments table of this database, if any)."""
     acked = list(acknowledged)  # read again if the call is retried
-    entries = None if ledger is None else list(ledger)
+    entries = ledger_of(database) if ledger is None else list(ledger)
     return database.run(lambda tx: violations(tx, acked, entries), write=False)
 
 
@@ -64,7 +64,7 @@ def violations(tx: Connection, acknowledged: Iterable[AckedOrder] = (),
 
 def _ledger_here(tx: Connection) -> list[Payment]:
     """The simulated processor's ledger when it lives in this database; else none."""
-    if not inspect(getattr(tx, "core", tx)).has_table(payments.name):  # a UnitOfWork's Connection
+    if not inspect(tx).has_table(payments.name):
         return []
     return [Payment(**row._asdict()) for row in tx.execute(select(payments))]
 
@@ -278,20 +278,20 @@ def audit_with_totals(database: Database, ledger: Iterable[Payment] | None = Non
                       ) -> tuple[list[str], dict[str, int]]:
     """The violations and what was checked (`book_totals`), read in one transaction; `ledger`
     as for `audit`."""
-    entries = None if ledger is None else list(ledger)
+    entries = ledger_of(database) if ledger is None else list(ledger)
     return database.run(lambda tx: (violations(tx, (), entries), book_totals(tx)), write=False)
 
 
 def ledger_of(database: Database, payments_url: str | None = None) -> list[Payment]:
     """The payment ledger's entries: in the database at `payments_url` (MARKET_PAYMENTS_URL)
     when given, else in `database`; none if that database has no payments table."""
-    if not payments_url:
-        return list(database.run(_ledger_here, write=False))
-    apart = Database(payments_url, pool_size=1)
+    apart = Database(payments_url, pool_size=1) if payments_url else database
     try:
-        return list(apart.run(_ledger_here, write=False))
+        with apart.engine.connect() as conn:
+            return _ledger_here(conn)
     finally:
-        apart.close()
+        if apart is not database:
+            apart.close()
 
 
 def book_totals(tx: Connection) -> dict[str, int]:

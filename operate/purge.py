@@ -88,8 +88,9 @@ def purge(database: Database, operator: Operator) -> PurgeCounts:
     transaction writes the log's row."""
     done = PurgeCounts()
     buyers = database.run(lambda tx: _test_users(tx, "buyer"), write=False)
+    ledger_here = inspect(database.engine).has_table(payments.name)  # else a ledger elsewhere keeps them
     for buyer_id in buyers:
-        done.removed.update(database.run(lambda tx: _purge_buyer(tx, buyer_id)))  # noqa: B023 - run at once
+        done.removed.update(database.run(lambda tx: _purge_buyer(tx, buyer_id, ledger_here)))  # noqa: B023
     sellers = database.run(lambda tx: _test_users(tx, "seller"), write=False)
     for seller_id in sellers:
         counted, kept = database.run(lambda tx: _purge_seller(tx, seller_id))  # noqa: B023 - run at once
@@ -107,7 +108,7 @@ def _lock_out(tx: Connection, user_id: int) -> None:
     end_all_sessions(tx, user_id)
 
 
-def _purge_buyer(tx: Connection, buyer_id: int) -> Counter[str]:
+def _purge_buyer(tx: Connection, buyer_id: int, ledger_here: bool) -> Counter[str]:
     """One test buyer and all it did; the units it bought go back, its votes are taken back."""
     _lock_out(tx, buyer_id)
     # the lines of completed orders only: an undone purchase gave its units back already
@@ -121,7 +122,8 @@ def _purge_buyer(tx: Connection, buyer_id: int) -> Counter[str]:
     _take_back_votes(tx, votes)
     tx.execute(delete(feedback).where(feedback.c.buyer_id == buyer_id))
     tx.execute(delete(order_lines).where(order_lines.c.buyer_id == buyer_id))
-    _forget_payments(tx, buyer_id)
+    if ledger_here:
+        _forget_payments(tx, buyer_id)
     order_count = tx.execute(delete(orders).where(orders.c.buyer_id == buyer_id)).rowcount
     tx.execute(delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == buyer_id))
     _delete_account(tx, buyer_id)
@@ -129,10 +131,7 @@ def _purge_buyer(tx: Connection, buyer_id: int) -> Counter[str]:
 
 
 def _forget_payments(tx: Connection, buyer_id: int) -> None:
-    """The simulated processor's entries of the buyer's orders, when its ledger is in this
-    database (a ledger elsewhere keeps them)."""
-    if not inspect(getattr(tx, "core", tx)).has_table(payments.name):
-        return
+    """The simulated processor's entries of the buyer's orders (its ledger in this database)."""
     keys = tx.execute(select(orders.c.payment_key).where(orders.c.buyer_id == buyer_id,
                                                          orders.c.payment_key.is_not(None))).scalars().all()
     if keys:

@@ -6,7 +6,6 @@ share one password (hashing 100,000 would take most of an hour).
 """
 from __future__ import annotations
 
-import functools
 import json
 import operator
 import random
@@ -14,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import Table, func, insert, select
+from sqlalchemy import Connection, Table, func, insert, select
 
 from db.catalog import INDEX_VOCABULARY
 from db.database import Database, now_ms
@@ -30,7 +29,6 @@ from db.schema import (
     vocabulary_rows,
     word_rows,
 )
-from db.unit_of_work import UnitOfWork
 
 SEED_PASSWORD = "seeded-password"
 WORDS = ["lamp", "desk", "chair", "light", "table", "sofa", "bed", "rug", "shelf", "clock",
@@ -52,18 +50,20 @@ def seed(db: Database, sellers: int, items_count: int, *, rng: random.Random | N
     rng = rng or random.Random(1)
     first_seller = _next_id(db, users.c.user_id)
     for batch in _batches(_seller_rows(first_seller, sellers), BATCH):
-        db.run(functools.partial(_insert_rows, table=users, rows=batch))
+        with db.engine.begin() as conn:
+            _bulk_insert(conn, users, batch)
     first_item = _next_id(db, items.c.item_id)
     done = 0
     for batch in _batches(_item_rows(rng, first_item, items_count, first_seller, sellers, name), BATCH):
-        db.run(functools.partial(_insert_items, item_rows=batch))
+        with db.engine.begin() as conn:
+            _insert_items(conn, batch)
         done += len(batch)
         progress(done)
     return {"sellers": sellers, "items": items_count, "first_seller_id": first_seller,
             "first_item_id": first_item}
 
 
-def _insert_items(tx: UnitOfWork, item_rows: list[dict[str, Any]]) -> None:
+def _insert_items(conn: Connection, item_rows: list[dict[str, Any]]) -> None:
     """A batch of items with their rows in the search indexes."""
     keywords = {row["item_id"]: json.loads(row["keywords"]) for row in item_rows}
     single_rows = [single for row in item_rows
@@ -74,21 +74,20 @@ def _insert_items(tx: UnitOfWork, item_rows: list[dict[str, Any]]) -> None:
     text_rows = [word for rows in words.values() for word in rows]
     indexes = ((items, item_rows), (item_keywords, single_rows), (item_keyword_pairs, pair_rows),
                (item_words, text_rows))
-    tx.flush()  # START TRANSACTION (MySQL): the inserts below bypass the unit of work
-    if tx.core.dialect.name == "sqlite":
-        tx.core.exec_driver_sql(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
     for table, rows in indexes:
-        _bulk_insert(tx, table, rows)
+        _bulk_insert(conn, table, rows)
     if new_words := vocabulary_rows({row["word"] for row in text_rows}):
-        tx.core.execute(INDEX_VOCABULARY, new_words)
+        conn.execute(INDEX_VOCABULARY, new_words)
 
 
-def _bulk_insert(tx: UnitOfWork, table: Table, rows: list[dict[str, Any]]) -> None:
+def _bulk_insert(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
     """rows in primary key order, through the driver's executemany (INSERTs of INSERT_ROWS
-    rows on MySQL, where the unit of work would send 20)."""
+    rows on MySQL)."""
     rows.sort(key=operator.itemgetter(*(column.name for column in table.primary_key.columns)))
     for start in range(0, len(rows), INSERT_ROWS):
-        tx.core.execute(insert(table), rows[start:start + INSERT_ROWS])
+        conn.execute(insert(table), rows[start:start + INSERT_ROWS])
 
 
 def _next_id(db: Database, column: Any) -> int:
@@ -113,11 +112,6 @@ def _item_rows(rng: random.Random, first: int, count: int, first_seller: int,
                "category": rng.randint(0, 9), "keywords": json.dumps(words),
                "item_condition": rng.choice(("new", "used")), "price_cents": rng.randint(1, 100_000),
                "quantity": quantity, "listed": quantity, "created_ms": now}
-
-
-def _insert_rows(tx: UnitOfWork, table: Table, rows: list[dict[str, Any]]) -> None:
-    tx.flush()
-    _bulk_insert(tx, table, rows)
 
 
 def _batches(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:

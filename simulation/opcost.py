@@ -10,12 +10,6 @@ or bought, as a shopper's do. Last, the default mix's average call over the ops 
 but sign-ups, logouts, feedback and the cart edits other than add), weighted as market-sim
 draws them. Run it in two checkouts to compare two releases op by op.
 
-With --driver (MariaDB) it measures instead the client's CPU per query of three ways to the
-same C extension: one SELECT of 16 columns (1 row, then 50) through the driver's own connection
-class (`cmd_query` and `get_rows`), through the servers' connection (db.mysql_dbapi's `run`),
-and through the bare C API beneath both (`_mysql_connector.MySQL`'s `query` and `fetch_row`),
-each set up alike.
-
 Writes opcost.md to --out. Exits 2 on bad arguments or a database that is not empty, 3 when
 the database cannot be used (one line saying why).
 """
@@ -29,9 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -222,91 +214,6 @@ _ITEM_COLUMNS = ("item_id, seller_id, name, category, keywords, item_condition, 
                  "listed, sold, removed, thumbs_up, thumbs_down, created_ms, item_id + 1, price_cents + 1")
 
 
-@dataclass(frozen=True)
-class DriverCost:
-    """Client CPU per query (µs): the driver's connection class, the servers' connection, the C API."""
-
-    rows: int
-    public_us: float
-    ours_us: float
-    c_api_us: float
-
-
-def driver_costs(db: Database, calls: int, rounds: int) -> list[DriverCost]:
-    """A 1-row and a 50-row SELECT, each way's best round."""
-    Market(db, 60)  # rows to read
-    url = db.engine.url
-    costs = []
-    with closing(_public_connection(url)) as public, closing(_c_api_connection(url)) as c_api, \
-            db.engine.connect() as conn:
-        ours: Any = conn.connection.driver_connection
-        for rows in (1, 50):
-            query = f"SELECT {_ITEM_COLUMNS} FROM items ORDER BY item_id LIMIT {rows}".encode()
-            ways = partial(_public, public, query), partial(ours.run, query), partial(_direct, c_api, query)
-            costs.append(DriverCost(rows, *_best_of(rounds, calls, *ways)))
-    return costs
-
-
-def _public_connection(url: Any) -> Any:
-    """The driver's own connection class on its C extension, set up as the engine's."""
-    import mysql.connector
-    from mysql.connector.constants import ClientFlag
-
-    return mysql.connector.connect(host=url.host, user=url.username, password=url.password or "",
-                                   database=url.database, port=url.port or 3306, use_pure=False,
-                                   charset="utf8mb4", collation="utf8mb4_bin",
-                                   client_flags=[ClientFlag.MULTI_STATEMENTS])
-
-
-def _c_api_connection(url: Any) -> Any:
-    """A connection of the C extension's documented API (_mysql_connector.MySQL), set up as the
-    engine's: utf8mb4, multi-statements."""
-    import _mysql_connector  # the driver's C extension module, documented as such
-    from mysql.connector.constants import ClientFlag
-
-    from db.mysql_dbapi import plugin_dir
-
-    c_api = _mysql_connector.MySQL(plugin_dir=plugin_dir())
-    c_api.connect(host=url.host, user=url.username, password=url.password or "", database=url.database,
-                  port=url.port or 3306, client_flags=ClientFlag.get_default() | ClientFlag.MULTI_STATEMENTS)
-    c_api.set_character_set("utf8mb4")
-    return c_api
-
-
-def _public(connection: Any, query: bytes) -> None:
-    connection.cmd_query(query)
-    connection.get_rows()
-
-
-def _direct(c_api: Any, query: bytes) -> None:
-    c_api.query(query)
-    while c_api.fetch_row():
-        pass
-    c_api.free_result()
-
-
-def _best_of(rounds: int, calls: int, *ways: Callable[[], None]) -> list[float]:
-    """Each way's least thread CPU per call (µs) over `rounds` rounds, the ways taking turns."""
-    best = [float("inf")] * len(ways)
-    for _ in range(rounds):
-        for n, way in enumerate(ways):
-            started = time.thread_time()
-            for _ in range(calls):
-                way()
-            best[n] = min(best[n], 1e6 * (time.thread_time() - started) / calls)
-    return best
-
-
-def driver_report(costs: list[DriverCost], argv: list[str], where: str) -> str:
-    """opcost.md for --driver."""
-    lines = [f"| {c.rows} | {c.public_us:,.0f} | {c.ours_us:,.0f} | {c.c_api_us:,.0f} |" for c in costs]
-    return "\n".join([f"# Three ways to the driver's C extension\n\n`python -m simulation.opcost "
-                      f"{' '.join(argv)}` on {where}, client CPU per query, best round\n",
-                      "| rows | driver's connection: cmd_query + get_rows µs | the servers' connection: "
-                      "run µs | C API: query + fetch_row µs |",
-                      "|---:|---:|---:|---:|", *lines]) + "\n"
-
-
 def report(costs: list[Cost], argv: list[str], where: str) -> str:
     """opcost.md: the command, then one row per op and the mix's average."""
     lines = [f"# Cost per op\n\n`python -m simulation.opcost {' '.join(argv)}` on {where}, one thread, "
@@ -326,12 +233,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="calls per op per round (default 300)")
     parser.add_argument("--rounds", type=positive_int, default=3, help="rounds, medians taken (default 3)")
     parser.add_argument("--out", type=Path, default=Path("sim-results"), help="folder of opcost.md")
-    parser.add_argument("--driver", action="store_true",
-                        help="MariaDB: the driver's public API against its C API, instead of the ops")
-    args = parser.parse_args(argv)
-    if args.driver and not (args.db_url or "").startswith(("mysql", "mariadb")):
-        parser.error("--driver measures the MySQL/MariaDB driver: give --db-url mysql://...")
-    return args
+    return parser.parse_args(argv)
 
 
 def measured_text(args: argparse.Namespace, argv: list[str], db_url: str) -> str:
@@ -343,8 +245,6 @@ def measured_text(args: argparse.Namespace, argv: list[str], db_url: str) -> str
         if refusal:
             raise ValueError(refusal)
         where = db.where if args.db_url else "a fresh SQLite file"
-        if args.driver:
-            return driver_report(driver_costs(db, args.calls, args.rounds), argv, where)
         return report(measure_all(db, args.calls, args.rounds), argv, where)
     finally:
         db.close()

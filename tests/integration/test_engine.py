@@ -1,7 +1,6 @@
 """The engine factory: the MySQL driver is the C extension, and the dialect settings hold."""
 from __future__ import annotations
 
-import gc
 import os
 import secrets
 import sqlite3
@@ -9,13 +8,12 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
-import _mysql_connector
 import mysql.connector
 import pytest
+from mysql.connector.connection_cext import CMySQLConnection
 from sqlalchemy import (
     Column,
     ForeignKey,
@@ -34,7 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from support import BUMP, FAILURE_OF, LOGIN_FAILURE, fresh_mysql_database
 
 import db.engine as engine_module
-from db import Database, DatabaseUnusable, mysql_dbapi, statements
+from db import Database, DatabaseUnusable
 from db.engine import driver_url
 from db.schema import login_failures
 from wire.errors import BusyError, UnavailableError
@@ -46,9 +44,7 @@ def test_mysql_runs_on_the_c_extension(database: Database) -> None:
         return
     assert mysql.connector.HAVE_CEXT
     with database.engine.connect() as conn:
-        raw = conn.connection.driver_connection
-        assert isinstance(raw, mysql_dbapi.Connection)  # the connection over the C API
-        assert isinstance(raw.c_api, _mysql_connector.MySQL)
+        assert isinstance(conn.connection.driver_connection, CMySQLConnection)  # the C extension's
         isolation = conn.exec_driver_sql("SELECT @@session.tx_isolation").scalar()
         assert isolation == "READ-COMMITTED"
         assert conn.exec_driver_sql("SELECT @@character_set_connection").scalar() == "utf8mb4"
@@ -69,7 +65,7 @@ _ONE = (select(login_failures.c.failures).where(login_failures.c.username == bin
 
 def _in_transaction_after_a_statement(tx: Any) -> bool:
     tx.execute(_ONE, {"username": "nobody"}).all()
-    return bool(tx.connection.driver_connection.in_transaction)
+    return bool(tx.conn.driver.in_transaction)
 
 
 def test_reads_run_outside_a_transaction_and_writes_inside_one(database: Database) -> None:
@@ -78,7 +74,7 @@ def test_reads_run_outside_a_transaction_and_writes_inside_one(database: Databas
     assert database.run(_in_transaction_after_a_statement, write=True) is True
     # through SQLAlchemy's own execution path too
     assert database.run(lambda tx: tx.execute(text("SELECT 1")).scalar() == 1 and
-                        tx.connection.driver_connection.in_transaction, write=True) is True
+                        tx.conn.driver.in_transaction, write=True) is True
 
 
 @pytest.fixture
@@ -119,37 +115,22 @@ def test_row_counts_and_new_ids_come_back(database: Database) -> None:
     assert database.run(lambda tx: tx.execute(bump, {"role": "nobody"})).rowcount == 0
 
 
-# -- Connections stay open between calls (db.connections) -----------------------------
+# -- Connections come from the pool per call (db.connections) --------------------------
 
 def _driver(tx: Any) -> Any:
-    return tx.connection.driver_connection
+    return tx.conn.driver
 
 
-def test_calls_reuse_open_connections_up_to_the_pool_size(db_url: str) -> None:
+def test_calls_reuse_pooled_connections(db_url: str) -> None:
     database = Database(db_url, pool_size=2)
     try:
         # the objects themselves, held: an id() alone may be reused once an object is freed
         # (it was, once, on Python 3.13, for the connection opened after close())
         seen = [database.run(_driver, write=n % 2 == 0) for n in range(20)]
-        assert len({id(driver) for driver in seen}) == 2  # two slots, each opened once, reads and writes
+        assert len({id(driver) for driver in seen}) == 1  # one call at a time: one connection, reused
         database.close()
-        fresh = database.run(_driver, write=False)  # close() keeps the slots usable
+        fresh = database.run(_driver, write=False)  # close() leaves the database usable
         assert all(fresh is not driver for driver in seen)
-    finally:
-        database.close()
-
-
-def test_a_dead_connection_retires_every_open_one(db_url: str) -> None:
-    database = Database(db_url, pool_size=2)
-    try:
-        def connection(tx: Any) -> Any:  # the SQLAlchemy Connection the call ran on
-            return tx.core
-
-        before = [database.run(connection) for _ in range(4)]  # the objects held: ids may be reused
-        database._connections.retire_all()  # what Database.run does when one is found dead
-        after = [database.run(connection) for _ in range(4)]
-        assert len({id(d) for d in before}) == len({id(d) for d in after}) == 2
-        assert not any(new is old for new in after for old in before)  # each opened anew
     finally:
         database.close()
 
@@ -164,10 +145,10 @@ def test_a_node_out_of_its_cluster_is_unavailable_and_its_connection_replaced(
     database = Database(mariadb_url, pool_size=1)
 
     def server_connection_id(tx: Any) -> int:
-        return int(tx.exec_driver_sql("SELECT CONNECTION_ID()").scalar())
+        return int(tx.execute(text("SELECT CONNECTION_ID()")).scalar())
 
     def refused(tx: Any) -> None:
-        tx.exec_driver_sql(f"SIGNAL SQLSTATE '08S01' SET MYSQL_ERRNO = {errno}, MESSAGE_TEXT = '{message}'")
+        tx.execute(text(f"SIGNAL SQLSTATE '08S01' SET MYSQL_ERRNO = {errno}, MESSAGE_TEXT = '{message}'"))
 
     try:
         before = database.run(server_connection_id)
@@ -180,29 +161,6 @@ def test_a_node_out_of_its_cluster_is_unavailable_and_its_connection_replaced(
             before = after
     finally:
         database.close()
-
-
-def test_a_call_waits_for_a_free_connection_then_says_busy(db_url: str) -> None:
-    database = Database(db_url, pool_size=1)
-    database._connections = type(database._connections)(database.engine, 1, timeout_s=0.2)
-    held = threading.Event()
-    release = threading.Event()
-
-    def hold(tx: Any) -> None:
-        held.set()
-        release.wait(5)
-
-    holder = threading.Thread(target=database.run, args=(hold,), kwargs={"write": False})
-    holder.start()
-    try:
-        assert held.wait(5)
-        with pytest.raises(BusyError):
-            database.run(lambda tx: None, write=False)
-    finally:
-        release.set()
-        holder.join()
-    assert database.run(lambda tx: 1, write=False) == 1  # the slot came back
-    database.close()
 
 
 def test_many_rows_insert_every_row_exactly_in_chunks(database: Database) -> None:
@@ -271,25 +229,6 @@ def mariadb_database(mysql_server: str, request: pytest.FixtureRequest) -> Itera
         database.create_schema()
         yield database
         database.close()
-
-
-def test_a_statement_made_per_call_is_not_kept_and_a_reused_one_is(database: Database) -> None:
-    """The compiled statements are held weakly until a statement is seen again: one made per
-    call, with the values in it, goes with the call; a module's statement stays compiled."""
-    def made_per_call() -> Any:
-        return select(login_failures.c.failures).where(login_failures.c.username == secrets.token_hex(8))
-
-    kept = []
-    for _ in range(3):
-        statement = made_per_call()
-        kept.append(weakref.ref(statement))
-        assert database.run(lambda tx, s=statement: tx.execute(s).all(), write=False) == []
-        del statement
-    gc.collect()
-    assert [ref() for ref in kept] == [None, None, None]
-    for _ in range(2):
-        database.run(lambda tx: tx.execute(FAILURE_OF, {"role": "buyer", "username": "x"}).all(), write=False)
-    assert FAILURE_OF in statements.STATEMENTS.of(database.engine.dialect)
 
 
 class _NoNegatives(TypeDecorator[int]):
@@ -397,8 +336,8 @@ def test_an_answer_whose_commit_failed_is_never_handed_back(tmp_path: Any) -> No
     children = Table("children", tables, Column("id", Integer, primary_key=True),
                      Column("parent", Integer, deferred))
     tables.create_all(database.engine)
-    # one connection, kept: the pragma holds for every call below (it is off by default)
-    database.run(lambda tx: tx.core.exec_driver_sql("PRAGMA foreign_keys = ON"), write=False)
+    # one connection, pooled: the pragma holds for every call below (it is off by default)
+    database.run(lambda tx: tx.execute(text("PRAGMA foreign_keys = ON")), write=False)
     shaped: list[Any] = []
 
     def orphan(tx: Any) -> Any:
@@ -464,7 +403,7 @@ def test_a_sqlite_writer_waits_for_the_write_lock_then_writes(tmp_path: Any, mon
         writer.join(10)
         assert wrote == [1] and _failures_of(database, "waited") == 1
         # the busy timeout is back for everything else
-        assert database.run(lambda tx: tx.exec_driver_sql("PRAGMA busy_timeout").scalar()) == \
+        assert database.run(lambda tx: tx.execute(text("PRAGMA busy_timeout")).scalar()) == \
             engine_module.SQLITE_BUSY_TIMEOUT_MS
     finally:
         holder.close()
@@ -516,11 +455,11 @@ def test_a_sqlite_writer_that_waited_its_whole_lock_wait_answers_busy_once(tmp_p
 
 @pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
 def test_a_mariadb_lock_wait_timeout_answers_busy_once(database: Database) -> None:
-    waits = database.run(lambda tx: tx.exec_driver_sql(
-        "SELECT @@innodb_lock_wait_timeout, @@lock_wait_timeout").one(), write=False)
+    waits = database.run(lambda tx: tx.execute(text(
+        "SELECT @@innodb_lock_wait_timeout, @@lock_wait_timeout")).one(), write=False)
     assert tuple(waits) == (engine_module.LOCK_WAIT_S,) * 2  # not the server's 50 s and a year
     one = Database(database.url, pool_size=1)
-    one.run(lambda tx: tx.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1"), write=False)
+    one.run(lambda tx: tx.execute(text("SET SESSION innodb_lock_wait_timeout = 1")), write=False)
     database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "held", "n": 1}))
     attempts = [0]
 
@@ -541,18 +480,18 @@ def test_a_mariadb_lock_wait_timeout_answers_busy_once(database: Database) -> No
         one.close()
 
 
-def test_a_connection_given_back_inside_a_transaction_sqlalchemy_missed_is_closed(tmp_path: Any) -> None:
-    """After a failed COMMIT SQLAlchemy sends no ROLLBACK; were the transaction left open,
-    the pooled connection would keep SQLite's write lock from every other process."""
+def test_a_connection_given_back_inside_a_transaction_is_closed(tmp_path: Any) -> None:
+    """Were a transaction left open (a failed COMMIT whose ROLLBACK failed too, say), the
+    pooled connection would keep SQLite's write lock from every other process."""
     path = tmp_path / "left.db"
     database = Database(f"sqlite:///{path}", pool_size=1)
     database.create_schema()
     other = sqlite3.connect(path, isolation_level=None, timeout=0)
     try:
-        database.run(lambda tx: tx.connection.dbapi_connection.execute("BEGIN IMMEDIATE"), write=False)
+        database.run(lambda tx: tx.conn.driver.execute("BEGIN IMMEDIATE"), write=False)
         other.execute("BEGIN IMMEDIATE")  # before: 'database is locked'
         other.execute("ROLLBACK")
-        assert database.run(lambda tx: tx.exec_driver_sql("SELECT 1").scalar(), write=False) == 1
+        assert database.run(lambda tx: tx.execute(text("SELECT 1")).scalar(), write=False) == 1
     finally:
         other.close()
         database.close()
@@ -595,7 +534,7 @@ def test_sqlite_commits_are_flushed_to_disk_as_asked(tmp_path: Any, asked: str, 
     database = Database(f"sqlite:///{tmp_path / 'durable.db'}", pool_size=2, sqlite_synchronous=asked)
     try:
         database.create_schema()
-        assert database.run(lambda tx: tx.exec_driver_sql("PRAGMA synchronous").scalar()) == pragma
+        assert database.run(lambda tx: tx.execute(text("PRAGMA synchronous")).scalar()) == pragma
     finally:
         database.close()
     with pytest.raises(ValueError, match="one of NORMAL, FULL"):
@@ -613,12 +552,13 @@ def test_a_server_passes_its_sqlite_setting_to_its_database(monkeypatch: Any) ->
 # The server's own connections, read when it is ready: PRAGMA synchronous is per connection.
 SYNCHRONOUS_WHEN_READY = """
 import os, signal, sys
+from sqlalchemy import text
 from runtime import runner
 
 announce = runner._announce
 
 def ready(server):
-    pragma = server.app.gate.db.run(lambda tx: tx.exec_driver_sql("PRAGMA synchronous").scalar())
+    pragma = server.app.gate.db.run(lambda tx: tx.execute(text("PRAGMA synchronous")).scalar())
     print("synchronous", pragma, flush=True)
     announce(server)
     os.kill(os.getpid(), signal.SIGTERM)

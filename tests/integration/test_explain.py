@@ -99,7 +99,9 @@ def seeded(mysql_server: str) -> Iterator[Database]:
             ["session_id", "item_id", "quantity"],
             select(sessions.c.session_id, literal(PARAMS["item_id"]), literal(1))
             .where(sessions.c.role == "buyer"))))
-        db.run(lambda tx: [tx.execute(text(f"ANALYZE TABLE {t}")).all() for t in metadata.tables])
+        with db.engine.connect() as conn:
+            for table in metadata.tables:
+                conn.execute(text(f"ANALYZE TABLE {table}")).all()
         yield db
         db.close()
 
@@ -109,8 +111,8 @@ def plan_of(db: Database, statement: Any) -> tuple[list[dict[str, Any]], str]:
     statement, overrides = statement if isinstance(statement, tuple) else (statement, {})
     sql = str(statement.params(**{**PARAMS, **overrides}).compile(
         dialect=db.engine.dialect, compile_kwargs={"literal_binds": True}))
-    plan = db.run(lambda tx: tx.exec_driver_sql("EXPLAIN " + sql.replace("%%", "%")).mappings().all(),
-                  write=False)
+    with db.engine.connect() as conn:
+        plan = conn.exec_driver_sql("EXPLAIN " + sql.replace("%%", "%")).mappings().all()
     cut_short = [row["Extra"] for row in plan if "Impossible" in str(row["Extra"])]
     assert not cut_short, f"the plan stopped early ({cut_short}): the parameters find nothing\n{sql}"
     return [dict(row) for row in plan], sql

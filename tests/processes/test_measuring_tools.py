@@ -348,21 +348,3 @@ def test_opcost_reads_a_local_mariadbs_cpu(mysql_server: str, tmp_path: Path, ca
     assert len(rows) == 13
     assert all(row.split(" | ")[3].rstrip(" |").replace(",", "").isdigit() for row in rows)
     assert f"on {where}, one thread" in capsys.readouterr().out
-
-
-def test_opcost_driver_compares_three_ways_to_the_c_extension(mysql_server: str, tmp_path: Path) -> None:
-    for url in fresh_mysql_database(mysql_server):
-        assert opcost.main(["--db-url", url, "--driver", "--calls", "50", "--rounds", "1",
-                            "--out", str(tmp_path)]) == 0
-    rows = [line.strip("| ").split(" | ") for line in (tmp_path / "opcost.md").read_text().splitlines()
-            if line.startswith("| ") and line[2].isdigit()]
-    assert [row[0] for row in rows] == ["1", "50"]
-    for _, *ways in rows:
-        assert len(ways) == 3 and all(float(us.replace(",", "")) > 0 for us in ways)
-
-
-def test_opcost_driver_needs_a_mysql_url(tmp_path: Path, capsys: Any) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        opcost.main(["--driver", "--out", str(tmp_path)])
-    assert exit_.value.code == 2
-    assert "--driver measures the MySQL/MariaDB driver" in capsys.readouterr().err

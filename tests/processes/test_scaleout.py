@@ -47,7 +47,6 @@ from support import (
 )
 
 from db import Database
-from db.engine import BATCHES_KEY
 from db.ledger import CAPTURED, Ledger
 from operate.audit import audit
 from simulation.mixes import MIXES
@@ -303,7 +302,7 @@ def test_a_galera_node_gets_one_statement_per_query(cluster: Cluster, round_trip
     and the rest would then run outside it: on Galera nothing is deferred or run together."""
     name = f"galera-{random.randrange(10**9)}"
     with closing(Database(round_trips.through(cluster.node_url(1)), pool_size=1)) as database:
-        assert database.run(lambda tx: tx.info[BATCHES_KEY], write=False) is False
+        assert database.run(lambda tx: tx.conn.batches, write=False) is False
         # a first write looks once whether the database keeps commit tokens (DESCRIBE)
         database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": f"{name}-", "n": 1}))
         round_trips.clear()

@@ -2,7 +2,7 @@
 item on sale, so that items listed before the upgrade are found by name."""
 from alembic import op
 
-from db.item_words_upgrade import upgrade as index_item_words
+from db.migrations.item_words import upgrade as index_item_words
 
 revision = "0005_item_words"
 down_revision = "0004_payments"

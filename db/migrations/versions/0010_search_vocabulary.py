@@ -5,7 +5,7 @@ sale (the cap on listings)."""
 from alembic import op
 from sqlalchemy import inspect, text
 
-from db.item_words_upgrade import upgrade as index_item_words
+from db.migrations.item_words import upgrade as index_item_words
 
 revision = "0010_search_vocabulary"
 down_revision = "0009_device_tokens"

@@ -12,8 +12,8 @@ import logging
 
 from sqlalchemy import Connection, insert, select, text
 
-from .catalog import INDEX_VOCABULARY
-from .schema import item_words, items, vocabulary, vocabulary_rows, word_rows
+from db.catalog import INDEX_VOCABULARY
+from db.schema import item_words, items, vocabulary, vocabulary_rows, word_rows
 
 log = logging.getLogger("market.db")
 
