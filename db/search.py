@@ -245,7 +245,11 @@ def _ranked(tx: UnitOfWork, session: Session, params: dict[str, Any], terms: Ter
         window = min(max(last[2], 1), WINDOW) if last else min(max(FIRST_WINDOW, 2 * params["limit"]), WINDOW)
     for n, (word, group, weight) in enumerate(terms):
         params.update({f"term{n}": word, f"group{n}": group, f"weight{n}": weight})
-    params.update(window=window, last_matches=last and last[0], after=last and last[1])
+    # One query word's first page: an item on it is within the first `limit` (L) rows of its best
+    # term's range, as every item before it there ranks above it; so L rows a term are enough.
+    one_word_first_page = not keywords and last is None and all(group == 0 for _, group, _ in terms)
+    params.update(window=params["limit"] if one_word_first_page else window,
+                  last_matches=last and last[0], after=last and last[1])
     rows = session.accept_rows(tx.execute(_ranked_search(len(terms), by_category, last is not None, keywords),
                                           params).all())
     wider = () if keywords else (min(2 * window, WINDOW),)  # int(): MariaDB's SUM is a DECIMAL
