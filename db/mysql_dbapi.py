@@ -9,9 +9,9 @@ adds is `Connection.run`: a query of several statements and each one's rows, rea
 from the C API (and `run_filled`: the statements' values quoted in one call of the C API
 and filled into templates cut once per statement). The driver's public connection does the
 same through `cmd_query` and `get_rows`, building each result's column descriptions twice
-and looking at every value of every row in Python: 15-48 µs more a query than `run`, about a
-tenth of a server's CPU per call (benchmarks.md#c-extension). Only what this project asks
-of a connection is offered; any other connection option is refused by name at connect.
+and looking at every value of every row in Python, which `run` leaves to the C API. Only
+what this project asks of a connection is offered; any other connection option is refused by
+name at connect.
 """
 from __future__ import annotations
 

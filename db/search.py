@@ -122,8 +122,8 @@ def _two_keyword_search() -> Select[Any]:
     Three index ranges read in item order, each stopped by the LIMIT: the pair's (rank 2),
     and each keyword's without the items that have the other (rank 1), where counting
     matches would group and sort every item with either keyword. With a category the
-    grouped statement reads a tenth of that and was faster at 1,000 and 1,000,000 items
-    (docs/benchmarks.md, Catalogue growth), so this one is for searches without.
+    grouped statement (_ranked) reads only the category's part of each keyword's range, so
+    this one is for searches without.
     """
     both = item_keyword_pairs
     on = _pair(0) & (both.c.item_id > bindparam("after_both"))
