@@ -122,8 +122,8 @@ def _two_keyword_search() -> Select[Any]:
     Three index ranges read in item order, each stopped by the LIMIT: the pair's (rank 2),
     and each keyword's without the items that have the other (rank 1), where counting
     matches would group and sort every item with either keyword. With a category the
-    grouped statement reads a tenth of that and was faster at 1,000 and 1,000,000 items
-    (docs/benchmarks.md, Catalogue growth), so this one is for searches without.
+    grouped statement (_ranked) reads only the category's part of each keyword's range, so
+    this one is for searches without.
     """
     both = item_keyword_pairs
     on = _pair(0) & (both.c.item_id > bindparam("after_both"))
@@ -245,7 +245,11 @@ def _ranked(tx: UnitOfWork, session: Session, params: dict[str, Any], terms: Ter
         window = min(max(last[2], 1), WINDOW) if last else min(max(FIRST_WINDOW, 2 * params["limit"]), WINDOW)
     for n, (word, group, weight) in enumerate(terms):
         params.update({f"term{n}": word, f"group{n}": group, f"weight{n}": weight})
-    params.update(window=window, last_matches=last and last[0], after=last and last[1])
+    # One query word's first page: an item on it is within the first `limit` (L) rows of its best
+    # term's range, as every item before it there ranks above it; so L rows a term are enough.
+    one_word_first_page = not keywords and last is None and all(group == 0 for _, group, _ in terms)
+    params.update(window=params["limit"] if one_word_first_page else window,
+                  last_matches=last and last[0], after=last and last[1])
     rows = session.accept_rows(tx.execute(_ranked_search(len(terms), by_category, last is not None, keywords),
                                           params).all())
     wider = () if keywords else (min(2 * window, WINDOW),)  # int(): MariaDB's SUM is a DECIMAL

@@ -93,6 +93,21 @@ def test_words_of_five_letters_or_more_match_one_edit_away_and_rank_below_stems(
     assert found(buyer, "lamb") == [] and found(buyer, "lamps") == [lamp]
 
 
+def test_every_page_of_one_word_ranks_equal_words_then_stems_then_typos_whatever_their_item_order(
+        market: Market) -> None:
+    """A one-word first page reads a page's length of each term's range: items of a lower weight
+    listed first, and one matching three terms, still come in rank order on every page."""
+    seller, buyer = market.user("seller"), market.user("buyer")
+    typos = [market.item(seller, name="Chain", keywords=[]) for _ in range(3)]  # "chain": 81
+    both = market.item(seller, name="Chairs and a chair", keywords=[])  # chair, chairs, ~chair: 90
+    stems = [market.item(seller, name="Chairs", keywords=[]) for _ in range(3)]  # ~chair 82, chairs 81
+    equal = [market.item(seller, name="Chair", keywords=[]) for _ in range(3)]  # chair: 90
+    expected = [both, *equal, *stems, *typos]
+    for args in ({}, {"category": 2}):
+        pages = every_page(buyer, 2, query="chair", **args)
+        assert pages == [expected[n:n + 2] for n in range(0, len(expected), 2)], args
+
+
 def test_a_query_word_naming_a_category_matches_every_item_of_it(market: Market) -> None:
     seller, buyer = market.user("seller"), market.user("buyer")
     home_lamp = market.item(seller, name="Lamp", keywords=[], category=2)
