@@ -41,15 +41,20 @@ class DriverConnection:
         return (cursor.fetchall() if cursor.description else []), cursor.rowcount, cursor.lastrowid
 
     def run_all(self, sql: str, values: dict[str, Any]) -> list[tuple[list[Any], int, int | None]]:
-        """One query of one or more statements (MySQL/MariaDB): each one's rows, rowcount
-        and new id. Every result is read, so a later statement's error is raised here."""
-        cursor = self._cursor
-        cursor.execute(sql, values)
-        outcomes = []
+        """One query of one or more statements (MySQL/MariaDB): each one's rows, rowcount and
+        new id. Through the driver's connection rather than its cursor, which parses the SQL
+        to split it into statements (about a third of a server's CPU per call); the values
+        quoted by the driver. Every result is read, so a later statement's error comes here."""
+        cnx = self.driver
+        cnx.cmd_query(sql.encode() % cnx.prepare_for_mysql(values))  # %% becomes %, as the cursor's
+        outcomes: list[tuple[list[Any], int, int | None]] = []
         while True:
-            rows = cursor.fetchall() if cursor.with_rows else []
-            outcomes.append((rows, cursor.rowcount, cursor.lastrowid))
-            if not cursor.nextset():
+            if cnx.result_set_available:
+                outcomes.append((cnx.get_rows()[0], -1, None))
+            else:
+                status = cnx.fetch_eof_status()
+                outcomes.append(([], status["affected_rows"], status["insert_id"]))
+            if not cnx.next_result():
                 return outcomes
 
     def begin_immediate(self) -> None:

@@ -308,11 +308,11 @@ class UnitOfWork:
             opening = self._opening()
             batch, self._begin_pending = opening + batch, False
             values[:0] = [s.values(p) for s, p, _ in opening]
-        sql = ";".join(s.sql for s, _, _ in batch)
         if self._sqlite:
             outcomes = [self._guarded(lambda s=s, v=v: self.conn.run(s.sql, v), s.sql)  # type: ignore[misc]
                         for (s, _, _), v in zip(batch, values, strict=True)]
         elif len(batch) == 1:
+            sql = batch[0][0].sql
             outcomes = self._guarded(lambda: self.conn.run_all(sql, values[0]), sql)
         else:
             placed = {f"{k}__{n}": v for n, given in enumerate(values) for k, v in given.items()}
