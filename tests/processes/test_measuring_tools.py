@@ -16,9 +16,20 @@ from sqlalchemy import create_engine, text
 from support import Market, fresh_mysql_database
 
 from db import Database
+from operate.seed import seed
 from simulation import catalogue, idle, idle_cost, opcost, targets
 from simulation.mixes import DEFAULT
 from simulation.scaleout import admin_url
+
+
+def seeded(url: str, sellers: int, items: int) -> None:
+    """A database made and seeded as `market seed` does (what catalogue seeds with), unmeasured."""
+    database = Database(url, pool_size=2)
+    try:
+        database.create_schema()
+        seed(database, sellers, items)
+    finally:
+        database.close()
 
 
 def test_catalogue_seeds_and_reports_every_read_op(tmp_path: Path, capsys: Any) -> None:
@@ -54,8 +65,8 @@ def test_catalogue_says_in_one_line_when_it_cannot_use_the_database(tmp_path: Pa
 
 def test_catalogue_stopped_by_ctrl_c_stops_its_servers_and_gives_the_passes_it_made(tmp_path: Path) -> None:
     big, small = f"sqlite:///{tmp_path / 'big.db'}", f"sqlite:///{tmp_path / 'small.db'}"
-    for url, items in ((small, "20"), (big, "40")):
-        assert catalogue.main(["--db-url", url, "--items", items, "--sellers", "2", "--calls", "1"]) == 0
+    for url, items in ((small, 20), (big, 40)):
+        seeded(url, 2, items)
     run = subprocess.Popen([sys.executable, "-m", "simulation.catalogue", "--db-url", big, "--no-seed",
                             "--baseline", small, "--calls", "20", "--passes", "1000"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -89,16 +100,14 @@ def test_catalogue_times_the_second_page_of_a_search_that_has_one(market: Market
 
 def test_catalogue_without_seeding_reports_the_items_the_database_holds(tmp_path: Path, capsys: Any) -> None:
     url = f"sqlite:///{tmp_path / 'catalogue.db'}"
-    assert catalogue.main(["--db-url", url, "--items", "40", "--sellers", "4", "--calls", "1"]) == 0
-    capsys.readouterr()
+    seeded(url, 4, 40)
     assert catalogue.main(["--db-url", url, "--calls", "1", "--no-seed"]) == 0
     assert "(40 items in sqlite:" in capsys.readouterr().out
 
 
 def test_catalogue_against_a_baseline_gives_each_reads_ratio_per_pass(tmp_path: Path, capsys: Any) -> None:
     big, small = f"sqlite:///{tmp_path / 'big.db'}", f"sqlite:///{tmp_path / 'small.db'}"
-    assert catalogue.main(["--db-url", small, "--items", "20", "--sellers", "2", "--calls", "1"]) == 0
-    capsys.readouterr()
+    seeded(small, 2, 20)
     assert catalogue.main(["--db-url", big, "--items", "80", "--sellers", "4", "--calls", "4",
                            "--baseline", small, "--passes", "2"]) == 0
     out = capsys.readouterr().out
