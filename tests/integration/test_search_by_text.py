@@ -296,7 +296,8 @@ def test_items_listed_before_the_upgrade_are_found_by_name_stem_and_typo(databas
     assert [row[0] for row in words] == ["antique", "books", "brass", "lamp", "lamps", "shade"]
     tables = database.run(lambda tx: tx.execute(select(func.count()).select_from(items)).scalar())
     assert tables == 3 and revision_of(database).is_head
-    assert "item_word_pairs" not in database.engine.dialect.get_table_names(database.engine.connect())
+    with database.engine.connect() as conn:  # closed: an open read would hold SQLite's lock
+        assert "item_word_pairs" not in database.engine.dialect.get_table_names(conn)
     with running_market(database) as market:
         buyer = market.user("buyer")
         assert found(buyer, "lamp") == [3, 1] and found(buyer, "antiqeu") == [1, 3]

@@ -34,14 +34,16 @@ def elsewhere(request: pytest.FixtureRequest, db_url: str, tmp_path: Path) -> It
         yield from fresh_mysql_database(request.getfixturevalue("mysql_server"), "market_restored")
 
 
-def shopper(buyer: ServerProcess, seller: ServerProcess, stop: threading.Event, done: list[int]) -> None:
-    """Sign up a seller and a buyer, then list, add to cart and buy until told to stop."""
+def shopper(buyer: ServerProcess, seller: ServerProcess, stop: threading.Event, done: list[int],
+            signed_up: list[bool]) -> None:
+    """Sign up a seller and a buyer (then say so), then list, add to cart and buy until told to stop."""
     with Connection(seller.host, seller.port, timeout=30) as sells, \
             Connection(buyer.host, buyer.port, timeout=30) as buys:
         for conn in (sells, buys):
             name = unique_name()
             conn.call("create_account", {"username": name, "password": PASSWORD, "name": name})
             conn.token = conn.call("login", {"username": name, "password": PASSWORD})["token"]
+        signed_up.append(True)
         while not stop.is_set():
             item = sells.call("put_item", {"name": "Lamp", "category": 2, "keywords": ["desk"],
                                            "condition": "new", "price": "3.25", "quantity": 2})["item_id"]
@@ -69,13 +71,15 @@ def test_a_backup_taken_under_load_restores_elsewhere_and_its_books_balance(
 
     buyer = ServerProcess("buyer", db_url).wait_ready()  # makes the schema; then the seller
     seller = ServerProcess("seller", db_url).wait_ready()
-    stop, bought = threading.Event(), []
-    load = [threading.Thread(target=shopper, args=(buyer, seller, stop, bought)) for _ in range(4)]
+    stop, bought, signed_up = threading.Event(), [], []
+    load = [threading.Thread(target=shopper, args=(buyer, seller, stop, bought, signed_up)) for _ in range(4)]
     copy = tmp_path / "market.backup"
     try:
         for thread in load:
             thread.start()
-        while len(bought) < 20 and all(thread.is_alive() for thread in load):
+        # every account made before the copy (on a slow machine one shopper may still be signing
+        # up when the others have bought 20 times): the copy holds all 8 users
+        while (len(bought) < 20 or len(signed_up) < 4) and all(thread.is_alive() for thread in load):
             stop.wait(0.1)
         taken = market("backup", "--db-url", db_url, str(copy))
         during = len(bought)

@@ -909,14 +909,15 @@ def test_item_tables_never_cut_a_number_short() -> None:
     # before: at 80 columns a price of 1000000.00 showed as "100000…"
     from rich.console import Console
 
-    from client.render import _rich, items_table
+    from client.render import Output, items_table
 
     item = {"item_id": 5, "name": "日本 a rather long name", "category": 5, "keywords": ["本", "日本"],
             "condition": "used", "price": "1000000.00", "quantity": 1000000, "thumbs_up": 12,
             "thumbs_down": 3, "seller_id": 123456}
-    console = Console(width=80, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
-    console.print(_rich(items_table([item])))
-    shown = console.export_text()
+    output = Output("table")
+    output.console = Console(width=80, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    output.table(items_table([item]))
+    shown = output.console.export_text()
     assert all(number in shown for number in ("1000000.00", "1000000", "123456")), shown
 
 

@@ -16,9 +16,20 @@ from sqlalchemy import create_engine, text
 from support import Market, fresh_mysql_database
 
 from db import Database
+from operate.seed import seed
 from simulation import catalogue, idle, idle_cost, opcost, targets
 from simulation.mixes import DEFAULT
 from simulation.scaleout import admin_url
+
+
+def seeded(url: str, sellers: int, items: int) -> None:
+    """A database made and seeded as `market seed` does (what catalogue seeds with), unmeasured."""
+    database = Database(url, pool_size=2)
+    try:
+        database.create_schema()
+        seed(database, sellers, items)
+    finally:
+        database.close()
 
 
 def test_catalogue_seeds_and_reports_every_read_op(tmp_path: Path, capsys: Any) -> None:
@@ -54,8 +65,8 @@ def test_catalogue_says_in_one_line_when_it_cannot_use_the_database(tmp_path: Pa
 
 def test_catalogue_stopped_by_ctrl_c_stops_its_servers_and_gives_the_passes_it_made(tmp_path: Path) -> None:
     big, small = f"sqlite:///{tmp_path / 'big.db'}", f"sqlite:///{tmp_path / 'small.db'}"
-    for url, items in ((small, "20"), (big, "40")):
-        assert catalogue.main(["--db-url", url, "--items", items, "--sellers", "2", "--calls", "1"]) == 0
+    for url, items in ((small, 20), (big, 40)):
+        seeded(url, 2, items)
     run = subprocess.Popen([sys.executable, "-m", "simulation.catalogue", "--db-url", big, "--no-seed",
                             "--baseline", small, "--calls", "20", "--passes", "1000"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -89,16 +100,14 @@ def test_catalogue_times_the_second_page_of_a_search_that_has_one(market: Market
 
 def test_catalogue_without_seeding_reports_the_items_the_database_holds(tmp_path: Path, capsys: Any) -> None:
     url = f"sqlite:///{tmp_path / 'catalogue.db'}"
-    assert catalogue.main(["--db-url", url, "--items", "40", "--sellers", "4", "--calls", "1"]) == 0
-    capsys.readouterr()
+    seeded(url, 4, 40)
     assert catalogue.main(["--db-url", url, "--calls", "1", "--no-seed"]) == 0
     assert "(40 items in sqlite:" in capsys.readouterr().out
 
 
 def test_catalogue_against_a_baseline_gives_each_reads_ratio_per_pass(tmp_path: Path, capsys: Any) -> None:
     big, small = f"sqlite:///{tmp_path / 'big.db'}", f"sqlite:///{tmp_path / 'small.db'}"
-    assert catalogue.main(["--db-url", small, "--items", "20", "--sellers", "2", "--calls", "1"]) == 0
-    capsys.readouterr()
+    seeded(small, 2, 20)
     assert catalogue.main(["--db-url", big, "--items", "80", "--sellers", "4", "--calls", "4",
                            "--baseline", small, "--passes", "2"]) == 0
     out = capsys.readouterr().out
@@ -222,24 +231,6 @@ def test_idle_cost_holds_the_idle_connections_through_their_run(market: Market, 
         raise AssertionError("the idle connections stayed open after their run")
 
 
-def test_targets_runs_rounds_on_fresh_sqlite_files_and_reports_medians(tmp_path: Path, capsys: Any) -> None:
-    assert targets.main(["--rounds", "2", "-n", "1,10", "-k", "5", "--out", str(tmp_path)]) == 0
-    printed = capsys.readouterr().out
-    for n in (1, 2):
-        assert f"round {n}, sqlite: market-sim exited 0" in printed
-    table = (tmp_path / "targets.md").read_text()
-    rounds = [targets.read_totals(tmp_path / f"sqlite_round{n}" / "results.csv") for n in (1, 2)]
-    first, second = rounds[0][1], rounds[1][1]
-    assert rounds[0][10].errors == 0
-    median = targets.number(statistics.median([first.p50_ms, second.p50_ms]))
-    each = f"{targets.number(first.p50_ms)} / {targets.number(second.p50_ms)}"
-    assert f"| sqlite | 2 | {median} ({each}); met in " in table
-    assert "| database | runs | 1 + 1 p50 ms | 10 + 10 p99 ms |\n" in table  # no N=100 run: no column for it
-    for n in (1, 2):  # each round's own fresh file, audited
-        assert (tmp_path / f"sqlite_round{n}" / "market-sim.db").exists()
-        assert "consistency: OK" in (tmp_path / f"sqlite_round{n}.log").read_text()
-
-
 def test_targets_say_when_the_mysql_server_cannot_be_reached(tmp_path: Path, capsys: Any) -> None:
     argv = ["--rounds", "1", "-n", "1", "-k", "2", "--mysql", "mysql://root@127.0.0.1:1", "--no-sqlite",
             "--out", str(tmp_path)]
@@ -274,17 +265,28 @@ def test_targets_count_no_latency_of_a_run_with_errors_or_a_failed_audit() -> No
     assert all(cell.rstrip(" |").endswith("met in 0 of 2") for cell in row[2:6]), row
 
 
-def test_targets_alternate_the_databases_and_drop_the_mariadb_ones(mysql_server: str, tmp_path: Path,
-                                                                    capsys: Any) -> None:
+def test_targets_alternate_the_databases_report_medians_and_drop_the_mariadb_ones(
+        mysql_server: str, tmp_path: Path, capsys: Any) -> None:
+    """Two rounds on each database (SQLite on a fresh file each round), in alternating order."""
     server = admin_url(mysql_server).set(drivername="mysql").render_as_string(hide_password=False)
-    argv = ["--rounds", "2", "-n", "1", "-k", "5", "--mysql", server, "--out", str(tmp_path)]
+    argv = ["--rounds", "2", "-n", "1,10", "-k", "5", "--mysql", server, "--out", str(tmp_path)]
     assert targets.main(argv) == 0
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("round ")]
     assert [line.split(":")[0] for line in printed] == ["round 1, sqlite", "round 1, mysql",
                                                        "round 2, mysql", "round 2, sqlite"]
+    assert all(line.endswith(": market-sim exited 0") for line in printed)
     table = (tmp_path / "targets.md").read_text()
-    assert "| sqlite | 2 | " in table and "| mysql | 2 | " in table
-    assert targets.read_totals(tmp_path / "mysql_round2" / "results.csv")[1].errors == 0
+    assert "| database | runs | 1 + 1 p50 ms | 10 + 10 p99 ms |\n" in table  # no N=100 run: no column for it
+    for database in ("sqlite", "mysql"):
+        rounds = [targets.read_totals(tmp_path / f"{database}_round{n}" / "results.csv") for n in (1, 2)]
+        assert rounds[0][10].errors == rounds[1][10].errors == 0
+        first, second = rounds[0][1], rounds[1][1]
+        median = targets.number(statistics.median([first.p50_ms, second.p50_ms]))
+        each = f"{targets.number(first.p50_ms)} / {targets.number(second.p50_ms)}"
+        assert f"| {database} | 2 | {median} ({each}); met in " in table
+    for n in (1, 2):  # each round's own fresh file, audited
+        assert (tmp_path / f"sqlite_round{n}" / "market-sim.db").exists()
+        assert "consistency: OK" in (tmp_path / f"sqlite_round{n}.log").read_text()
     engine = create_engine(admin_url(mysql_server))
     try:
         with engine.connect() as conn:
