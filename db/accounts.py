@@ -280,23 +280,6 @@ class Session:
         assert self.live is not None
         return self.live
 
-    def check_now(self) -> Any:
-        """Check the token with the database now; the session's row, for a cache to keep."""
-        row = self._tx.execute(_SESSION_BY_TOKEN, self.check_params).first()
-        self.accept(row)
-        return row
-
-    def accept_kept(self, row: Any) -> bool:
-        """Accept a row kept from an earlier check while its last-seen is not yet due to be
-        written (so the session cannot have ended idle) and its maximum age has not passed;
-        False: check with the database instead."""
-        now = now_ms()
-        if now - row.session_last_seen_ms >= self._policy.touch_interval_ms or \
-                now - row.session_created_ms > self._policy.max_s * 1000:
-            return False
-        self.live, self.stale = LiveSession(row.session_id, row.session_user_id), False
-        return True
-
     def accept_rows(self, rows: Sequence[Any]) -> Sequence[Any]:
         """The rows of a with_session query, once its session columns passed the check.
 
