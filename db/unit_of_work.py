@@ -1,8 +1,8 @@
 """The unit of work: the transaction object Database.run hands to a transaction function.
 
 It runs SQLAlchemy Core statements (`tx.execute(statement, params)`) on the driver's own
-connection: each statement is compiled once per dialect with SQLAlchemy's public `compile`,
-and its SQL text runs on a DB-API cursor with the caller's values as a dict (the driver quotes
+connection (db.connections): each statement is compiled once per dialect with SQLAlchemy's
+public `compile`, and its SQL text runs with the caller's values as a dict (the driver quotes
 them). A write (INSERT, UPDATE, DELETE) is held and answered with a pending Result; what is
 held is sent before the next read, before a call that leaves the database (`call_outside`), at
 COMMIT, or when a held write's result is read. On MySQL/MariaDB what is held travels in the
@@ -13,6 +13,7 @@ answer is a read made last (`answer`) sends that read with its COMMIT.
 from __future__ import annotations
 
 import re
+import weakref
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, cast
@@ -87,19 +88,18 @@ class _Bare(Statement):
 
 
 _START, _COMMIT, _ROLLBACK = _Bare("START TRANSACTION"), _Bare("COMMIT"), _Bare("ROLLBACK")
-_COMPILED: dict[tuple[str, Any], Statement] = {}  # a module's statements, compiled once
-_MAX_COMPILED = 4096  # statements made per call are compiled per call: bound the cache
+_COMPILED: dict[str, weakref.WeakKeyDictionary[Any, Statement]] = {}  # by dialect, by statement
 
 
 def compiled(statement: ClauseElement, dialect: Dialect) -> Statement:
-    """The statement compiled for the dialect (a module's statement once, kept)."""
-    key = (dialect.name, statement)
-    found = _COMPILED.get(key)
+    """The statement compiled for the dialect: a module's statement once; one made per call
+    (its values in it) per call, and freed with it."""
+    by_statement = _COMPILED.get(dialect.name)
+    if by_statement is None:
+        by_statement = _COMPILED.setdefault(dialect.name, weakref.WeakKeyDictionary())
+    found = by_statement.get(statement)
     if found is None:
-        found = Statement(statement, dialect)
-        if len(_COMPILED) >= _MAX_COMPILED:
-            _COMPILED.clear()
-        _COMPILED[key] = found
+        found = by_statement[statement] = Statement(statement, dialect)
     return found
 
 
