@@ -3,6 +3,7 @@ SQLAlchemy's public pool API: 6-16 µs a checkout and return) and given back at 
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sqlalchemy import Engine
@@ -11,6 +12,8 @@ from sqlalchemy.exc import DBAPIError
 from .engine import BATCHES_KEY, begin_immediate
 
 _CURSOR = "market_cursor"
+# What the driver's cursor fills in: %(name)s with the quoted value, %% as %; any other % stays
+_PARAMETER = re.compile(rb"%\(([^)]+)\)s|%%")
 
 
 class DriverConnection:
@@ -46,7 +49,8 @@ class DriverConnection:
         to split it into statements (about a third of a server's CPU per call); the values
         quoted by the driver. Every result is read, so a later statement's error comes here."""
         cnx = self.driver
-        cnx.cmd_query(sql.encode() % cnx.prepare_for_mysql(values))  # %% becomes %, as the cursor's
+        quoted = cnx.prepare_for_mysql(values)
+        cnx.cmd_query(_PARAMETER.sub(lambda m: quoted[m[1]] if m[1] else b"%", sql.encode()))
         outcomes: list[tuple[list[Any], int, int | None]] = []
         while True:
             if cnx.result_set_available:

@@ -98,6 +98,18 @@ def test_values_travel_exactly_as_given_never_as_sql(database: Database, value: 
                         write=False) == []
 
 
+def test_percent_signs_in_sql_mean_what_sqlalchemy_wrote(database: Database) -> None:
+    """A LIKE pattern's '%' as written and a modulo's '%%' as one, the values filled around them."""
+    for name, n in (("pct-a", 7), ("pct-b", 9), ("other", 8)):
+        database.run(lambda tx, name=name, n=n: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": name, "n": n}))
+    by_prefix = (select(login_failures.c.username).where(login_failures.c.username.startswith(bindparam("p")),
+                                                         login_failures.c.failures % 2 == 1)
+                 .order_by(login_failures.c.username))
+    held = database.run(lambda tx: [tx.execute(BUMP, {"username": "other"}),  # two statements in a query
+                                    tx.execute(by_prefix, {"p": "pct-"}).scalars()][1])
+    assert held == ["pct-a", "pct-b"]
+
+
 def test_driver_errors_arrive_as_sqlalchemy_errors(database: Database) -> None:
     database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "dup", "n": 1}))
     with pytest.raises(IntegrityError):
