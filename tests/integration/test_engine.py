@@ -101,7 +101,8 @@ def test_values_travel_exactly_as_given_never_as_sql(database: Database, value: 
 def test_percent_signs_in_sql_mean_what_sqlalchemy_wrote(database: Database) -> None:
     """A LIKE pattern's '%' as written and a modulo's '%%' as one, the values filled around them."""
     for name, n in (("pct-a", 7), ("pct-b", 9), ("other", 8)):
-        database.run(lambda tx, name=name, n=n: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": name, "n": n}))
+        row = {"role": "buyer", "username": name, "n": n}
+        database.run(lambda tx, row=row: tx.execute(LOGIN_FAILURE, row))
     by_prefix = (select(login_failures.c.username).where(login_failures.c.username.startswith(bindparam("p")),
                                                          login_failures.c.failures % 2 == 1)
                  .order_by(login_failures.c.username))
