@@ -100,7 +100,8 @@ def test_a_flood_from_one_address_leaves_room_for_the_others(database: Database)
     """30 clients of 127.0.0.2 signing up as fast as they are answered hold at most half of
     the queue: sign-ups and logins from 127.0.0.1 meanwhile are never BUSY. Before, the
     flood kept the whole queue full and most of them were."""
-    with running_market(database) as market:  # the defaults: a queue of 2, one per address
+    settings = Settings(role="buyer", hash_queue=2, hash_queue_per_address=1)  # the defaults' shape
+    with running_market(database, settings) as market:
         flood = Flood(source="127.0.0.2")
         threads = flood.run(market, clients=30)
         time.sleep(0.5)  # the flood under way
