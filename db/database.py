@@ -53,7 +53,7 @@ _SQLITE_UNAVAILABLE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE
 _LOCK_WAITED = f"waited {LOCK_WAIT_S} s for a lock another request held; nothing was changed; try again"
 # How long a COMMIT whose answer was lost is asked about while the database is away: a
 # restart takes a few seconds, and the answer must reach the client within its 30 s.
-_ASK_FOR_S = 6.5
+AWAY_S = 6.5
 _OUTCOME_UNKNOWN = ("the database went away while the change was being committed, and has not come back "
                     "to say whether it was made: look before making it again")
 _MADE_UNREAD = ("the change was made, but the database went away before its result could be read: "
@@ -87,6 +87,7 @@ class Database:
 
     def __init__(self, url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL") -> None:
         self.url = url
+        self.away_s = AWAY_S  # how long a call waits out a database that went away (tests shorten it)
         self.engine = make_engine(url, pool_size, sqlite_synchronous)
         self._wal = WalKeeper.for_engine(self.engine)
         self._has_tokens: bool | None = None  # the commit_tokens table exists (None: not looked yet)
@@ -110,7 +111,7 @@ class Database:
         A function that returns `tx.answer(...)` gets back that answer's shaped rows.
         `idempotent`: running the work twice ends as running it once. It writes no commit
         token: while the database is away (its connection lost, at the COMMIT too, or none to
-        be had) it runs again, for up to _ASK_FOR_S, then UNAVAILABLE saying that whether it
+        be had) it runs again, for up to `away_s`, then UNAVAILABLE saying that whether it
         was made is not known."""
         if idempotent and not self.is_sqlite:  # SQLite: in the process, nothing to lose on the way
             returned = self._run_while_away(work, write)
@@ -120,7 +121,7 @@ class Database:
 
     def _run_while_away(self, work: Callable[[Any], T], write: bool) -> T:
         """Idempotent work, run again on a fresh connection while the database is away."""
-        return _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE,
+        return _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE, self.away_s,
                            away=lambda exc: isinstance(exc, UnavailableError) or (
                                isinstance(exc, DBAPIError) and exc.connection_invalidated),
                            retrying=lambda: events.transaction_retried("reconnect"))
@@ -134,7 +135,7 @@ class Database:
             except ReplayUnheld:
                 hold = False
             except _Unanswered as unanswered:
-                asked_until = time.monotonic() + _ASK_FOR_S  # the question and any answer read again
+                asked_until = time.monotonic() + self.away_s  # the question and any answer read again
                 if self._committed(unanswered.token):
                     if isinstance(unanswered.result, Answer) and not unanswered.result.result.filled:
                         self._read_again(unanswered.result, asked_until)
@@ -195,7 +196,8 @@ class Database:
         def read() -> list[Any]:
             return self._run(lambda tx: tx.execute(answer.statement, answer.params).all(), False, False)
 
-        rows = _while_away(read, _MADE_UNREAD, away=lambda exc: isinstance(exc, ProtocolError | DBAPIError),
+        rows = _while_away(read, _MADE_UNREAD, self.away_s,
+                           away=lambda exc: isinstance(exc, ProtocolError | DBAPIError),
                            noticed=lambda exc: log.warning("could not read the answer of a commit made: %s",
                                                            getattr(exc, "orig", exc)),
                            until=until, retryable=False)
@@ -215,7 +217,7 @@ class Database:
         """Whether the transaction that wrote `token` committed, asked on a fresh connection
         for a few seconds while the database is away; UNAVAILABLE, saying so, if it stays away."""
         self.engine.dispose(close=False)  # the lost connection's siblings are suspect too
-        return _while_away(lambda: commit_tokens.committed(self.engine, token), _OUTCOME_UNKNOWN,
+        return _while_away(lambda: commit_tokens.committed(self.engine, token), _OUTCOME_UNKNOWN, self.away_s,
                            away=lambda exc: isinstance(exc, DBAPIError | PoolTimeoutError),
                            noticed=lambda exc: log.warning("could not ask whether a commit went through: %s",
                                                            getattr(exc, "orig", exc)),
@@ -254,14 +256,14 @@ class Database:
         return is_sqlite(self.engine)
 
 
-def _while_away(call: Callable[[], T], gave_up: str, away: Callable[[Exception], bool],
+def _while_away(call: Callable[[], T], gave_up: str, away_s: float, away: Callable[[Exception], bool],
                 noticed: Callable[[Exception], None] = lambda exc: None,
                 retrying: Callable[[], None] = lambda: None, until: float | None = None,
                 retryable: bool = True) -> T:
     """`call()`, made again after pauses (0.1 s, doubling) while it fails as `away` says the
-    database is, for up to _ASK_FOR_S (or until `until`); then UNAVAILABLE saying `gave_up`
+    database is, for up to `away_s` (or until `until`); then UNAVAILABLE saying `gave_up`
     (not `retryable` when the change may have been made and making it again would not be safe)."""
-    deadline = time.monotonic() + _ASK_FOR_S if until is None else until
+    deadline = time.monotonic() + away_s if until is None else until
     pause = 0.1
     while True:
         try:

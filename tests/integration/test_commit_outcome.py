@@ -214,10 +214,10 @@ def test_a_ledger_capture_cut_while_it_waits_for_a_lock_captures_once(proxied: D
 
 
 def test_a_ledger_call_cut_while_the_database_stays_away_says_it_may_be_made(
-        proxied: Database, cutter: CommitCutter, mariadb_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        proxied: Database, cutter: CommitCutter, mariadb_url: str) -> None:
     """Made, its answer lost, and no connection to be had after: tried again for a while, then
     UNAVAILABLE saying the change may have been made (it was: the entry is there, once)."""
-    monkeypatch.setattr(database_module, "_ASK_FOR_S", 0.5)
+    proxied.away_s = 0.5
     ledger = Ledger(proxied)
     ledger.create_table()
     cutter.down_after_cut = True
@@ -231,11 +231,10 @@ def test_a_ledger_call_cut_while_the_database_stays_away_says_it_may_be_made(
 
 
 def test_a_commit_unanswered_while_the_database_stays_away_says_so(proxied: Database, cutter: CommitCutter,
-                                                                   mariadb_url: str,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                   mariadb_url: str) -> None:
     """Whether it committed cannot be asked: UNAVAILABLE, saying that it is not known (it
     was made, here), and it is not made again."""
-    monkeypatch.setattr(database_module, "_ASK_FOR_S", 0.5)  # the test need not wait 6.5 s
+    proxied.away_s = 0.5  # the test need not wait 6.5 s
     cutter.down_after_cut = True
     with pytest.raises(UnavailableError, match="whether it was made") as unknown:
         proxied.run(_bump_and_cut(cutter, "answered"))
@@ -278,7 +277,7 @@ def test_an_answer_that_cannot_be_read_again_says_the_change_was_made(
     """The answer's read travelled with the COMMIT, whose answer was lost; the token says it
     committed, and then the database goes away before the read is made again: UNAVAILABLE
     saying the change was made, not "nothing was changed", and it is not made again."""
-    monkeypatch.setattr(database_module, "_ASK_FOR_S", 0.5)
+    proxied.away_s = 0.5
     _away_once_the_token_says_made(monkeypatch, cutter)
     runs: list[int] = []
     started = time.monotonic()
