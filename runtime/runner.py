@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
+import os
 import socket
 import ssl
 import sys
@@ -138,6 +139,8 @@ def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignal
 def _announce(server: Server) -> None:
     host, port = server.address
     log.info("serving %s", "TLS" if server.tls else "plaintext")
+    if os.environ.get("MARKET_TEST_FAST_HASHES") == "1":
+        log.warning("MARKET_TEST_FAST_HASHES=1: new password hashes are weak; for tests only")
     print(f"listening on {host}:{port}", flush=True)
 
 

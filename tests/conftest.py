@@ -7,6 +7,7 @@ unreachable MariaDB fails the run. Set MARKET_TEST_MYSQL_URL to use another serv
 """
 from __future__ import annotations
 
+import os
 import signal
 import socket
 from collections.abc import Iterator
@@ -27,6 +28,10 @@ from support import (
 
 from db import Database
 from db.migrations import make_current
+
+# Password hashes at a fraction of production's cost (db.passwords): half the suite's CPU was
+# Argon2. Servers started by the tests inherit it; a test of hashing itself sets it to 0.
+os.environ.setdefault("MARKET_TEST_FAST_HASHES", "1")
 
 # A suite started in the background by a shell without job control (`cmd &` in a script)
 # inherits Ctrl-C ignored, and so would every shell and server it starts: the Ctrl-C tests

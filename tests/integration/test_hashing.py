@@ -20,6 +20,12 @@ from wire.app import App
 from wire.errors import BusyError, ProtocolError
 
 
+@pytest.fixture(autouse=True)
+def hashes_as_in_production(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests queue logins behind hashes that take a production hash's time."""
+    monkeypatch.setenv("MARKET_TEST_FAST_HASHES", "0")
+
+
 @dataclass
 class Flood:
     """create_account calls from many clients at once, as fast as each gets answers."""
