@@ -12,8 +12,11 @@ from sqlalchemy.exc import DBAPIError
 from .engine import BATCHES_KEY, begin_immediate
 
 _CURSOR = "market_cursor"
-# What the driver's cursor fills in: %(name)s with the quoted value, %% as %; any other % stays
-_PARAMETER = re.compile(rb"%\(([^)]+)\)s|%%")
+# What the driver's cursor fills in: %(name)s, with the quoted value; every other % as written
+_PARAMETER = re.compile(rb"%\(([^)]+)\)s")
+# The driver's errors of a connection that is gone: some arrive as DatabaseError, which
+# SQLAlchemy's is_disconnect does not look at
+_CONNECTION_LOST = frozenset({2006, 2013, 2014, 2045, 2048, 2055})
 
 
 class DriverConnection:
@@ -32,14 +35,13 @@ class DriverConnection:
         assert self.driver is not None
         self.batches = bool(self.proxied.info.get(BATCHES_KEY, False))
         self.usable = True
-        # one cursor per driver connection, kept with it: the MySQL driver pings for a new one
-        self._cursor: Any = self.proxied.info.get(_CURSOR)
-        if self._cursor is None:
-            self._cursor = self.proxied.info[_CURSOR] = self.driver.cursor()
 
     def run(self, sql: str, values: dict[str, Any]) -> tuple[list[Any], int, int | None]:
-        """One statement (SQLite): its rows, rowcount and new id."""
-        cursor = self._cursor
+        """One statement (SQLite): its rows, rowcount and new id, on a cursor kept with the
+        driver connection."""
+        cursor = self.proxied.info.get(_CURSOR)
+        if cursor is None:
+            cursor = self.proxied.info[_CURSOR] = self.driver.cursor()
         cursor.execute(sql, values)
         return (cursor.fetchall() if cursor.description else []), cursor.rowcount, cursor.lastrowid
 
@@ -50,7 +52,7 @@ class DriverConnection:
         quoted by the driver. Every result is read, so a later statement's error comes here."""
         cnx = self.driver
         quoted = cnx.prepare_for_mysql(values)
-        cnx.cmd_query(_PARAMETER.sub(lambda m: quoted[m[1]] if m[1] else b"%", sql.encode()))
+        cnx.cmd_query(_PARAMETER.sub(lambda m: quoted[m[1]], sql.encode()))
         outcomes: list[tuple[list[Any], int, int | None]] = []
         while True:
             if cnx.result_set_available:
@@ -79,7 +81,8 @@ class DriverConnection:
             # the driver's C extension raises a later statement's error untranslated
             exc = dbapi.errors.get_mysql_exception(exc.errno, getattr(exc, "msg", str(exc)),  # type: ignore[attr-defined]
                                                    getattr(exc, "sqlstate", None))
-        disconnect = self.dialect.is_disconnect(exc, self.driver, None)  # type: ignore[arg-type]
+        disconnect = getattr(exc, "errno", None) in _CONNECTION_LOST or \
+            self.dialect.is_disconnect(exc, self.driver, None)  # type: ignore[arg-type]
         if disconnect:
             self.usable = False
             self.proxied.invalidate(exc)

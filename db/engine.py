@@ -6,8 +6,8 @@ for it again every 0.1-1 ms while another writer holds it (_begin_immediate).
 MySQL/MariaDB: mysql-connector-python's C extension, with the multi-statement flag, utf8mb4
 with binary collation (text comes back exactly as sent), autocommit reads
 and READ COMMITTED write transactions begun by the unit of work, a pool the size of the
-worker pool (each request thread keeps one between calls, db.connections; the overflow
-serves anything else using the engine), and recycling; a restarted database is survived by retrying a
+worker pool (a call checks one out, db.connections; the overflow serves anything else
+using the engine), and recycling; a restarted database is survived by retrying a
 call whose first statement found its pooled connection dead (Database.run).
 Only public APIs: engine events, create_engine options and the driver's documented ones.
 """

@@ -27,7 +27,7 @@ from .commit_tokens import WRITE_TOKEN, CommitToken
 
 T = TypeVar("T")
 ROW_CHUNK = 20  # rows per INSERT of many rows
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+_PLACEHOLDER = re.compile(r"%\(([^)]+)\)s")
 Held = tuple["Statement", dict[str, Any], "Result | None"]
 
 
@@ -94,9 +94,10 @@ _COMPILED: dict[str, weakref.WeakKeyDictionary[Any, Statement]] = {}  # by diale
 def compiled(statement: ClauseElement, dialect: Dialect) -> Statement:
     """The statement compiled for the dialect: a module's statement once; one made per call
     (its values in it) per call, and freed with it."""
-    by_statement = _COMPILED.get(dialect.name)
+    key = f"{dialect.name}:{dialect.paramstyle}"  # the SQL's placeholders depend on both
+    by_statement = _COMPILED.get(key)
     if by_statement is None:
-        by_statement = _COMPILED.setdefault(dialect.name, weakref.WeakKeyDictionary())
+        by_statement = _COMPILED.setdefault(key, weakref.WeakKeyDictionary())
     found = by_statement.get(statement)
     if found is None:
         found = by_statement[statement] = Statement(statement, dialect)
@@ -193,7 +194,7 @@ class CommitUnanswered(Exception):
 
 
 class UnitOfWork:
-    """One transaction's statements on one driver connection (`conn`: db.connections.Kept).
+    """One transaction's statements on one driver connection (db.connections.DriverConnection).
 
     Rules it keeps so callers need not: a write is held until something needs it sent (a
     read, a held write's result read, `call_outside`, `flush`, commit); whatever it holds
@@ -214,7 +215,9 @@ class UnitOfWork:
         """Run a Core statement: a write is held (see the class notes), a read runs now. A list
         of rows for an INSERT goes as INSERTs of up to ROW_CHUNK rows each."""
         self._before_answer()
-        if isinstance(params, Sequence):
+        if isinstance(params, Sequence):  # the rows of a plain INSERT
+            if not isinstance(statement, Insert):
+                raise TypeError("a list of rows goes with an INSERT")
             for part, values in _row_chunks(statement, params):
                 self.execute(part, values)
             return None

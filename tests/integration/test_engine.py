@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from typing import Any
 
 import mysql.connector
@@ -99,7 +100,7 @@ def test_values_travel_exactly_as_given_never_as_sql(database: Database, value: 
 
 
 def test_percent_signs_in_sql_mean_what_sqlalchemy_wrote(database: Database) -> None:
-    """A LIKE pattern's '%' as written and a modulo's '%%' as one, the values filled around them."""
+    """A LIKE pattern's '%' and a modulo's '%' as SQLAlchemy wrote them, the values filled around them."""
     for name, n in (("pct-a", 7), ("pct-b", 9), ("other", 8)):
         row = {"role": "buyer", "username": name, "n": n}
         database.run(lambda tx, row=row: tx.execute(LOGIN_FAILURE, row))
@@ -144,6 +145,24 @@ def test_calls_reuse_pooled_connections(db_url: str) -> None:
         database.close()
         fresh = database.run(_driver, write=False)  # close() leaves the database usable
         assert all(fresh is not driver for driver in seen)
+    finally:
+        database.close()
+
+
+def test_a_pooled_connection_the_server_killed_is_replaced_and_the_call_made(mariadb_url: str) -> None:
+    """The server ended the connection (KILL, its idle timeout, a restart): the next call finds
+    it gone at its first statement, before anything ran, and is made on a fresh one."""
+    database = Database(mariadb_url, pool_size=1)
+
+    def server_connection_id(tx: Any) -> int:
+        return int(tx.execute(text("SELECT CONNECTION_ID()")).scalar())
+
+    try:
+        for write in (False, True):
+            killed = database.run(server_connection_id, write=write)
+            with closing(Database(mariadb_url, pool_size=1)) as admin:
+                admin.run(lambda tx, killed=killed: tx.execute(text(f"KILL {killed}")), write=False)
+            assert database.run(server_connection_id, write=write) != killed
     finally:
         database.close()
 
