@@ -339,7 +339,10 @@ class UnitOfWork:
             return send()
         except Exception as exc:
             self._held = []
-            raise self.conn.translated(exc, sql) from exc
+            error = self.conn.translated(exc, sql)
+            if error is exc:  # not the driver's: as it is
+                raise
+            raise error from exc
 
 
 def _row_chunks(statement: Insert, rows: Sequence[dict[str, Any]]) -> Iterator[tuple[Insert, dict[str, Any]]]:
