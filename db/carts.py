@@ -20,28 +20,27 @@ from .unit_of_work import Answer, UnitOfWork
 _SESSION = cart_lines.c.session_id == bindparam("session_id")
 _LINE = _SESSION & (cart_lines.c.item_id == bindparam("item_id"))
 _CART = (select(cart_lines.c.item_id, items.c.name, items.c.price_cents, cart_lines.c.quantity,
-                        items.c.quantity.label("available"))
-                 .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
-                 .where(_SESSION).order_by(cart_lines.c.item_id))
+                items.c.quantity.label("available"))
+         .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
+         .where(_SESSION).order_by(cart_lines.c.item_id))
 # How many of the item the cart holds, with the token check (no rows: none, or no session).
 # FOR UPDATE here and below: the session's row stays locked to the COMMIT, so requests of one
 # session on several connections change its cart one after the other (else two read the
 # same line and one write is lost, or both INSERT it and one fails). SQLite's writers take
 # turns already (BEGIN IMMEDIATE).
-_IN_CART = (with_session(cart_lines.c.quantity.label("held"), joined=cart_lines,
-                                 on=(cart_lines.c.session_id == sessions.c.session_id)
-                                 & (cart_lines.c.item_id == bindparam("item_id"))).with_for_update())
-_SET_LINE = (update(cart_lines).where(_LINE).values(quantity=bindparam("quantity")))
-_ADD_LINE = (insert(cart_lines).values(session_id=bindparam("session_id"),
-                                               item_id=bindparam("item_id"), quantity=bindparam("quantity")))
-_DROP_LINE = (delete(cart_lines).where(_LINE))
-_EMPTY = (delete(cart_lines).where(_SESSION))
+_IN_CART = with_session(cart_lines.c.quantity.label("held"), joined=cart_lines,
+                        on=(cart_lines.c.session_id == sessions.c.session_id)
+                        & (cart_lines.c.item_id == bindparam("item_id"))).with_for_update()
+_SET_LINE = update(cart_lines).where(_LINE).values(quantity=bindparam("quantity"))
+_ADD_LINE = insert(cart_lines)
+_DROP_LINE = delete(cart_lines).where(_LINE)
+_EMPTY = delete(cart_lines).where(_SESSION)
 # The buyer's row locked first: two sessions of one buyer saving at once take turns (at READ
 # COMMITTED a DELETE of the saved lines locks no gap, so both INSERTs went in: a saved cart
 # mixed of two). items_sold = items_sold changes nothing and touches no key.
 _LOCK_BUYER = (update(users).where(users.c.user_id == bindparam("buyer_id"))
-                       .values(items_sold=users.c.items_sold))
-_FORGET_SAVED = (delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id")))
+               .values(items_sold=users.c.items_sold))
+_FORGET_SAVED = delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id"))
 _SAVE = (insert(saved_cart_lines).from_select(
     ["buyer_id", "item_id", "quantity"],
     select(bindparam("buyer_id"), cart_lines.c.item_id, cart_lines.c.quantity).where(_SESSION)))
@@ -55,13 +54,7 @@ def cart_to_wire(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
 def _cart_object(rows: list[Any]) -> dict[str, Any]:
     lines = [{"item_id": r.item_id, "name": r.name, "price": format_money(r.price_cents),
               "quantity": r.quantity, "available": r.available} for r in rows]
-    total = sum(r.price_cents * r.quantity for r in rows)
-    return {"cart": {"items": lines, "total": format_money(total)}}
-
-
-def _in_cart(tx: UnitOfWork, session: Session, item_id: int) -> int:
-    rows = session.accept_rows(tx.execute(_IN_CART, {**session.check_params, "item_id": item_id}).all())
-    return int(rows[0].held) if rows else 0
+    return {"cart": {"items": lines, "total": format_money(sum(r.price_cents * r.quantity for r in rows))}}
 
 
 # A cart holds at most this many different items: every cart answer and receipt then stays
@@ -97,7 +90,8 @@ def add_to_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
 
 def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> Answer[dict[str, Any]]:
     """Take units out of the cart; removing all or more removes the line."""
-    held = _in_cart(tx, session, item_id)
+    rows = session.accept_rows(tx.execute(_IN_CART, {**session.check_params, "item_id": item_id}).all())
+    held = int(rows[0].held) if rows else 0
     line = {"session_id": session.session_id, "item_id": item_id, "quantity": held - quantity}
     if held > quantity:
         tx.execute(_SET_LINE, line)

@@ -14,15 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from sqlalchemy import (
-    Integer,
-    bindparam,
-    delete,
-    func,
-    insert,
-    select,
-    update,
-)
+from sqlalchemy import Integer, bindparam, delete, func, insert, select, update
 
 from wire.errors import ConflictError, ForbiddenError, NotFoundError
 from wire.values import decode_cursor, encode_cursor, format_money
@@ -108,26 +100,18 @@ def _index(tx: UnitOfWork, item_id: int, category: int, name: str, keywords: lis
         tx.execute(INDEX_VOCABULARY, word)
 
 
-_OWN_ITEM = (with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
-                     .with_for_update())
-
-
 def _own_item(tx: UnitOfWork, session: Session, item_id: int) -> ItemRow:
     """One of the caller's items, locked until the transaction ends (the token check folded in)."""
-    rows = session.accept_rows(tx.execute(_OWN_ITEM, {**session.check_params, "item_id": item_id}).all())
-    if not rows:
-        raise NotFoundError(f"no item {item_id}")
-    if rows[0].seller_id != session.user_id:
+    row = item_for_session(tx, session, item_id, lock=True)
+    if row.seller_id != session.user_id:
         raise ForbiddenError(f"item {item_id} belongs to another seller")
-    return rows[0]
+    return row
 
 
 _SET_PRICE = (update(items).where(items.c.item_id == bindparam("item_id"))
-                      .values(price_cents=bindparam("price")))
-_REMOVE = (update(items)
-                   .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
-                   .values(quantity=items.c.quantity - bindparam("n"),
-                           removed=items.c.removed + bindparam("n")))
+              .values(price_cents=bindparam("price")))
+_REMOVE = (update(items).where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
+           .values(quantity=items.c.quantity - bindparam("n"), removed=items.c.removed + bindparam("n")))
 
 
 def change_price(tx: UnitOfWork, session: Session, item_id: int, price: int) -> dict[str, Any]:
@@ -150,9 +134,8 @@ def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
     return {**item_to_wire(row), "quantity": row.quantity - quantity}
 
 
-_UNLIST = ((delete(item_keywords).where(item_keywords.c.item_id == bindparam("item_id"))),
-           (delete(item_keyword_pairs).where(item_keyword_pairs.c.item_id == bindparam("item_id"))),
-           (delete(item_words).where(item_words.c.item_id == bindparam("item_id"))))
+_UNLIST = [delete(index).where(index.c.item_id == bindparam("item_id"))
+           for index in (item_keywords, item_keyword_pairs, item_words)]
 
 
 def unlist(tx: UnitOfWork, sold_out: Sequence[int]) -> None:
@@ -185,9 +168,8 @@ def display_items(tx: UnitOfWork, session: Session, limit: int, cursor: str | No
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
 
 
-_ITEM_AND_SESSION = with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
-_ITEM_FOR_SESSION = (_ITEM_AND_SESSION)
-_ITEM_FOR_SESSION_LOCKED = (_ITEM_AND_SESSION.with_for_update())
+_ITEM_FOR_SESSION = with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
+_ITEM_FOR_SESSION_LOCKED = _ITEM_FOR_SESSION.with_for_update()
 
 
 def get_item(tx: UnitOfWork, session: Session, item_id: int) -> dict[str, Any]:
@@ -204,15 +186,10 @@ def item_for_session(tx: UnitOfWork, session: Session, item_id: int, lock: bool 
     return rows[0]
 
 
-_RATING_FOR_SESSION = (with_session(
+_RATING_FOR_SESSION = with_session(
     users.c.user_id, users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold, joined=users,
     on=(users.c.user_id == func.coalesce(bindparam("seller_id", type_=Integer), sessions.c.user_id))
-    & (users.c.role == "seller")))
-
-
-def _rating_to_wire(seller_id: int, row: Any) -> dict[str, Any]:
-    return {"seller_id": seller_id, "thumbs_up": row.thumbs_up, "thumbs_down": row.thumbs_down,
-            "items_sold": row.items_sold}
+    & (users.c.role == "seller"))
 
 
 def get_seller_rating(tx: UnitOfWork, session: Session, seller_id: int | None = None) -> dict[str, Any]:
@@ -221,4 +198,6 @@ def get_seller_rating(tx: UnitOfWork, session: Session, seller_id: int | None = 
     rows = session.accept_rows(tx.execute(_RATING_FOR_SESSION, params).all())
     if not rows:
         raise NotFoundError(f"no seller {seller_id if seller_id is not None else session.user_id}")
-    return _rating_to_wire(rows[0].user_id, rows[0])
+    row = rows[0]
+    return {"seller_id": row.user_id, "thumbs_up": row.thumbs_up, "thumbs_down": row.thumbs_down,
+            "items_sold": row.items_sold}

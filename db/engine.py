@@ -1,15 +1,11 @@
 """The engine factory: the one place where SQLite and MySQL/MariaDB differ.
 
-SQLite: WAL, a busy timeout, and transactions begun by us so that writers take the
-write lock up front (BEGIN IMMEDIATE) instead of failing to upgrade half-way, asking
-for it again every 0.1-1 ms while another writer holds it (_begin_immediate).
-MySQL/MariaDB: mysql-connector-python's C extension, with the multi-statement flag, utf8mb4
-with binary collation (text comes back exactly as sent), autocommit reads
-and READ COMMITTED write transactions begun by the unit of work, a pool the size of the
-worker pool (a call checks one out, db.connections; the overflow serves anything else
-using the engine), and recycling; a restarted database is survived by retrying a
-call whose first statement found its pooled connection dead (Database.run).
-Only public APIs: engine events, create_engine options and the driver's documented ones.
+SQLite: WAL, a busy timeout, and transactions begun by us so that writers take the write
+lock up front (BEGIN IMMEDIATE) instead of failing to upgrade half-way. MySQL/MariaDB:
+mysql-connector-python with the multi-statement flag, utf8mb4 with binary collation (text
+comes back exactly as sent), autocommit reads and READ COMMITTED write transactions begun
+by the unit of work, and a pool the size of the worker pool (db.connections). Only public
+APIs: engine events, create_engine options and the driver's documented ones.
 """
 from __future__ import annotations
 
@@ -33,10 +29,15 @@ except ImportError:  # pragma: no cover - then MySQL URLs fail at connect with a
 # How long a statement waits for a lock another transaction holds, on either database,
 # before the call is answered BUSY: well inside the client's 30 s, so the answer arrives.
 LOCK_WAIT_S = 15
-_POLL_LOCK_S = 5.0  # SQLite: BEGIN IMMEDIATE polled this long, then its busy handler waits the rest
-SQLITE_BUSY_TIMEOUT_MS = int((LOCK_WAIT_S - _POLL_LOCK_S) * 1000)
+# SQLite's settings, read at each use (tests shorten them): BEGIN IMMEDIATE polled this
+# long, then its busy handler waits the rest; a WAL past WAL_CHECKPOINT_BYTES is emptied,
+# looked at again WAL_WAIT_AFTER_BUSY_S later if a reader kept it from that (WalKeeper).
+POLL_LOCK_S = 5.0
+SQLITE_BUSY_TIMEOUT_MS = int((LOCK_WAIT_S - POLL_LOCK_S) * 1000)
+WAL_CHECKPOINT_BYTES, WAL_WAIT_AFTER_BUSY_S, _WAL_CHECK_EVERY_S = 8 << 20, 5.0, 0.5
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
-WAL_CHECKPOINT_BYTES = 8 << 20  # a WAL grown past this is copied back and emptied (WalKeeper)
+RECYCLE_S = 1800  # a MySQL connection older than this is replaced (the server's idle limit is far longer)
+CONNECT_TIMEOUT_S = 5  # a MySQL server that does not answer is reported after this long
 log = logging.getLogger("market.db")
 # Connection info, for code using the engine directly (not Database.run): a transaction it
 # begins writes (BEGIN IMMEDIATE on SQLite; False: a plain BEGIN, none on MySQL).
@@ -45,17 +46,13 @@ WRITE_KEY = "market_write"
 # there a replicated write can abort the transaction between two statements of one query,
 # and those after it would then run on their own in autocommit.
 BATCHES_KEY = "market_batches"
-_MYSQL_DRIVER = "mysql+mysqlconnector"
-RECYCLE_S = 1800  # a MySQL connection older than this is replaced (the server's idle limit is far longer)
-CONNECT_TIMEOUT_S = 5  # a MySQL server that does not answer is reported after this long
-_WAL_CHECK_EVERY_S, _WAL_WAIT_AFTER_BUSY_S = 0.5, 5.0
 
 
 def driver_url(url: str) -> URL:
     """The URL on the driver this project uses: mysql:// and mariadb:// mean mysql-connector."""
     parsed = make_url(url)
     if parsed.get_backend_name() in ("mysql", "mariadb"):
-        return parsed.set(drivername=_MYSQL_DRIVER)
+        return parsed.set(drivername="mysql+mysqlconnector")
     return parsed
 
 
@@ -81,6 +78,7 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
+
 def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
     engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_timeout=30,
                            paramstyle="named",  # :name, as db.unit_of_work passes a dict of values
@@ -89,11 +87,9 @@ def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # the unit of work sends BEGIN IMMEDIATE itself
-        cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA synchronous={synchronous}")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.close()
+        for pragma in ("journal_mode=WAL", f"synchronous={synchronous}",
+                       f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}"):
+            dbapi_conn.execute(f"PRAGMA {pragma}")
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
@@ -105,16 +101,37 @@ def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
     return engine
 
 
+def begin_immediate(raw: sqlite3.Connection) -> None:
+    """BEGIN IMMEDIATE, asking again every 0.1-1 ms for POLL_LOCK_S while another writer holds
+    the lock: SQLite's busy handler sleeps 1, 2, 5, 10, 15, 20, 25 ... ms between its tries,
+    so a writer went on sleeping long after the lock came free (at 10 + 10 most of the p99,
+    docs/benchmarks.md). Then the busy handler takes over; its error is the caller's."""
+    raw.execute("PRAGMA busy_timeout=0")
+    try:
+        pause, deadline = 0.0001, time.monotonic() + POLL_LOCK_S
+        while time.monotonic() < deadline:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc):
+                    break
+            time.sleep(pause * random.uniform(0.5, 1.5))
+            pause = min(2 * pause, 0.001)
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    raw.execute("BEGIN IMMEDIATE")
+
+
 class WalKeeper:
     """Keeps an SQLite file's write-ahead log from growing without end.
 
-    SQLite's own checkpoints copy the log into the database, but start it again from the
-    top only at a moment when no reader is using it, which under steady reads never comes:
-    over one 100 + 100 run the log of a 2.3 MB database grew to 144 MB. A thread of its
-    own looks every 0.5 s and gives a log past WAL_CHECKPOINT_BYTES a TRUNCATE checkpoint,
-    which waits (up to 2 s) for the write lock and the readers of that moment, then empties
-    it; no request waits for it. Should a reader hold its snapshot longer (a backup, say),
-    the next look is 5 s later.
+    SQLite's own checkpoints start the log again from the top only at a moment when no
+    reader is using it, which under steady reads never comes (over one 100 + 100 run the
+    log of a 2.3 MB database grew to 144 MB). A thread of its own looks every 0.5 s and
+    gives a log past WAL_CHECKPOINT_BYTES a TRUNCATE checkpoint, which waits (up to 2 s)
+    for the write lock and the readers of that moment, then empties it; no request waits
+    for it. Should a reader hold its snapshot longer, the next look is later.
     """
 
     def __init__(self, database_path: str) -> None:
@@ -141,7 +158,7 @@ class WalKeeper:
         wait = _WAL_CHECK_EVERY_S
         try:
             while not self._stop.wait(wait):
-                wait = _WAL_CHECK_EVERY_S if self._checkpoint_if_long() else _WAL_WAIT_AFTER_BUSY_S
+                wait = _WAL_CHECK_EVERY_S if self._checkpoint_if_long() else WAL_WAIT_AFTER_BUSY_S
         finally:
             if self._conn is not None:
                 self._conn.close()
@@ -163,8 +180,7 @@ class WalKeeper:
 
 def _truncate_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
     """wal_checkpoint(TRUNCATE), asked again every 0.1-1 ms for up to 2 s while writers or
-    readers are in its way: SQLite's busy handler, sleeping ever longer, lost the write
-    lock to the writers that ask this often (_begin_immediate) in half the tries."""
+    readers are in its way (as begin_immediate: with the busy handler it lost to writers)."""
     pause, deadline = 0.0001, time.monotonic() + 2.0
     while True:
         busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
@@ -174,57 +190,27 @@ def _truncate_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
         pause = min(2 * pause, 0.001)
 
 
-def begin_immediate(raw: sqlite3.Connection) -> None:
-    """BEGIN IMMEDIATE, asking again every 0.1-1 ms while another writer holds the lock.
-
-    SQLite's busy handler sleeps 1, 2, 5, 10, 15, 20, 25 ... ms between its tries, so a
-    writer that found the lock taken went on sleeping long after it came free: at 10 + 10
-    that was most of the p99 (docs/benchmarks.md). Past _POLL_LOCK_S the busy handler
-    takes over, and its error (database is locked) is the caller's.
-    """
-    raw.execute("PRAGMA busy_timeout=0")
-    try:
-        pause, deadline = 0.0001, time.monotonic() + _POLL_LOCK_S
-        while time.monotonic() < deadline:
-            try:
-                raw.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc):
-                    break
-            time.sleep(pause * random.uniform(0.5, 1.5))
-            pause = min(2 * pause, 0.001)
-    finally:
-        raw.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-    raw.execute("BEGIN IMMEDIATE")
-
-
-
-
 def _mysql_engine(url: Any, pool_size: int) -> Engine:
     engine = create_engine(
         url,
         pool_size=pool_size, max_overflow=pool_size, pool_timeout=10, pool_recycle=RECYCLE_S,
         # No pre-ping: a ping is a round trip per call. A connection found dead by a call's
-        # first statement (nothing has run yet) is retried once on a fresh one instead.
+        # first statement (nothing has run yet) is retried once on a fresh one (Database.run).
         pool_pre_ping=False,
-        # every transaction ends in COMMIT or ROLLBACK (the unit of work), so the pool's own
+        # every transaction ends in COMMIT or ROLLBACK (the unit of work): the pool's own
         # rollback on return would only be one more round trip
         pool_reset_on_return=None,
-        # Reads run statement by statement in autocommit mode (no COMMIT round trip); the
-        # unit of work opens a write's transaction with START TRANSACTION.
+        # reads run in autocommit (no COMMIT round trip); the unit of work opens a write's
+        # transaction with START TRANSACTION
         isolation_level="AUTOCOMMIT",
         # MULTI_STATEMENTS: the unit of work sends held writes, START TRANSACTION and COMMIT
-        # in the query of the statement that follows them (one round trip). It would let an
-        # injected "; DROP ..." run: nothing puts a value into SQL text unquoted (the driver
-        # quotes every bound value), and tests/integration/test_engine.py checks such values
-        # come back as data. The flags given as a list
-        # replace SQLAlchemy's FOUND_ROWS: an UPDATE's rowcount is the rows it changed.
+        # in the query of the statement that follows them (one round trip). Nothing puts a
+        # value into SQL text unquoted, so no injected "; DROP ..." can run (test_engine.py
+        # checks). The flags given as a list replace SQLAlchemy's FOUND_ROWS: an UPDATE's
+        # rowcount is the rows it changed.
         connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin",
-                      "connection_timeout": CONNECT_TIMEOUT_S,
-                      "client_flags": _MULTI_STATEMENTS},
+                      "connection_timeout": CONNECT_TIMEOUT_S, "client_flags": _MULTI_STATEMENTS},
     )
-
     event.listen(engine, "connect", _on_mysql_connect)
     event.listen(engine, "begin", _on_mysql_begin)
     return engine
@@ -232,9 +218,9 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
 
 def _on_mysql_connect(dbapi_conn: Any, record: Any) -> None:
     cursor = dbapi_conn.cursor()
+    cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
     # row locks (default 50 s) and metadata locks (default a year: an ALTER behind a long
     # transaction, and every query behind that ALTER)
-    cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
     cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_S}, "
                    f"lock_wait_timeout = {LOCK_WAIT_S}")
     cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")

@@ -28,14 +28,7 @@ from wire.values import format_money
 from .accounts import Session
 from .catalog import relist, unlist
 from .database import RetryTransaction, now_ms
-from .schema import (
-    cart_lines,
-    items,
-    order_lines,
-    orders,
-    saved_cart_lines,
-    users,
-)
+from .schema import cart_lines, items, order_lines, orders, saved_cart_lines, users
 from .unit_of_work import UnitOfWork
 
 PENDING, CAPTURING, PAID, VOIDING, VOID = "pending", "capturing", "paid", "voiding", "void"
@@ -102,7 +95,7 @@ _SESSION_PENDING = ((orders.c.status == PENDING) & (orders.c.session_id == bindp
 # stock updates take them) so that what the order records is exact; each line says whether
 # the session has another order pending (the orders are read, not locked).
 CART_LINES = (select(cart_lines.c.item_id, cart_lines.c.quantity, items.c.seller_id, items.c.name,
-                     items.c.price_cents, items.c.quantity.label("available"),
+                     items.c.price_cents.label("cents"), items.c.quantity.label("available"),
                      exists().where(_SESSION_PENDING).label("cut_off"))
               .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
               .where(cart_lines.c.session_id == bindparam("session_id"))
@@ -112,17 +105,16 @@ _TAKE_STOCK = (update(items)
                .values(quantity=items.c.quantity - bindparam("n"), sold=items.c.sold + bindparam("n")))
 _GIVE_STOCK = (update(items).where(items.c.item_id == bindparam("item_id"))
                .values(quantity=items.c.quantity + bindparam("n"), sold=items.c.sold - bindparam("n")))
-_ITEMS_SOLD = (update(users).where(users.c.user_id == bindparam("seller_id"))
+_ITEMS_SOLD = (update(users).where(users.c.user_id == bindparam("seller_id"))  # n < 0: unsold
                .values(items_sold=users.c.items_sold + bindparam("n")))
-_ITEMS_UNSOLD = (update(users).where(users.c.user_id == bindparam("seller_id"))
-                 .values(items_sold=users.c.items_sold - bindparam("n")))
 _NEW_LINES = insert(order_lines)
 _DROP_LINES = delete(order_lines).where(order_lines.c.order_id == bindparam("order_id"))
 _SET_TOTAL = (update(orders).where(orders.c.order_id == bindparam("order_id"))
               .values(total_cents=bindparam("total")))
-_ORDER_BY_KEY = select(orders.c.order_id, orders.c.total_cents, orders.c.status, orders.c.payment_key,
-                       orders.c.created_ms).where(orders.c.buyer_id == bindparam("buyer_id"),
-                                                  orders.c.idempotency_key == bindparam("key"))
+_ORDER = select(orders.c.order_id, orders.c.total_cents, orders.c.status, orders.c.payment_key,
+                orders.c.created_ms)
+_ORDER_BY_KEY = _ORDER.where(orders.c.buyer_id == bindparam("buyer_id"),
+                             orders.c.idempotency_key == bindparam("key"))
 _LINES_OF_ORDER = (select(order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
                           order_lines.c.price_cents.label("cents"), order_lines.c.seller_id)
                    .where(order_lines.c.order_id == bindparam("order_id")).order_by(order_lines.c.item_id))
@@ -139,8 +131,7 @@ _EMPTY_BOUGHT_LINE = delete(cart_lines).where(cart_lines.c.session_id == bindpar
                                               cart_lines.c.item_id == bindparam("item_id"), _MOVED_HERE)
 _EMPTY_SAVED = delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id"),
                                               _MOVED_HERE)
-_PENDING_OF_SESSION = (select(orders.c.order_id, orders.c.payment_key, orders.c.status, orders.c.created_ms)
-                       .where(_SESSION_PENDING).limit(1))
+_PENDING_OF_SESSION = _ORDER.where(_SESSION_PENDING).limit(1)
 _BUYER_AND_SESSION = (select(orders.c.buyer_id, orders.c.session_id)
                       .where(orders.c.order_id == bindparam("order_id")))
 # What the settlers look for, every few seconds: by the index on (status, created_ms).
@@ -178,14 +169,14 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
     if cart[0].cut_off:  # its lines may be bought already: settle it before buying them again
         pending = tx.execute(_PENDING_OF_SESSION, ids).first()
         raise _in_progress(pending) if pending is not None else RetryTransaction  # settled meanwhile
-    total = sum(line.price_cents * line.quantity for line in cart)
+    total = sum(line.cents * line.quantity for line in cart)
     if expected_total is not None and total != expected_total:
         raise ConflictError(f"the cart's total is now {format_money(total)}; nothing was bought")
     _take_stock(tx, cart)
-    lines = _write_lines(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
+    _write_lines(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
     tx.execute(_SET_TOTAL, {"order_id": order_id, "total": total})
     return OpenOrder(order_id, payment_key, live.user_id, live.session_id, total,
-                     _receipt(order_id, total, lines))
+                     _receipt(order_id, total, cart))
 
 
 def replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
@@ -197,7 +188,7 @@ def replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
     if order.status != PAID:  # pending (or capturing: a purchase of revision 0006)
         raise _in_progress(order)
     rows = tx.execute(_LINES_OF_ORDER, {"order_id": order.order_id}).all()
-    return _receipt(order.order_id, order.total_cents, [r._asdict() for r in rows])
+    return _receipt(order.order_id, order.total_cents, rows)
 
 
 def purchase_of(order: OpenOrder) -> Purchase:
@@ -206,18 +197,17 @@ def purchase_of(order: OpenOrder) -> Purchase:
                     tuple(line["item_id"] for line in order.receipt["lines"]))
 
 
-def complete(tx: UnitOfWork, purchase: Purchase) -> Moved:
+def complete(tx: UnitOfWork, purchase: Purchase) -> None:
     """Once the payment is captured: pending -> paid, and the bought lines leave the session's
-    cart and the saved cart; false if the order was not pending (completed already). Nothing
-    is read: the whole step goes with the COMMIT, and its outcome is read after."""
-    moved = Moved(tx.execute(_MOVE, {"order_id": purchase.order_id, "before": PENDING, "after": _COMPLETING}))
+    cart and the saved cart; nothing if the order was not pending (completed already). Nothing
+    is read: the whole step goes with the COMMIT."""
+    tx.execute(_MOVE, {"order_id": purchase.order_id, "before": PENDING, "after": _COMPLETING})
     if purchase.session_id is not None:
         for item_id in purchase.item_ids:
             tx.execute(_EMPTY_BOUGHT_LINE, {"session_id": purchase.session_id, "item_id": item_id,
                                             "order_id": purchase.order_id})
     tx.execute(_EMPTY_SAVED, {"buyer_id": purchase.buyer_id, "order_id": purchase.order_id})
     tx.execute(_MOVE, {"order_id": purchase.order_id, "before": _COMPLETING, "after": PAID})
-    return moved
 
 
 def purchase_in(tx: UnitOfWork, order_id: int) -> Purchase:
@@ -236,30 +226,16 @@ def undo(tx: UnitOfWork, order_id: int, status: str) -> bool:
         return False
     lines = tx.execute(_LINES_OF_ORDER, {"order_id": order_id}).all()
     _give_stock_back(tx, lines)
-    for seller_id, units in sorted(_units_by_seller(lines).items()):
-        tx.execute(_ITEMS_UNSOLD, {"seller_id": seller_id, "n": units})
+    _count_sold(tx, lines, -1)
     tx.execute(_DROP_LINES, {"order_id": order_id})
     return True
 
 
-def finish(tx: UnitOfWork, order_id: int, status: str) -> Moved:
+def finish(tx: UnitOfWork, order_id: int, status: str) -> None:
     """voiding -> void, or capturing -> paid (an order of revision 0006): the processor has
-    done its part (held, sent with the COMMIT; whether it moved is read after)."""
+    done its part (held, sent with the COMMIT)."""
     before = {PAID: CAPTURING, VOID: VOIDING}[status]
-    return Moved(tx.execute(_MOVE, {"order_id": order_id, "before": before, "after": status}))
-
-
-class Moved:
-    """Whether a conditional status change matched its order: read once the transaction has
-    sent it (after the COMMIT, so that the change costs no round trip of its own). False too
-    when that is not known (the COMMIT committed, its answer lost): the caller reads the
-    status back."""
-
-    def __init__(self, result: Any) -> None:
-        self._result = result
-
-    def __bool__(self) -> bool:
-        return bool(self._result.rowcount == 1)
+    tx.execute(_MOVE, {"order_id": order_id, "before": before, "after": status})
 
 
 def due_orders(tx: UnitOfWork, pending_before_ms: int, limit: int = 100) -> list[DueOrder]:
@@ -280,32 +256,27 @@ def _take_stock(tx: UnitOfWork, cart: Sequence[Any]) -> None:
     with the COMMIT. Each keeps `quantity >= n` all the same: no item goes below zero."""
     for line in cart:
         if line.quantity > line.available:
-            raise _short_of(line)
+            raise ConflictError(f"item {line.item_id}: only {line.available} left")
     for line in cart:
         tx.execute(_TAKE_STOCK, {"item_id": line.item_id, "n": line.quantity})
 
 
-def _short_of(line: Any) -> ConflictError:
-    return ConflictError(f"item {line.item_id}: only {line.available} left")
-
-
-def _write_lines(tx: UnitOfWork, buyer_id: int, order_id: int, cart: Sequence[Any]) -> list[dict[str, Any]]:
+def _write_lines(tx: UnitOfWork, buyer_id: int, order_id: int, cart: Sequence[Any]) -> None:
     """The order's lines, each seller's units sold, and the search index of what sold out."""
     tx.execute(_NEW_LINES, [
         {"order_id": order_id, "item_id": ln.item_id, "buyer_id": buyer_id, "seller_id": ln.seller_id,
-         "name": ln.name, "quantity": ln.quantity, "price_cents": ln.price_cents} for ln in cart])
-    for seller_id, units in sorted(_units_by_seller(cart).items()):
-        tx.execute(_ITEMS_SOLD, {"seller_id": seller_id, "n": units})
+         "name": ln.name, "quantity": ln.quantity, "price_cents": ln.cents} for ln in cart])
+    _count_sold(tx, cart, 1)
     unlist(tx, [ln.item_id for ln in cart if ln.available == ln.quantity])  # the last units went
-    return [{"item_id": ln.item_id, "name": ln.name, "quantity": ln.quantity, "cents": ln.price_cents}
-            for ln in cart]
 
 
-def _units_by_seller(lines: Sequence[Any]) -> Counter[int]:
+def _count_sold(tx: UnitOfWork, lines: Sequence[Any], sign: int) -> None:
+    """Each seller's units sold, counted up (sign 1) or back down (-1), in seller order."""
     sold: Counter[int] = Counter()
     for line in lines:
         sold[line.seller_id] += line.quantity
-    return sold
+    for seller_id in sorted(sold):
+        tx.execute(_ITEMS_SOLD, {"seller_id": seller_id, "n": sign * sold[seller_id]})
 
 
 def _give_stock_back(tx: UnitOfWork, lines: Sequence[Any]) -> None:
@@ -318,7 +289,8 @@ def _give_stock_back(tx: UnitOfWork, lines: Sequence[Any]) -> None:
             relist(tx, [item])
 
 
-def _receipt(order_id: int, total: int, lines: list[dict[str, Any]]) -> dict[str, Any]:
+def _receipt(order_id: int, total: int, lines: Sequence[Any]) -> dict[str, Any]:
+    """The answer to make_purchase, of order or cart lines (item_id, name, quantity, cents)."""
     return {"order_id": order_id, "total": format_money(total),
-            "lines": [{"item_id": ln["item_id"], "name": ln["name"], "quantity": ln["quantity"],
-                       "price": format_money(ln["cents"])} for ln in lines]}
+            "lines": [{"item_id": ln.item_id, "name": ln.name, "quantity": ln.quantity,
+                       "price": format_money(ln.cents)} for ln in lines]}

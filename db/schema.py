@@ -3,7 +3,8 @@
 Money is integer cents, times are integer epoch milliseconds, and every id is
 chosen by the database. Uniqueness rules the protocol relies on (one account per
 role and username, one vote per buyer and item, one order per idempotency key)
-are constraints here, never read-then-write checks in Python.
+are constraints here, never read-then-write checks in Python. Each schema version is
+a revision in db/migrations/versions.
 """
 from __future__ import annotations
 
@@ -28,25 +29,23 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.mysql import VARBINARY
 from sqlalchemy.engine import Dialect
+from sqlalchemy.schema import SchemaItem
 from sqlalchemy.types import TypeEngine
 
 from wire.values import MAX_WORD_LENGTH, TYPO_LENGTH, item_search_words, stem
 
-# 2: item_keywords holds items on sale only; 3: item_keyword_pairs, item_keywords by item_id,
-# keywords and idempotency keys compared exactly on MySQL (ExactText); 4: orders.status and
-# orders.payment_key, for purchases in steps (db.purchases); 5: item_words and item_word_pairs, the search by
-# text's indexes (10: item_words of stems too, vocabulary for typos, no pairs); 6: suspensions and
-# admin_actions, the operator's commands; 7: commit_tokens, how a COMMIT whose answer was lost
-# is known to have committed or not; 8: orders.session_id; 9: device_tokens (revisions in
-# db/migrations/versions)
 metadata = MetaData()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL gets BIGINT.
 Id = BigInteger().with_variant(Integer(), "sqlite")
 # Usernames compare case-sensitively on every database (SQLite does by default).
 Username = String(32).with_variant(String(32, collation="utf8mb4_bin"), "mysql", "mariadb")
-_MYSQL: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4",
-                          "mysql_collate": "utf8mb4_bin"}
+MYSQL_OPTIONS: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4",
+                                 "mysql_collate": "utf8mb4_bin"}
+
+
+def _table(name: str, *parts: SchemaItem) -> Table:
+    return Table(name, metadata, *parts, **MYSQL_OPTIONS)
 
 
 class ExactText(TypeDecorator[str]):
@@ -58,17 +57,12 @@ class ExactText(TypeDecorator[str]):
     impl = String
     cache_ok = True
 
-    def __init__(self, length: int) -> None:
-        super().__init__(length)
-        self.length = length
-
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
         if dialect.name in ("mysql", "mariadb"):  # up to four bytes a character in UTF-8
             return dialect.type_descriptor(VARBINARY(4 * self.length))
         return dialect.type_descriptor(String(self.length))
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
-        # VARBINARY takes bytes: the text's UTF-8
         return value.encode() if isinstance(value, str) and dialect.name in ("mysql", "mariadb") else value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
@@ -79,14 +73,10 @@ def _counter(name: str) -> Column[int]:
     return Column(name, BigInteger, nullable=False, server_default="0")
 
 
-schema_info = Table(
-    "schema_info", metadata,
-    Column("version", Integer, primary_key=True, autoincrement=False),
-    **_MYSQL,
-)
+schema_info = _table("schema_info", Column("version", Integer, primary_key=True, autoincrement=False))
 
-users = Table(
-    "users", metadata,
+users = _table(
+    "users",
     Column("user_id", Id, primary_key=True, autoincrement=True),
     Column("role", String(6), nullable=False),
     Column("username", Username, nullable=False),
@@ -95,22 +85,20 @@ users = Table(
     _counter("thumbs_up"), _counter("thumbs_down"), _counter("items_sold"),
     Column("created_ms", BigInteger, nullable=False),
     UniqueConstraint("role", "username", name="uq_users_role_username"),
-    **_MYSQL,
 )
 
-sessions = Table(
-    "sessions", metadata,
+sessions = _table(
+    "sessions",
     Column("session_id", Id, primary_key=True, autoincrement=True),
     Column("token_hash", String(64), nullable=False, unique=True),
     Column("user_id", BigInteger, ForeignKey("users.user_id"), nullable=False, index=True),
     Column("role", String(6), nullable=False),
     Column("created_ms", BigInteger, nullable=False),
     Column("last_seen_ms", BigInteger, nullable=False),
-    **_MYSQL,
 )
 
-items = Table(
-    "items", metadata,
+items = _table(
+    "items",
     Column("item_id", Id, primary_key=True, autoincrement=True),
     Column("seller_id", BigInteger, ForeignKey("users.user_id"), nullable=False),
     Column("name", String(32), nullable=False),
@@ -125,32 +113,29 @@ items = Table(
     Index("ix_items_seller", "seller_id", "item_id"),
     Index("ix_items_seller_on_sale", "seller_id", "quantity"),  # the cap on listings (db.catalog.put_item)
     Index("ix_items_category", "category", "item_id"),
-    **_MYSQL,
 )
 
-item_keywords = Table(
-    "item_keywords", metadata,
+item_keywords = _table(
+    "item_keywords",
     Column("keyword", ExactText(8), nullable=False),
     Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
     Column("category", SmallInteger, nullable=False),  # an item's category never changes
     PrimaryKeyConstraint("keyword", "item_id"),
     Index("ix_item_keywords_category", "keyword", "category", "item_id"),
     Index("ix_item_keywords_item", "item_id"),  # unlisting; MySQL had one for the foreign key
-    **_MYSQL,
 )
 
 # Every pair of an item on sale's keywords (keyword_pairs): the items with both keywords of a
 # two-keyword search, in item order, without reading either keyword's whole range, and the
 # rank of every item with two or more keywords of a longer search's first page. No category:
 # a search with one uses the grouped statement (db.search._two_keyword_search).
-item_keyword_pairs = Table(
-    "item_keyword_pairs", metadata,
+item_keyword_pairs = _table(
+    "item_keyword_pairs",
     Column("first_keyword", ExactText(8), nullable=False),
     Column("second_keyword", ExactText(8), nullable=False),
     Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
     PrimaryKeyConstraint("first_keyword", "second_keyword", "item_id"),
     Index("ix_item_keyword_pairs_item", "item_id"),
-    **_MYSQL,
 )
 
 
@@ -172,45 +157,37 @@ def keyword_pair_rows(item_id: int, keywords: Iterable[str]) -> list[dict[str, A
 
 # The search by text's index: an item on sale's words (wire.values.item_search_words: its
 # category's name, the folded words of its name and one-word keywords, at most 12), each once,
-# and "~" + the stem of each whose stem differs (db.catalog: a query word's stem finds them).
-# Kept like item_keywords: written by put_item (no op renames an item or changes its keywords),
-# deleted when the item sells out.
-item_words = Table(
-    "item_words", metadata,
+# and "~" + the stem of each whose stem differs (a query word's stem finds them). Kept like
+# item_keywords: written by put_item, deleted when the item sells out.
+item_words = _table(
+    "item_words",
     Column("word", ExactText(MAX_WORD_LENGTH + 1), nullable=False),
     Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
     Column("category", SmallInteger, nullable=False),
     PrimaryKeyConstraint("word", "item_id"),
     Index("ix_item_words_category", "word", "category", "item_id"),
     Index("ix_item_words_item", "item_id"),
-    **_MYSQL,
 )
 
 # Every word of letters only, of TYPO_LENGTH - 1 letters or more, that an item ever brought into
 # item_words (never deleted): what a query word's typos are matched against. A word one edit
 # from another shares with it the first or the last (n - 1) // 2 letters (n: the longer's
 # length), so the candidates are two ranges per length: by word and by its letters reversed.
-vocabulary = Table(
-    "vocabulary", metadata,
+vocabulary = _table(
+    "vocabulary",
     Column("length", SmallInteger, nullable=False),
     Column("word", ExactText(MAX_WORD_LENGTH), nullable=False),
     Column("tail", ExactText(MAX_WORD_LENGTH), nullable=False),  # the word reversed
     PrimaryKeyConstraint("length", "word"),
     Index("ix_vocabulary_tail", "length", "tail"),
-    **_MYSQL,
 )
 
 
-def item_word_list(name: str, category: int, keywords: list[str]) -> list[str]:
-    """What item_words holds for one item on sale: its words, then "~" + each differing stem."""
-    words = item_search_words(name, keywords, category)
-    return words + list(dict.fromkeys(f"~{stem(word)}" for word in words if stem(word) != word))
-
-
 def word_rows(item_id: int, category: int, name: str, keywords: list[str]) -> list[dict[str, Any]]:
-    """The item_words rows of one item on sale."""
-    return [{"word": word, "item_id": item_id, "category": category}
-            for word in item_word_list(name, category, keywords)]
+    """The item_words rows of one item on sale: its words, then "~" + each differing stem."""
+    words = item_search_words(name, keywords, category)
+    words += dict.fromkeys(f"~{stem(word)}" for word in words if stem(word) != word)
+    return [{"word": word, "item_id": item_id, "category": category} for word in words]
 
 
 def vocabulary_rows(words: Iterable[str]) -> list[dict[str, Any]]:
@@ -219,26 +196,21 @@ def vocabulary_rows(words: Iterable[str]) -> list[dict[str, Any]]:
     return [{"length": length, "word": word, "tail": word[::-1]} for length, word in kept]
 
 
-cart_lines = Table(
-    "cart_lines", metadata,
-    Column("session_id", BigInteger, ForeignKey("sessions.session_id"), nullable=False),
-    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
-    Column("quantity", BigInteger, nullable=False),
-    PrimaryKeyConstraint("session_id", "item_id"),
-    **_MYSQL,
-)
+def _cart(name: str, owner: str, owner_key: str) -> Table:
+    return _table(
+        name,
+        Column(owner, BigInteger, ForeignKey(owner_key), nullable=False),
+        Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
+        Column("quantity", BigInteger, nullable=False),
+        PrimaryKeyConstraint(owner, "item_id"),
+    )
 
-saved_cart_lines = Table(
-    "saved_cart_lines", metadata,
-    Column("buyer_id", BigInteger, ForeignKey("users.user_id"), nullable=False),
-    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
-    Column("quantity", BigInteger, nullable=False),
-    PrimaryKeyConstraint("buyer_id", "item_id"),
-    **_MYSQL,
-)
 
-orders = Table(
-    "orders", metadata,
+cart_lines = _cart("cart_lines", "session_id", "sessions.session_id")
+saved_cart_lines = _cart("saved_cart_lines", "buyer_id", "users.user_id")
+
+orders = _table(
+    "orders",
     Column("order_id", Id, primary_key=True, autoincrement=True),
     Column("buyer_id", BigInteger, ForeignKey("users.user_id"), nullable=False),
     Column("total_cents", BigInteger, nullable=False),
@@ -256,11 +228,10 @@ orders = Table(
     Index("uq_orders_payment_key", "payment_key", unique=True),  # as revision 0004 makes it
     Index("ix_orders_buyer", "buyer_id", "order_id"),
     Index("ix_orders_status", "status", "created_ms"),
-    **_MYSQL,
 )
 
-order_lines = Table(
-    "order_lines", metadata,
+order_lines = _table(
+    "order_lines",
     Column("order_id", BigInteger, ForeignKey("orders.order_id"), nullable=False),
     Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
     Column("buyer_id", BigInteger, nullable=False),
@@ -272,52 +243,47 @@ order_lines = Table(
     Index("ix_order_lines_buyer_item", "buyer_id", "item_id"),
     Index("ix_order_lines_buyer_order", "buyer_id", "order_id"),
     Index("ix_order_lines_seller", "seller_id"),
-    **_MYSQL,
 )
 
-feedback = Table(
-    "feedback", metadata,
+feedback = _table(
+    "feedback",
     Column("buyer_id", BigInteger, ForeignKey("users.user_id"), nullable=False),
     Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
     Column("vote", String(4), nullable=False),
     Column("created_ms", BigInteger, nullable=False),
     PrimaryKeyConstraint("buyer_id", "item_id"),
-    **_MYSQL,
 )
 
 # Consecutive failed logins per account name (existing or not), for the login backoff.
-login_failures = Table(
-    "login_failures", metadata,
+login_failures = _table(
+    "login_failures",
     Column("role", String(6), nullable=False),
     Column("username", Username, nullable=False),
     Column("failures", Integer, nullable=False),
     Column("last_failure_ms", BigInteger, nullable=False),
     PrimaryKeyConstraint("role", "username"),
-    **_MYSQL,
 )
 
 # Device tokens (PROTOCOL.md): a client that logged in to the account, which the account's
 # throttle never slows (db.login_throttle). Only the token's SHA-256 is kept.
-device_tokens = Table(
-    "device_tokens", metadata,
+device_tokens = _table(
+    "device_tokens",
     Column("token_hash", String(64), primary_key=True),
     Column("user_id", BigInteger, ForeignKey("users.user_id"), nullable=False, index=True),
     Column("created_ms", BigInteger, nullable=False),
-    **_MYSQL,
 )
 
 # Accounts an operator suspended (`market admin suspend`): no login, no session.
-suspensions = Table(
-    "suspensions", metadata,
+suspensions = _table(
+    "suspensions",
     Column("user_id", BigInteger, ForeignKey("users.user_id"), primary_key=True, autoincrement=False),
     Column("suspended_ms", BigInteger, nullable=False),
     Column("reason", String(500), nullable=True),
-    **_MYSQL,
 )
 
 # Every operator's action (`market admin`): who ran it from where, when, on what, and why.
-admin_actions = Table(
-    "admin_actions", metadata,
+admin_actions = _table(
+    "admin_actions",
     Column("action_id", Id, primary_key=True, autoincrement=True),
     Column("at_ms", BigInteger, nullable=False),
     Column("os_user", String(64), nullable=False),
@@ -326,16 +292,14 @@ admin_actions = Table(
     Column("target", String(100), nullable=False),
     Column("outcome", String(500), nullable=False),
     Column("reason", String(500), nullable=True),
-    **_MYSQL,
 )
 
 # One row per MySQL/MariaDB write transaction, written in it (db.commit_tokens): after a
 # connection lost at its COMMIT, the row says whether it committed. The key grows with time
 # (the housekeeping deletes by its first column); `nonce` is random.
-commit_tokens = Table(
-    "commit_tokens", metadata,
+commit_tokens = _table(
+    "commit_tokens",
     Column("created_ms", BigInteger, nullable=False, autoincrement=False),
     Column("nonce", BigInteger, nullable=False, autoincrement=False),
     PrimaryKeyConstraint("created_ms", "nonce"),
-    **_MYSQL,
 )

@@ -452,7 +452,7 @@ def test_a_read_is_answered_when_its_session_activity_cannot_be_written(tmp_path
     """A read whose last-seen is due writes it after the read; that write waiting out its
     lock wait (another process holding SQLite's write lock) answered the read BUSY, its
     result thrown away. Now the answer stands and the next request writes last-seen."""
-    monkeypatch.setattr(engine_module, "_POLL_LOCK_S", 0.05)
+    monkeypatch.setattr(engine_module, "POLL_LOCK_S", 0.05)
     monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 200)
     path = tmp_path / "busy.db"
     database = Database(f"sqlite:///{path}", pool_size=2)

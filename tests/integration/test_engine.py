@@ -418,7 +418,7 @@ def test_a_payment_waits_for_the_writes_before_it(database: Database) -> None:
 @pytest.mark.parametrize("poll_s", [5.0, 0.05])  # the lock freed while polling, or after: SQLite's wait
 def test_a_sqlite_writer_waits_for_the_write_lock_then_writes(tmp_path: Any, monkeypatch: Any,
                                                               poll_s: float) -> None:
-    monkeypatch.setattr(engine_module, "_POLL_LOCK_S", poll_s)
+    monkeypatch.setattr(engine_module, "POLL_LOCK_S", poll_s)
     path = tmp_path / "locked.db"
     database = Database(f"sqlite:///{path}", pool_size=2)
     database.create_schema()
@@ -460,7 +460,7 @@ def test_a_sqlite_writer_that_waited_its_whole_lock_wait_answers_busy_once(tmp_p
                                                                           monkeypatch: Any) -> None:
     # before: 'database is locked' was retried, 8 waits of 5 s + 30 s in all: the client's
     # 30 s ran out long before, and the call might still commit after it had given up
-    monkeypatch.setattr(engine_module, "_POLL_LOCK_S", 0.05)
+    monkeypatch.setattr(engine_module, "POLL_LOCK_S", 0.05)
     monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 200)
     path = tmp_path / "held.db"
     database = Database(f"sqlite:///{path}", pool_size=1)
@@ -616,7 +616,7 @@ def test_a_grown_sqlite_log_is_emptied_once_its_readers_move_on(tmp_path: Any, m
     """Under steady reads SQLite never found a moment to start its log again: it grew to
     144 MB over one 100 + 100 run on a 2.3 MB database."""
     monkeypatch.setattr(engine_module, "WAL_CHECKPOINT_BYTES", 256 << 10)
-    monkeypatch.setattr(engine_module, "_WAL_WAIT_AFTER_BUSY_S", 0.5)
+    monkeypatch.setattr(engine_module, "WAL_WAIT_AFTER_BUSY_S", 0.5)
     path = tmp_path / "grown.db"
     wal = tmp_path / "grown.db-wal"
     database = Database(f"sqlite:///{path}", pool_size=1)

@@ -15,7 +15,13 @@ from support import fresh_mysql_database
 from db import Database
 from db.accounts import _SESSION_BY_TOKEN
 from db.carts import _CART, _IN_CART, _STOCK_AND_HELD
-from db.catalog import _ITEM_FOR_SESSION, _ON_SALE, _OWN_ITEM, _RATING_FOR_SESSION, _SELLER_ITEMS
+from db.catalog import (
+    _ITEM_FOR_SESSION,
+    _ITEM_FOR_SESSION_LOCKED,
+    _ON_SALE,
+    _RATING_FOR_SESSION,
+    _SELLER_ITEMS,
+)
 from db.login_throttle import _FAILURES
 from db.orders import _HISTORY, _VOTE_OF_BUYER
 from db.purchases import CART_LINES, DUE_ORDERS
@@ -76,7 +82,8 @@ STATEMENTS = {
     "search by text+category, next page": (_ranked_search(len(TERMS), True, True), TEXT),
     "search by text, typos of two words": (_typo_candidates(2), TYPOS),
     "put_item's count of the seller's items on sale": (_ON_SALE, {"cap": 10_000}),
-    "token check": _SESSION_BY_TOKEN, "own item (change_price, remove_item)": (_OWN_ITEM, SELLER),
+    "token check": _SESSION_BY_TOKEN,
+    "own item (change_price, remove_item)": (_ITEM_FOR_SESSION_LOCKED, SELLER),
     "add_to_cart": _STOCK_AND_HELD, "remove_from_cart": _IN_CART,
     "make_purchase's cart": (CART_LINES, {"payment_key": "k"}),
     "purchase history": _HISTORY, "orders due to settle": (DUE_ORDERS, {"pending_before": 0, "limit": 100}),
