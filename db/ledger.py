@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.schema import CreateTable
 
 from .database import Database, now_ms
+from .schema import MYSQL_OPTIONS
 
 T = TypeVar("T")
 AUTHORISED, CAPTURED, VOIDED, DECLINED = "authorised", "captured", "voided", "declined"
@@ -32,7 +33,7 @@ payments = Table(
     Column("captures", BigInteger, nullable=False, default=0),  # a second capture would show here
     Column("created_ms", BigInteger, nullable=False),
     Column("updated_ms", BigInteger, nullable=False),
-    mysql_engine="InnoDB", mysql_charset="utf8mb4", mysql_collate="utf8mb4_bin",
+    **MYSQL_OPTIONS,
 )
 
 
@@ -83,18 +84,16 @@ class Ledger:
         try:  # one round trip: the INSERT goes with its COMMIT, and is not read back
             self._run(lambda tx: tx.execute(_NEW_ENTRY, asdict(entry)))
             return entry
-        except IntegrityError:
-            pass  # the key has its entry: the call was made before
-        found = self.lookup(key)
-        assert found is not None
-        return found
+        except IntegrityError:  # the key has its entry: the call was made before
+            found = self.lookup(key)
+            assert found is not None
+            return found
 
     def move(self, key: str, from_state: str, to_state: str) -> str | None:
         """The key's state after moving it from `from_state` to `to_state` (if it was there);
         None for an unknown key."""
-        captures = 1 if to_state == CAPTURED else 0
-        change = {"key": key, "from_state": from_state, "to_state": to_state, "captures": captures,
-                  "now": now_ms()}
+        change = {"key": key, "from_state": from_state, "to_state": to_state,
+                  "captures": int(to_state == CAPTURED), "now": now_ms()}
         moved = self._run(lambda tx: tx.execute(_MOVE, change))
         if moved.rowcount == 1:  # read after the COMMIT, which carried the UPDATE
             return to_state

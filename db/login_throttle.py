@@ -3,14 +3,12 @@ database so that every server process sees the same level.
 
 A leaky bucket per (role, username), existing or not (so the answer reveals nothing): each
 login without a valid device token of the account adds one before its password is checked,
-and the level drains by one every `step_s`. A login is let through while the bucket has room
-for it, and the last places are kept by lane: a login from an address new to the username
-leaves a fifth of the bucket to those coming back when told, not sooner; one from an address
-whose password was wrong for it leaves about three fifths, so that an owner on a new client,
-told to wait while strangers guess, gets in when he comes back. A right password
-takes its unit back. Whatever the number of addresses, at most `burst + T / step_s`
-passwords are checked for one account in T seconds, and no login is told to wait longer than
-a few steps. A login with the account's device token never touches the bucket.
+a right password takes it back, and the level drains by one every `step_s`. The last places
+are kept by lane: a login from an address new to the username leaves a fifth of the bucket
+to those coming back when told; one from an address whose password was wrong for it leaves
+about three fifths, so that an owner on a new client, told to wait while strangers guess,
+gets in when he comes back. At most `burst + T / step_s` passwords are checked for one
+account in T seconds, and no login is told to wait longer than a few steps.
 """
 from __future__ import annotations
 

@@ -7,17 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import (
-    BigInteger,
-    Integer,
-    String,
-    Update,
-    and_,
-    bindparam,
-    insert,
-    select,
-    update,
-)
+from sqlalchemy import BigInteger, Integer, String, and_, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from wire.errors import ConflictError, ForbiddenError
@@ -50,14 +40,6 @@ def provide_feedback(tx: UnitOfWork, session: Session, item_id: int, vote: str) 
     return {}
 
 
-def _count_vote(column: str) -> tuple[Update, Update]:
-    """+1 on the item's and on its seller's thumbs_up or thumbs_down."""
-    return ((update(items).where(items.c.item_id == bindparam("item_id"))
-                     .values({column: items.c[column] + 1})),
-            (update(users).where(users.c.user_id == bindparam("seller_id"))
-                     .values({column: users.c[column] + 1})))
-
-
 # The vote, if the buyer bought the item (no row inserted otherwise): the check and the
 # INSERT in one statement.
 _VOTE_OF_BUYER = (select(order_lines.c.buyer_id, order_lines.c.item_id, bindparam("vote", type_=String),
@@ -66,9 +48,12 @@ _VOTE_OF_BUYER = (select(order_lines.c.buyer_id, order_lines.c.item_id, bindpara
                   .where(order_lines.c.buyer_id == bindparam("buyer_id"),
                          order_lines.c.item_id == bindparam("item_id"), is_completed(orders.c.status))
                   .limit(1))
-_VOTE_IF_BOUGHT = (insert(feedback).from_select(["buyer_id", "item_id", "vote", "created_ms"],
-                                                        _VOTE_OF_BUYER))
-_COUNT_VOTE = {"up": _count_vote("thumbs_up"), "down": _count_vote("thumbs_down")}
+_VOTE_IF_BOUGHT = insert(feedback).from_select(["buyer_id", "item_id", "vote", "created_ms"], _VOTE_OF_BUYER)
+# +1 on the item's and on its seller's thumbs_up or thumbs_down
+_COUNT_VOTE = {
+    vote: (update(items).where(items.c.item_id == bindparam("item_id")).values({c: items.c[c] + 1}),
+           update(users).where(users.c.user_id == bindparam("seller_id")).values({c: users.c[c] + 1}))
+    for vote, c in (("up", "thumbs_up"), ("down", "thumbs_down"))}
 
 
 _FIRST_PAGE = (2**62, 0)  # a cursor before every (order_id, item_id)
@@ -91,12 +76,9 @@ def get_purchase_history(tx: UnitOfWork, session: Session, limit: int,
     """The buyer's purchased lines, newest order first."""
     last_order, last_item = decode_cursor(cursor, 2) if cursor else _FIRST_PAGE
     rows = tx.execute(_HISTORY, {"buyer_id": session.user_id, "last_order": last_order,
-                             "last_item": last_item, "limit": limit + 1}).all()
+                                 "last_item": last_item, "limit": limit + 1}).all()
     rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.order_id, r.item_id))
-    return {"purchases": [_history_line(r) for r in rows], "next_cursor": next_cursor}
-
-
-def _history_line(row: Any) -> dict[str, Any]:
-    return {"order_id": row.order_id, "item_id": row.item_id, "name": row.name,
-            "quantity": row.quantity, "price": format_money(row.price_cents),
-            "purchased_at": format_time(row.created_ms / 1000), "feedback": row.vote}
+    lines = [{"order_id": r.order_id, "item_id": r.item_id, "name": r.name, "quantity": r.quantity,
+              "price": format_money(r.price_cents), "purchased_at": format_time(r.created_ms / 1000),
+              "feedback": r.vote} for r in rows]
+    return {"purchases": lines, "next_cursor": next_cursor}

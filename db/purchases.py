@@ -172,8 +172,7 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
     total = sum(line.cents * line.quantity for line in cart)
     if expected_total is not None and total != expected_total:
         raise ConflictError(f"the cart's total is now {format_money(total)}; nothing was bought")
-    _take_stock(tx, cart)
-    _write_lines(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
+    _take(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
     tx.execute(_SET_TOTAL, {"order_id": order_id, "total": total})
     return OpenOrder(order_id, payment_key, live.user_id, live.session_id, total,
                      _receipt(order_id, total, cart))
@@ -250,19 +249,16 @@ def _in_progress(order: Any) -> OrderInProgressError:
                                 now_ms() - order.created_ms)
 
 
-def _take_stock(tx: UnitOfWork, cart: Sequence[Any]) -> None:
-    """Take the cart's units. The cart's read locked the item rows (FOR UPDATE; SQLite has
-    one writer), so `available` is exact and every update applies: they are held and go
-    with the COMMIT. Each keeps `quantity >= n` all the same: no item goes below zero."""
+def _take(tx: UnitOfWork, buyer_id: int, order_id: int, cart: Sequence[Any]) -> None:
+    """Take the cart's units, write the order's lines, count each seller's units sold and
+    unlist what sold out. The cart's read locked the item rows (FOR UPDATE; SQLite has one
+    writer), so `available` is exact and every update applies: all is held for the COMMIT.
+    Each keeps `quantity >= n` all the same: no item goes below zero."""
     for line in cart:
         if line.quantity > line.available:
             raise ConflictError(f"item {line.item_id}: only {line.available} left")
     for line in cart:
         tx.execute(_TAKE_STOCK, {"item_id": line.item_id, "n": line.quantity})
-
-
-def _write_lines(tx: UnitOfWork, buyer_id: int, order_id: int, cart: Sequence[Any]) -> None:
-    """The order's lines, each seller's units sold, and the search index of what sold out."""
     tx.execute(_NEW_LINES, [
         {"order_id": order_id, "item_id": ln.item_id, "buyer_id": buyer_id, "seller_id": ln.seller_id,
          "name": ln.name, "quantity": ln.quantity, "price_cents": ln.cents} for ln in cart])

@@ -115,15 +115,20 @@ items = _table(
     Index("ix_items_category", "category", "item_id"),
 )
 
-item_keywords = _table(
-    "item_keywords",
-    Column("keyword", ExactText(8), nullable=False),
-    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
-    Column("category", SmallInteger, nullable=False),  # an item's category never changes
-    PrimaryKeyConstraint("keyword", "item_id"),
-    Index("ix_item_keywords_category", "keyword", "category", "item_id"),
-    Index("ix_item_keywords_item", "item_id"),  # unlisting; MySQL had one for the foreign key
-)
+def _word_index(name: str, word: str, length: int) -> Table:
+    """A search index: the items on sale that have a word, and their category."""
+    return _table(
+        name,
+        Column(word, ExactText(length), nullable=False),
+        Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
+        Column("category", SmallInteger, nullable=False),  # an item's category never changes
+        PrimaryKeyConstraint(word, "item_id"),
+        Index(f"ix_{name}_category", word, "category", "item_id"),
+        Index(f"ix_{name}_item", "item_id"),  # unlisting
+    )
+
+
+item_keywords = _word_index("item_keywords", "keyword", 8)
 
 # Every pair of an item on sale's keywords (keyword_pairs): the items with both keywords of a
 # two-keyword search, in item order, without reading either keyword's whole range, and the
@@ -159,15 +164,7 @@ def keyword_pair_rows(item_id: int, keywords: Iterable[str]) -> list[dict[str, A
 # category's name, the folded words of its name and one-word keywords, at most 12), each once,
 # and "~" + the stem of each whose stem differs (a query word's stem finds them). Kept like
 # item_keywords: written by put_item, deleted when the item sells out.
-item_words = _table(
-    "item_words",
-    Column("word", ExactText(MAX_WORD_LENGTH + 1), nullable=False),
-    Column("item_id", BigInteger, ForeignKey("items.item_id"), nullable=False),
-    Column("category", SmallInteger, nullable=False),
-    PrimaryKeyConstraint("word", "item_id"),
-    Index("ix_item_words_category", "word", "category", "item_id"),
-    Index("ix_item_words_item", "item_id"),
-)
+item_words = _word_index("item_words", "word", MAX_WORD_LENGTH + 1)
 
 # Every word of letters only, of TYPO_LENGTH - 1 letters or more, that an item ever brought into
 # item_words (never deleted): what a query word's typos are matched against. A word one edit
