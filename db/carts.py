@@ -44,19 +44,6 @@ _FORGET_SAVED = delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bi
 _SAVE = (insert(saved_cart_lines).from_select(
     ["buyer_id", "item_id", "quantity"],
     select(bindparam("buyer_id"), cart_lines.c.item_id, cart_lines.c.quantity).where(_SESSION)))
-
-
-def cart_to_wire(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
-    """The session's cart as the protocol's cart object, read last (with the COMMIT)."""
-    return tx.answer(_CART, {"session_id": session.session_id}, _cart_object)
-
-
-def _cart_object(rows: list[Any]) -> dict[str, Any]:
-    lines = [{"item_id": r.item_id, "name": r.name, "price": format_money(r.price_cents),
-              "quantity": r.quantity, "available": r.available} for r in rows]
-    return {"cart": {"items": lines, "total": format_money(sum(r.price_cents * r.quantity for r in rows))}}
-
-
 # A cart holds at most this many different items: every cart answer and receipt then stays
 # far under the 1 MiB frame (100 lines of the longest names and prices: about 30 KB).
 MAX_CART_LINES = 100
@@ -68,6 +55,17 @@ _STOCK_AND_HELD = (
                  joined=items, on=items.c.item_id == bindparam("item_id"))
     .outerjoin(cart_lines, (cart_lines.c.session_id == sessions.c.session_id)
                & (cart_lines.c.item_id == items.c.item_id)).with_for_update())
+
+
+def cart_to_wire(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
+    """The session's cart as the protocol's cart object, read last (with the COMMIT)."""
+    return tx.answer(_CART, {"session_id": session.session_id}, _cart_object)
+
+
+def _cart_object(rows: list[Any]) -> dict[str, Any]:
+    lines = [{"item_id": r.item_id, "name": r.name, "price": format_money(r.price_cents),
+              "quantity": r.quantity, "available": r.available} for r in rows]
+    return {"cart": {"items": lines, "total": format_money(sum(r.price_cents * r.quantity for r in rows))}}
 
 
 def add_to_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> Answer[dict[str, Any]]:

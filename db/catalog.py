@@ -54,17 +54,13 @@ def split_page(rows: Sequence[Any], limit: int, cursor_of: Any) -> tuple[Sequenc
     """Rows of one page and the cursor of the next (None on the last page)."""
     if len(rows) <= limit:
         return rows, None
-    rows = rows[:limit]
-    return rows, cursor_of(rows[-1])
+    return rows[:limit], cursor_of(rows[limit - 1])
 
 
 _NEW_ITEM = (insert(items).values(
     seller_id=bindparam("seller_id"), name=bindparam("name"), category=bindparam("category"),
     keywords=bindparam("keywords"), item_condition=bindparam("condition"), price_cents=bindparam("price"),
     quantity=bindparam("quantity"), listed=bindparam("quantity"), created_ms=bindparam("now")))
-_INDEX_KEYWORDS = insert(item_keywords)
-_INDEX_PAIRS = insert(item_keyword_pairs)
-_INDEX_WORDS = insert(item_words)
 # (the seed and the upgrade write it too: words already there are kept)
 INDEX_VOCABULARY = (insert(vocabulary).prefix_with("OR IGNORE", dialect="sqlite")
                      .prefix_with("IGNORE", dialect="mysql").prefix_with("IGNORE", dialect="mariadb"))
@@ -72,6 +68,23 @@ MAX_ITEMS_PER_SELLER = 10_000  # items on sale at once (MARKET_MAX_ITEMS_PER_SEL
 _ON_SALE = select(func.count()).select_from(
     select(items.c.item_id).where(items.c.seller_id == bindparam("seller_id"), items.c.quantity > 0)
     .limit(bindparam("cap", type_=Integer)).subquery())  # ix_items_seller_on_sale: at most `cap` keys
+_ITEM_FOR_SESSION = with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
+_ITEM_FOR_SESSION_LOCKED = _ITEM_FOR_SESSION.with_for_update()
+_SET_PRICE = (update(items).where(items.c.item_id == bindparam("item_id"))
+              .values(price_cents=bindparam("price")))
+_REMOVE = (update(items).where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
+           .values(quantity=items.c.quantity - bindparam("n"), removed=items.c.removed + bindparam("n")))
+_UNLIST = [delete(index).where(index.c.item_id == bindparam("item_id"))
+           for index in (item_keywords, item_keyword_pairs, item_words)]
+_SELLER_ITEMS = (
+    with_session(*ITEM_COLUMNS, joined=items,
+                 on=(items.c.seller_id == sessions.c.user_id) & (items.c.item_id > bindparam("after"))
+                 & (items.c.quantity > 0))
+    .order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
+_RATING_FOR_SESSION = with_session(
+    users.c.user_id, users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold, joined=users,
+    on=(users.c.user_id == func.coalesce(bindparam("seller_id", type_=Integer), sessions.c.user_id))
+    & (users.c.role == "seller"))
 
 
 def put_item(tx: UnitOfWork, session: Session, name: str, category: int, keywords: list[str],
@@ -89,13 +102,12 @@ def put_item(tx: UnitOfWork, session: Session, name: str, category: int, keyword
 
 
 def _index(tx: UnitOfWork, item_id: int, category: int, name: str, keywords: list[str]) -> None:
-    """An item's rows of the search indexes (held for the COMMIT: nothing reads them back)."""
-    if keywords:
-        tx.execute(_INDEX_KEYWORDS, keyword_rows(item_id, category, keywords))
-    if len(keywords) > 1:
-        tx.execute(_INDEX_PAIRS, keyword_pair_rows(item_id, keywords))
+    """An item's rows of the search indexes (held for the COMMIT: nothing reads them back;
+    each list of rows goes as one INSERT of many, compiled once per table)."""
+    tx.execute(insert(item_keywords), keyword_rows(item_id, category, keywords))
+    tx.execute(insert(item_keyword_pairs), keyword_pair_rows(item_id, keywords))
     words = word_rows(item_id, category, name, keywords)  # the category's name at least
-    tx.execute(_INDEX_WORDS, words)
+    tx.execute(insert(item_words), words)
     for word in vocabulary_rows(row["word"] for row in words):  # a row a statement: each keeps IGNORE
         tx.execute(INDEX_VOCABULARY, word)
 
@@ -106,12 +118,6 @@ def _own_item(tx: UnitOfWork, session: Session, item_id: int) -> ItemRow:
     if row.seller_id != session.user_id:
         raise ForbiddenError(f"item {item_id} belongs to another seller")
     return row
-
-
-_SET_PRICE = (update(items).where(items.c.item_id == bindparam("item_id"))
-              .values(price_cents=bindparam("price")))
-_REMOVE = (update(items).where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
-           .values(quantity=items.c.quantity - bindparam("n"), removed=items.c.removed + bindparam("n")))
 
 
 def change_price(tx: UnitOfWork, session: Session, item_id: int, price: int) -> dict[str, Any]:
@@ -134,10 +140,6 @@ def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
     return {**item_to_wire(row), "quantity": row.quantity - quantity}
 
 
-_UNLIST = [delete(index).where(index.c.item_id == bindparam("item_id"))
-           for index in (item_keywords, item_keyword_pairs, item_words)]
-
-
 def unlist(tx: UnitOfWork, sold_out: Sequence[int]) -> None:
     """Take sold-out items out of the search indexes (see the module docstring)."""
     for item_id in sold_out:
@@ -152,13 +154,6 @@ def relist(tx: UnitOfWork, restocked: Sequence[ItemRow]) -> None:
         _index(tx, item.item_id, item.category, item.name, json.loads(item.keywords))
 
 
-_SELLER_ITEMS = (
-    with_session(*ITEM_COLUMNS, joined=items,
-                 on=(items.c.seller_id == sessions.c.user_id) & (items.c.item_id > bindparam("after"))
-                 & (items.c.quantity > 0))
-    .order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
-
-
 def display_items(tx: UnitOfWork, session: Session, limit: int, cursor: str | None) -> dict[str, Any]:
     """The seller's items still on sale, by item_id."""
     after = decode_cursor(cursor, 1)[0] if cursor else 0
@@ -166,10 +161,6 @@ def display_items(tx: UnitOfWork, session: Session, limit: int, cursor: str | No
     rows = session.accept_rows(tx.execute(_SELLER_ITEMS, params).all())
     rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.item_id))
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
-
-
-_ITEM_FOR_SESSION = with_session(*ITEM_COLUMNS, joined=items, on=items.c.item_id == bindparam("item_id"))
-_ITEM_FOR_SESSION_LOCKED = _ITEM_FOR_SESSION.with_for_update()
 
 
 def get_item(tx: UnitOfWork, session: Session, item_id: int) -> dict[str, Any]:
@@ -184,12 +175,6 @@ def item_for_session(tx: UnitOfWork, session: Session, item_id: int, lock: bool 
     if not rows:
         raise NotFoundError(f"no item {item_id}")
     return rows[0]
-
-
-_RATING_FOR_SESSION = with_session(
-    users.c.user_id, users.c.thumbs_up, users.c.thumbs_down, users.c.items_sold, joined=users,
-    on=(users.c.user_id == func.coalesce(bindparam("seller_id", type_=Integer), sessions.c.user_id))
-    & (users.c.role == "seller"))
 
 
 def get_seller_rating(tx: UnitOfWork, session: Session, seller_id: int | None = None) -> dict[str, Any]:

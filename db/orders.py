@@ -20,6 +20,34 @@ from .purchases import is_completed
 from .schema import feedback, items, order_lines, orders, users
 from .unit_of_work import UnitOfWork
 
+# The vote, if the buyer bought the item (no row inserted otherwise): the check and the
+# INSERT in one statement.
+_VOTE_OF_BUYER = (select(order_lines.c.buyer_id, order_lines.c.item_id, bindparam("vote", type_=String),
+                         bindparam("now", type_=BigInteger))
+                  .join(orders, orders.c.order_id == order_lines.c.order_id)
+                  .where(order_lines.c.buyer_id == bindparam("buyer_id"),
+                         order_lines.c.item_id == bindparam("item_id"), is_completed(orders.c.status))
+                  .limit(1))
+_VOTE_IF_BOUGHT = insert(feedback).from_select(["buyer_id", "item_id", "vote", "created_ms"], _VOTE_OF_BUYER)
+# +1 on the item's and on its seller's thumbs_up or thumbs_down
+_COUNT_VOTE = {
+    vote: (update(items).where(items.c.item_id == bindparam("item_id")).values({c: items.c[c] + 1}),
+           update(users).where(users.c.user_id == bindparam("seller_id")).values({c: users.c[c] + 1}))
+    for vote, c in (("up", "thumbs_up"), ("down", "thumbs_down"))}
+_FIRST_PAGE = (2**62, 0)  # a cursor before every (order_id, item_id)
+_HISTORY = (
+    select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
+           order_lines.c.price_cents, orders.c.created_ms, feedback.c.vote)
+    .join_from(order_lines, orders, orders.c.order_id == order_lines.c.order_id)
+    .outerjoin(feedback, and_(feedback.c.buyer_id == order_lines.c.buyer_id,
+                              feedback.c.item_id == order_lines.c.item_id))
+    .where(order_lines.c.buyer_id == bindparam("buyer_id"), is_completed(orders.c.status),
+           (order_lines.c.order_id < bindparam("last_order"))
+           | ((order_lines.c.order_id == bindparam("last_order"))
+              & (order_lines.c.item_id > bindparam("last_item"))))
+    .order_by(order_lines.c.order_id.desc(), order_lines.c.item_id)
+    .limit(bindparam("limit", type_=Integer)))
+
 
 def provide_feedback(tx: UnitOfWork, session: Session, item_id: int, vote: str) -> dict[str, Any]:
     """One vote per item bought, counted for the item and its seller."""
@@ -38,37 +66,6 @@ def provide_feedback(tx: UnitOfWork, session: Session, item_id: int, vote: str) 
     for statement in _COUNT_VOTE[vote]:
         tx.execute(statement, who)  # with the COMMIT
     return {}
-
-
-# The vote, if the buyer bought the item (no row inserted otherwise): the check and the
-# INSERT in one statement.
-_VOTE_OF_BUYER = (select(order_lines.c.buyer_id, order_lines.c.item_id, bindparam("vote", type_=String),
-                         bindparam("now", type_=BigInteger))
-                  .join(orders, orders.c.order_id == order_lines.c.order_id)
-                  .where(order_lines.c.buyer_id == bindparam("buyer_id"),
-                         order_lines.c.item_id == bindparam("item_id"), is_completed(orders.c.status))
-                  .limit(1))
-_VOTE_IF_BOUGHT = insert(feedback).from_select(["buyer_id", "item_id", "vote", "created_ms"], _VOTE_OF_BUYER)
-# +1 on the item's and on its seller's thumbs_up or thumbs_down
-_COUNT_VOTE = {
-    vote: (update(items).where(items.c.item_id == bindparam("item_id")).values({c: items.c[c] + 1}),
-           update(users).where(users.c.user_id == bindparam("seller_id")).values({c: users.c[c] + 1}))
-    for vote, c in (("up", "thumbs_up"), ("down", "thumbs_down"))}
-
-
-_FIRST_PAGE = (2**62, 0)  # a cursor before every (order_id, item_id)
-_HISTORY = (
-    select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
-           order_lines.c.price_cents, orders.c.created_ms, feedback.c.vote)
-    .join_from(order_lines, orders, orders.c.order_id == order_lines.c.order_id)
-    .outerjoin(feedback, and_(feedback.c.buyer_id == order_lines.c.buyer_id,
-                              feedback.c.item_id == order_lines.c.item_id))
-    .where(order_lines.c.buyer_id == bindparam("buyer_id"), is_completed(orders.c.status),
-           (order_lines.c.order_id < bindparam("last_order"))
-           | ((order_lines.c.order_id == bindparam("last_order"))
-              & (order_lines.c.item_id > bindparam("last_item"))))
-    .order_by(order_lines.c.order_id.desc(), order_lines.c.item_id)
-    .limit(bindparam("limit", type_=Integer)))
 
 
 def get_purchase_history(tx: UnitOfWork, session: Session, limit: int,

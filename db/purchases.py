@@ -107,7 +107,6 @@ _GIVE_STOCK = (update(items).where(items.c.item_id == bindparam("item_id"))
                .values(quantity=items.c.quantity + bindparam("n"), sold=items.c.sold - bindparam("n")))
 _ITEMS_SOLD = (update(users).where(users.c.user_id == bindparam("seller_id"))  # n < 0: unsold
                .values(items_sold=users.c.items_sold + bindparam("n")))
-_NEW_LINES = insert(order_lines)
 _DROP_LINES = delete(order_lines).where(order_lines.c.order_id == bindparam("order_id"))
 _SET_TOTAL = (update(orders).where(orders.c.order_id == bindparam("order_id"))
               .values(total_cents=bindparam("total")))
@@ -259,7 +258,7 @@ def _take(tx: UnitOfWork, buyer_id: int, order_id: int, cart: Sequence[Any]) -> 
             raise ConflictError(f"item {line.item_id}: only {line.available} left")
     for line in cart:
         tx.execute(_TAKE_STOCK, {"item_id": line.item_id, "n": line.quantity})
-    tx.execute(_NEW_LINES, [
+    tx.execute(insert(order_lines), [
         {"order_id": order_id, "item_id": ln.item_id, "buyer_id": buyer_id, "seller_id": ln.seller_id,
          "name": ln.name, "quantity": ln.quantity, "price_cents": ln.cents} for ln in cart])
     _count_sold(tx, cart, 1)
