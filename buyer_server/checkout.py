@@ -149,11 +149,11 @@ class Checkout:
             log.exception("order %d: left to the settler", order_id)
 
     def _settle_or_leave(self, order: DueOrder) -> None:
-        """Settle now; if the database or the processor fails, the settler does it later."""
+        """Settle now; if the database or the processor fails, the settler tries again later."""
         try:
             self.settle(order)
         except Exception:
-            log.exception("order %d: left to the settler", order.order_id)
+            log.exception("order %d: not settled now; the settler tries again", order.order_id)
 
     def settle(self, order: DueOrder) -> None:
         """Finish one order by its status: voiding -> voided; pending by the ledger, voiding the
@@ -179,10 +179,7 @@ class Checkout:
                           write=False)
         events.settlement_due(len(due))
         for order in due:
-            try:
-                self.settle(order)
-            except Exception:
-                log.exception("order %d: could not settle it now; will try again", order.order_id)
+            self._settle_or_leave(order)
         return len(due)
 
     def _crash_point(self, name: str) -> None:
