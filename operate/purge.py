@@ -6,7 +6,7 @@ buyer bought stays, off sale, and so does its seller, with no session.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,7 +180,7 @@ def _purge_seller(tx: Connection, seller_id: int) -> tuple[Counter[str], list[st
     withdraw(tx, (items.c.seller_id == seller_id) & bought)
     gone = list(tx.execute(select(items.c.item_id).where(items.c.seller_id == seller_id, ~bought)
                            .order_by(items.c.item_id).with_for_update()).scalars())
-    for chunk in _chunks(gone):
+    for chunk in (gone[start:start + 500] for start in range(0, len(gone), 500)):  # ids per IN (...)
         for table in (cart_lines, saved_cart_lines, item_keywords, item_keyword_pairs, item_words, feedback):
             tx.execute(delete(table).where(table.c.item_id.in_(chunk)))
         tx.execute(delete(items).where(items.c.item_id.in_(chunk)))
@@ -189,11 +189,6 @@ def _purge_seller(tx: Connection, seller_id: int) -> tuple[Counter[str], list[st
         return Counter({"item": len(gone)}), [name]
     _delete_account(tx, seller_id)
     return Counter({"test seller": 1, "item": len(gone)}), []
-
-
-def _chunks(ids: list[int], size: int = 500) -> Iterator[list[int]]:
-    for start in range(0, len(ids), size):
-        yield ids[start:start + size]
 
 
 def _forget_test_failures(tx: Connection, operator: Operator, done: PurgeCounts) -> None:
