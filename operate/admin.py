@@ -170,8 +170,6 @@ def show_user(tx: Connection, role: str, username: str) -> dict[str, Any]:
     """A user's account, state and counters, by label."""
     user = find_user(tx, role, username)
     suspended = tx.execute(select(suspensions).where(suspensions.c.user_id == user.user_id)).first()
-    failures = tx.execute(select(login_failures.c.failures).where(
-        login_failures.c.role == role, login_failures.c.username == username)).scalar()
     shown: dict[str, Any] = {
         "user id": user.user_id, "role": user.role, "username": user.username, "name": user.name,
         "created": user.created_ms,
@@ -179,7 +177,8 @@ def show_user(tx: Connection, role: str, username: str) -> dict[str, Any]:
         "suspended": suspended.suspended_ms if suspended else None,
         "suspension reason": suspended.reason if suspended else None,
         "sessions": count(tx, sessions, sessions.c.user_id == user.user_id),
-        "failed logins": failures or 0,
+        "failed logins": count(tx, login_failures, login_failures.c.role == role,
+                               login_failures.c.username == username, column=login_failures.c.failures),
     }
     if role == "seller":
         shown.update({
