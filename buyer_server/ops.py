@@ -3,6 +3,7 @@ purchase runs in steps of its own (checkout), settled by a background thread."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from db import Database, accounts, carts, catalog, orders, search
 from db.ledger import Ledger
@@ -53,11 +54,11 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
     return app
 
 
+@dataclass
 class LedgerDatabase:
     """The ledger's own database (MARKET_PAYMENTS_URL), closed when the server stops."""
 
-    def __init__(self, database: Database) -> None:
-        self.database = database
+    database: Database
 
     def start(self) -> None:
         """Nothing to start: the ledger opens connections as it needs them."""
