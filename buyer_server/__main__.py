@@ -4,8 +4,7 @@ from __future__ import annotations
 import signal
 import sys
 
-# Until the runner's handlers are in place, Ctrl-C ends the process as SIGTERM does: quietly,
-# not with a traceback of whatever Python was importing.
+# Ctrl-C ends the process quietly, as SIGTERM does, until the runner's handlers are in place.
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 from runtime.runner import main as run  # noqa: E402

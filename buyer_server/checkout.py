@@ -34,7 +34,6 @@ _REPLAY_WAIT_S = 10.0  # how long a request waits for the purchase of the same k
 # milliseconds): the new request settles it rather than wait for the settler.
 _TAKE_OVER_AFTER_MS = 3000
 FirstStep = Callable[[Callable[[Any, Any, dict[str, Any]], Any]], Any]
-_CAPTURED, _VOIDED = "captured", "voided"
 
 
 class Checkout:
@@ -93,42 +92,35 @@ class Checkout:
             raise UnavailableError("the payment could not be authorised; nothing was charged") from None
 
     def _capture(self, order: OpenOrder) -> None:
-        """Capture the total, or undo the order and say why. The processor asked again when it
-        does not answer; then the void decides: refused, the capture went through after all."""
-        for attempt in range(_PROCESSOR_TRIES):
-            try:
-                self.processor.capture(order.payment_key)
-                return
-            except PaymentRefusedError:  # voided: a settler took the order over
-                break
-            except Exception as exc:  # unreachable, or its answer lost
-                log.warning("order %d: capture failed (%s); try %d", order.order_id, exc, attempt + 1)
-                time.sleep(0.1 * 2**attempt)
-        outcome = self._void_for_certain(order.payment_key)
-        if outcome == _CAPTURED:
+        """Capture the total, or undo the order and say why. A capture refused (a settler voided
+        the key) or not answered leaves it to the void: refused, the capture went through."""
+        if self._ask("capture", order.payment_key):
             return
-        if outcome is None:  # the one answer that does not say what happened: see design.md
+        voided = self._ask("void", order.payment_key)
+        if voided is False:
+            return
+        if voided is None:  # the one answer that does not say what happened: see design.md
             log.error("order %d: the processor answers neither capture nor void; left to the settler",
                       order.order_id)
             raise UnavailableError("the payment processor did not answer; the purchase is settled within "
                                    "60 s, and its idempotency key then replays how it ended")
         try:
-            self._undo_voided(order.order_id)
+            self.db.run(lambda tx: purchases.undo(tx, order.order_id, VOID))
         except Exception:
             log.exception("order %d: voided; its undoing is left to the settler", order.order_id)
         raise UnavailableError("the payment could not be captured; nothing was charged")
 
-    def _void_for_certain(self, key: str) -> str | None:
-        """Void the key: voided (nothing captured, and nothing ever will be), captured (the
-        processor refused: the capture happened), or None if the processor does not answer."""
+    def _ask(self, call: str, key: str) -> bool | None:
+        """The processor's `call` ("capture" or "void") on `key`, asked again when it does not
+        answer: True done, False refused, None never answered."""
         for attempt in range(_PROCESSOR_TRIES):
             try:
-                self.processor.void(key)
-                return _VOIDED
+                getattr(self.processor, call)(key)
+                return True
             except PaymentRefusedError:
-                return _CAPTURED
-            except Exception as exc:
-                log.warning("payment %s: void failed (%s); try %d", key, exc, attempt + 1)
+                return False
+            except Exception as exc:  # unreachable, or its answer lost
+                log.warning("payment %s: %s failed (%s); try %d", key, call, exc, attempt + 1)
                 time.sleep(0.1 * 2**attempt)
         return None
 
@@ -156,21 +148,24 @@ class Checkout:
         except Exception:
             log.exception("order %d: left to the settler", order_id)
 
-    def _undo_voided(self, order_id: int) -> None:
-        """Undo an order whose payment is voided: pending -> void, the stock back."""
-        self.db.run(lambda tx: purchases.undo(tx, order_id, VOID))
-
     def _settle_or_leave(self, order: DueOrder) -> None:
-        """Settle now; if the database or the processor fails, the settler does it later."""
+        """Settle now; if the database or the processor fails, the settler tries again later."""
         try:
             self.settle(order)
         except Exception:
-            log.exception("order %d: left to the settler", order.order_id)
+            log.exception("order %d: not settled now; the settler tries again", order.order_id)
 
     def settle(self, order: DueOrder) -> None:
-        """Finish one order by its status: pending by the ledger; voiding -> voided."""
+        """Finish one order by its status: voiding -> voided; pending by the ledger, voiding the
+        key first: refused because captured, the order is completed; voided, it is undone (unless
+        another settler did), and a capture its purchase's thread may still send is refused."""
         if order.status == PENDING:
-            self._settle_pending(order)
+            try:
+                self.processor.void(order.payment_key)
+            except PaymentRefusedError:  # captured: the purchase is made
+                self._complete(self.db.run(lambda tx: purchases.purchase_in(tx, order.order_id), write=False))
+                return
+            self.db.run(lambda tx: purchases.undo(tx, order.order_id, VOID))
         elif order.status == purchases.VOIDING:
             self.processor.void(order.payment_key)
             self.db.run(lambda tx: purchases.finish(tx, order.order_id, VOID))
@@ -178,27 +173,13 @@ class Checkout:
             self.processor.capture(order.payment_key)
             self.db.run(lambda tx: purchases.finish(tx, order.order_id, PAID))
 
-    def _settle_pending(self, order: DueOrder) -> None:
-        """Void the key first, which decides: refused because it was captured, the order is
-        completed; voided, it is undone (unless another settler did), and a capture the
-        purchase's own thread may still send is refused."""
-        try:
-            self.processor.void(order.payment_key)
-        except PaymentRefusedError:  # captured: the purchase is made
-            self._complete(self.db.run(lambda tx: purchases.purchase_in(tx, order.order_id), write=False))
-            return
-        self._undo_voided(order.order_id)
-
     def settle_due(self, pending_for_s: float) -> int:
         """Settle every order due now (pending for over `pending_for_s`); how many were."""
         due = self.db.run(lambda tx: purchases.due_orders(tx, now_ms() - int(pending_for_s * 1000)),
                           write=False)
         events.settlement_due(len(due))
         for order in due:
-            try:
-                self.settle(order)
-            except Exception:
-                log.exception("order %d: could not settle it now; will try again", order.order_id)
+            self._settle_or_leave(order)
         return len(due)
 
     def _crash_point(self, name: str) -> None:
@@ -207,30 +188,27 @@ class Checkout:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class Settler:
-    """A thread settling due orders every `period_s`, from the server's start."""
+class Settler(threading.Thread):
+    """A thread settling due orders every `period_s`, from the server's start (the first pass
+    at once)."""
 
     def __init__(self, checkout: Checkout, period_s: float, pending_for_s: float) -> None:
+        super().__init__(name="market-settler", daemon=True)
         self.checkout, self.period_s, self.pending_for_s = checkout, period_s, pending_for_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="market-settler", daemon=True)
-
-    def start(self) -> None:
-        """Start settling (the first pass at once)."""
-        self._thread.start()
+        self._stopping = threading.Event()
 
     def stop(self) -> None:
         """Stop after the pass in progress."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout=30)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def run(self) -> None:
+        while not self._stopping.is_set():
             try:
                 settled = self.checkout.settle_due(self.pending_for_s)
                 if settled:
                     log.info("settled %d orders", settled)
             except Exception as exc:  # the database away, say: the next pass tries again
                 log.warning("settling failed: %s", exc)
-            self._stop.wait(self.period_s)
+            self._stopping.wait(self.period_s)

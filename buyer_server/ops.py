@@ -3,13 +3,14 @@ purchase runs in steps of its own (checkout), settled by a background thread."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from db import Database, accounts, carts, catalog, orders, search
 from db.ledger import Ledger
 from runtime.config import Settings
 from runtime.logins import ADDRESSED_OPS, AccountGuards, account_handlers
 from wire import BUYER_OPS, __version__
-from wire.app import App, Stepwise
+from wire.app import App, Background, Stepwise
 from wire.errors import ProtocolError
 
 from .checkout import Checkout, Settler
@@ -21,11 +22,11 @@ log = logging.getLogger("market.buyer")
 def build_app(settings: Settings, db: Database, processor: PaymentProcessor | None = None) -> App:
     """The buyer server's App over a database; its settler starts with the server."""
     policy = accounts.SessionPolicy.from_settings(settings)
-    background: list[LedgerDatabase | Settler] = []
+    background: list[Background] = []
     if processor is None:
-        ledger_db = LedgerDatabase(settings.payments_url) if settings.payments_url else None
-        background += [ledger_db] if ledger_db else []
-        ledger = Ledger(ledger_db.database if ledger_db else db)
+        ledger = Ledger(Database(settings.payments_url, pool_size=4) if settings.payments_url else db)
+        if ledger.database is not db:
+            background.append(LedgerDatabase(ledger.database))
         try:
             ledger.create_table()
         except ProtocolError as exc:  # the database is away: made at the first purchase instead
@@ -34,8 +35,7 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
     checkout = Checkout(db, processor, settings.test_kill_at)
     background.append(Settler(checkout, settings.settle_period_s, settings.settle_after_s))
     handlers = {
-        **account_handlers(db, "buyer", policy,
-                                    __version__, AccountGuards.for_settings(settings)),
+        **account_handlers(db, "buyer", policy, __version__, AccountGuards.for_settings(settings)),
         "search_items": search.search_items,
         "get_item": catalog.get_item,
         "add_to_cart": carts.add_to_cart,
@@ -54,11 +54,11 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
     return app
 
 
+@dataclass
 class LedgerDatabase:
     """The ledger's own database (MARKET_PAYMENTS_URL), closed when the server stops."""
 
-    def __init__(self, url: str) -> None:
-        self.database = Database(url, pool_size=4)
+    database: Database
 
     def start(self) -> None:
         """Nothing to start: the ledger opens connections as it needs them."""

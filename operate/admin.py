@@ -41,25 +41,24 @@ class Operator:
 
     @classmethod
     def here(cls, reason: str | None = None) -> Operator:
-        """The operating-system user and host of this process."""
+        """The operating-system user and host of this process (cut to fit the log's columns)."""
         try:
             os_user = getpass.getuser()
         except (KeyError, OSError):  # no login name and no passwd entry (a bare container)
             os_user = f"uid {os.getuid()}"
-        return cls(os_user, socket.gethostname(), reason)
+        return cls(os_user[:64], socket.gethostname()[:255], reason[:500] if reason else None)
 
 
-# Every column a bound parameter: a value given as None in .values() would be left out.
+# Compiled without its values (db.unit_of_work): each column a bound parameter, but the key.
 _RECORD = insert(admin_actions).values({c.name: bindparam(c.name) for c in admin_actions.c
                                         if c.name != "action_id"})
-_SUSPEND = insert(suspensions).values({c.name: bindparam(c.name) for c in suspensions.c})
 
 
 def record(tx: Connection, operator: Operator, action: str, target: str, outcome: str) -> str:
     """Write the action's row of the log; its outcome, to show."""
-    tx.execute(_RECORD, {"at_ms": now_ms(), "os_user": operator.os_user[:64], "host": operator.host[:255],
+    tx.execute(_RECORD, {"at_ms": now_ms(), "os_user": operator.os_user, "host": operator.host,
                          "action": action, "target": target[:100], "outcome": outcome[:500],
-                         "reason": operator.reason[:500] if operator.reason else None})
+                         "reason": operator.reason})
     return outcome
 
 
@@ -100,8 +99,8 @@ def suspend(tx: Connection, operator: Operator, role: str, username: str, off_sa
     user = find_user(tx, role, username, lock=True)
     if tx.execute(select(suspensions.c.user_id).where(suspensions.c.user_id == user.user_id)).first():
         raise ConflictError(f"{_name(user)} is suspended already")
-    tx.execute(_SUSPEND, {"user_id": user.user_id, "suspended_ms": now_ms(),
-                          "reason": operator.reason[:500] if operator.reason else None})
+    tx.execute(insert(suspensions), {"user_id": user.user_id, "suspended_ms": now_ms(),
+                                     "reason": operator.reason})
     ended += end_all_sessions(tx, user.user_id)
     outcome = f"suspended {_name(user)}; ended {plural(ended, 'session')}"
     if off_sale:
@@ -127,15 +126,14 @@ def end_user_sessions(tx: Connection, operator: Operator, role: str, username: s
 
 def clear_throttle(tx: Connection, operator: Operator, role: str, username: str) -> str:
     """Forget the failed logins counted for a username (existing or not, as the count is kept)."""
-    row = tx.execute(select(login_failures.c.failures).where(
-        login_failures.c.role == role, login_failures.c.username == username).with_for_update()).first()
+    named = (login_failures.c.role == role, login_failures.c.username == username)
+    failures = tx.execute(select(login_failures.c.failures).where(*named).with_for_update()).scalar()
     target = f"{role} {username}"
-    if row is None:
+    if failures is None:
         return record(tx, operator, "clear-throttle", target, f"no failed logins were counted for {target}")
-    tx.execute(delete(login_failures).where(login_failures.c.role == role,
-                                            login_failures.c.username == username))
+    tx.execute(delete(login_failures).where(*named))
     return record(tx, operator, "clear-throttle", target,
-                   f"forgot {plural(row.failures, 'failed login')} of {target}")
+                  f"forgot {plural(failures, 'failed login')} of {target}")
 
 
 def withdraw(tx: Connection, which: Any) -> Sequence[Any]:
@@ -163,6 +161,7 @@ def take_off_sale(tx: Connection, operator: Operator, item_id: int) -> str:
 
 
 def count(tx: Connection, table: Any, *where: Any, column: Any = None) -> int:
+    """The rows of `table` that `where` selects, or the sum of their `column`."""
     total = func.count() if column is None else func.coalesce(func.sum(column), 0)
     return int(tx.execute(select(total).select_from(table).where(*where)).scalar_one())
 
@@ -171,8 +170,6 @@ def show_user(tx: Connection, role: str, username: str) -> dict[str, Any]:
     """A user's account, state and counters, by label."""
     user = find_user(tx, role, username)
     suspended = tx.execute(select(suspensions).where(suspensions.c.user_id == user.user_id)).first()
-    failures = tx.execute(select(login_failures.c.failures).where(
-        login_failures.c.role == role, login_failures.c.username == username)).scalar()
     shown: dict[str, Any] = {
         "user id": user.user_id, "role": user.role, "username": user.username, "name": user.name,
         "created": user.created_ms,
@@ -180,7 +177,8 @@ def show_user(tx: Connection, role: str, username: str) -> dict[str, Any]:
         "suspended": suspended.suspended_ms if suspended else None,
         "suspension reason": suspended.reason if suspended else None,
         "sessions": count(tx, sessions, sessions.c.user_id == user.user_id),
-        "failed logins": failures or 0,
+        "failed logins": count(tx, login_failures, login_failures.c.role == role,
+                               login_failures.c.username == username, column=login_failures.c.failures),
     }
     if role == "seller":
         shown.update({

@@ -5,7 +5,7 @@ no load (MySQL reads statement by statement, no snapshot). No violations: the bo
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,14 +20,18 @@ from db.schema import (
     item_keywords,
     item_words,
     items,
-    keyword_pairs,
+    keyword_pair_rows,
+    keyword_rows,
     order_lines,
     orders,
     users,
     word_rows,
 )
 
+from .admin import count
+
 _CHUNK = 500  # ids per IN (...) list
+SETTLE_WITHIN_MS = 60_000  # how long a purchase may stay unsettled (the settler's longest wait, and more)
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,6 @@ class AckedOrder:
     order_id: int
     buyer_id: int
     lines: dict[int, int] = field(default_factory=dict)
-
-
-# How long a purchase may stay unsettled (the settler's longest wait and a little over)
-SETTLE_WITHIN_MS = 60_000
 
 
 def audit(database: Database, acknowledged: Iterable[AckedOrder] = (),
@@ -55,11 +55,10 @@ def audit(database: Database, acknowledged: Iterable[AckedOrder] = (),
 def violations(tx: Connection, acknowledged: Iterable[AckedOrder] = (),
                ledger: Iterable[Payment] | None = None) -> list[str]:
     """Every violation the rules find through `tx` (with no load running: see the module)."""
-    acked = list(acknowledged)
     entries = list(ledger) if ledger is not None else _ledger_here(tx)
-    return [*_item_rules(tx), *_search_index_rules(tx), *_word_index_rules(tx), *_seller_rules(tx),
+    return [*_item_rules(tx), *_index_rules(tx), *_seller_rules(tx),
             *_order_line_rules(tx), *_line_owner_rules(tx), *_feedback_rules(tx),
-            *_acknowledged_rules(tx, acked), *_payment_rules(tx, entries)]
+            *_acknowledged_rules(tx, list(acknowledged)), *_payment_rules(tx, entries)]
 
 
 def _ledger_here(tx: Connection) -> list[Payment]:
@@ -109,8 +108,8 @@ def _item_rules(tx: Connection) -> Iterator[str]:
     sold = _by_key(tx, select(order_lines.c.item_id, func.sum(order_lines.c.quantity),
                               func.count(distinct(order_lines.c.buyer_id)))
                    .group_by(order_lines.c.item_id))
-    votes = _by_key(tx, select(feedback.c.item_id, _count_votes("up"), _count_votes("down"))
-                    .group_by(feedback.c.item_id))
+    thumbs = (func.sum(case((feedback.c.vote == vote, 1), else_=0)) for vote in ("up", "down"))
+    votes = _by_key(tx, select(feedback.c.item_id, *thumbs).group_by(feedback.c.item_id))
     for item in tx.execute(select(items).order_by(items.c.item_id)):
         name = f"item {item.item_id}"
         yield from _negatives(name, item, ("quantity", "listed", "sold", "removed",
@@ -127,41 +126,32 @@ def _item_rules(tx: Connection) -> Iterator[str]:
             yield f"{name}: {up + down} votes from only {buyers} distinct buyers"
 
 
-def _search_index_rules(tx: Connection) -> Iterator[str]:
-    """item_keywords holds exactly the keywords (and category) of every item on sale, and
-    item_keyword_pairs exactly every pair of those keywords."""
-    def expected(item: Any) -> set[tuple[Any, ...]]:
-        words = json.loads(item.keywords) if item.quantity > 0 else []
-        return {(word, item.category) for word in words} | set(keyword_pairs(words))
-    pairs = item_keyword_pairs.c
-    keywords = select(item_keywords.c.item_id, item_keywords.c.keyword, item_keywords.c.category)
-    return _index_rules(tx, (keywords, select(pairs.item_id, pairs.first_keyword, pairs.second_keyword)),
-                        expected, "search index", "keywords")
+def _index_rules(tx: Connection) -> Iterator[str]:
+    """The search indexes hold exactly the rows db.schema makes of each item on sale, none of
+    an item off sale: item_keywords and item_keyword_pairs of its keywords, item_words of its
+    name and keywords."""
+    for index, source, tables, rows_of in (
+            ("search index", "keywords", (item_keywords, item_keyword_pairs), lambda item, words: [
+                *keyword_rows(item.item_id, item.category, words), *keyword_pair_rows(item.item_id, words)]),
+            ("word index", "name and keywords", (item_words,),
+             lambda item, words: word_rows(item.item_id, item.category, item.name, words))):
+        indexed: dict[int, set[tuple[Any, ...]]] = {}
+        for table in tables:
+            for row in tx.execute(select(table)):
+                indexed.setdefault(row.item_id, set()).add(_values(row._asdict()))
+        for item in tx.execute(select(items.c.item_id, items.c.quantity, items.c.name, items.c.keywords,
+                                      items.c.category)):
+            made = rows_of(item, json.loads(item.keywords)) if item.quantity > 0 else []
+            if indexed.pop(item.item_id, set()) != {_values(row) for row in made}:
+                yield (f"item {item.item_id}: {index} rows differ from its {source}"
+                       f" (on sale: {item.quantity})")
+        for item_id in indexed:
+            yield f"{index} rows for item {item_id}, which does not exist"
 
 
-def _word_index_rules(tx: Connection) -> Iterator[str]:
-    """item_words holds exactly the words (and category) of every item on sale (word_rows)."""
-    def expected(item: Any) -> set[tuple[Any, ...]]:
-        rows = word_rows(item.item_id, item.category, item.name, json.loads(item.keywords))
-        return {(row["word"], item.category) for row in rows} if item.quantity > 0 else set()
-    return _index_rules(tx, (select(item_words.c.item_id, item_words.c.word, item_words.c.category),),
-                        expected, "word index", "name and keywords")
-
-
-def _index_rules(tx: Connection, queries: tuple[Any, ...], expected: Callable[[Any], set[tuple[Any, ...]]],
-                 index: str, source: str) -> Iterator[str]:
-    """Each item's rows of an index, (item_id, *values) from `queries`, against `expected(item)`."""
-    indexed: dict[int, set[tuple[Any, ...]]] = {}
-    for query in queries:
-        for row in tx.execute(query):
-            indexed.setdefault(row[0], set()).add(tuple(row[1:]))
-    for item in tx.execute(select(items.c.item_id, items.c.quantity, items.c.name, items.c.keywords,
-                                  items.c.category)):
-        if indexed.pop(item.item_id, set()) != expected(item):
-            yield (f"item {item.item_id}: {index} rows differ from its {source}"
-                   f" (on sale: {item.quantity})")
-    for item_id in indexed:
-        yield f"{index} rows for item {item_id}, which does not exist"
+def _values(row: dict[str, Any]) -> tuple[Any, ...]:
+    """A row's values in the order of its columns' names (tuples: an index may have millions)."""
+    return tuple(value for _, value in sorted(row.items()))
 
 
 def _seller_rules(tx: Connection) -> Iterator[str]:
@@ -179,25 +169,25 @@ def _seller_rules(tx: Connection) -> Iterator[str]:
 
 
 def _order_line_rules(tx: Connection) -> Iterator[str]:
-    undone = set(tx.execute(select(orders.c.order_id).where(orders.c.status.in_((VOIDING, VOID)))).scalars())
+    """An order's total is its lines' (each of positive quantity and price); an undone order's
+    lines went with the stock given back."""
     totals = _by_key(tx, select(order_lines.c.order_id,
                                 func.sum(order_lines.c.quantity * order_lines.c.price_cents),
                                 func.min(order_lines.c.quantity), func.min(order_lines.c.price_cents))
                      .group_by(order_lines.c.order_id))
-    for order in tx.execute(select(orders.c.order_id, orders.c.total_cents).order_by(orders.c.order_id)):
-        if order.order_id in undone:  # its lines went with the stock given back
-            if order.order_id in totals:
-                yield f"order {order.order_id}: undone, but it still has lines"
-            totals.pop(order.order_id, None)
-            continue
-        if order.order_id not in totals:
-            yield f"order {order.order_id}: has no lines"
-            continue
-        total, least_quantity, least_price = totals.pop(order.order_id)
-        if order.total_cents != total:
-            yield f"order {order.order_id}: total {order.total_cents} cents != {total} from its lines"
-        if least_quantity <= 0 or least_price <= 0:
-            yield f"order {order.order_id}: a line with quantity or price not positive"
+    for order in tx.execute(select(orders.c.order_id, orders.c.total_cents, orders.c.status)
+                            .order_by(orders.c.order_id)):
+        name, lines = f"order {order.order_id}", totals.pop(order.order_id, None)
+        if order.status in (VOIDING, VOID):
+            if lines:
+                yield f"{name}: undone, but it still has lines"
+        elif lines is None:
+            yield f"{name}: has no lines"
+        else:
+            if order.total_cents != lines[0]:
+                yield f"{name}: total {order.total_cents} cents != {lines[0]} from its lines"
+            if min(lines[1:]) <= 0:
+                yield f"{name}: a line with quantity or price not positive"
     for order_id in sorted(totals):
         yield f"order lines of order {order_id}: no such order"
 
@@ -228,33 +218,30 @@ def _feedback_rules(tx: Connection) -> Iterator[str]:
 
 
 def _acknowledged_rules(tx: Connection, acked: list[AckedOrder]) -> Iterator[str]:
-    unique: dict[int, AckedOrder] = {}
+    """Each purchase a buyer was told succeeded is in the orders, its buyer's, with the lines told."""
+    told: dict[int, AckedOrder] = {}
     for order in acked:
-        first = unique.setdefault(order.order_id, order)
+        first = told.setdefault(order.order_id, order)
         if first != order:  # the same purchase told twice (an idempotent retry) is no violation
             yield (f"acknowledged order {order.order_id}: told to buyer {first.buyer_id} as {first.lines}"
                    f" and to buyer {order.buyer_id} as {order.lines}")
-    orders_told = list(unique.values())
-    for start in range(0, len(orders_told), _CHUNK):
-        chunk = {order.order_id: order for order in orders_told[start:start + _CHUNK]}
-        buyers = dict(tx.execute(select(orders.c.order_id, orders.c.buyer_id)
+    ids = list(told)
+    buyers: dict[int, int] = {}
+    lines: dict[int, dict[int, int]] = {}
+    for chunk in (ids[start:start + _CHUNK] for start in range(0, len(ids), _CHUNK)):
+        buyers.update(tx.execute(select(orders.c.order_id, orders.c.buyer_id)
                                  .where(orders.c.order_id.in_(chunk))).all())
-        lines: dict[int, dict[int, int]] = {}
         for row in tx.execute(select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.quantity)
                               .where(order_lines.c.order_id.in_(chunk))):
             lines.setdefault(row.order_id, {})[row.item_id] = row.quantity
-        for order_id, order in chunk.items():
-            name = f"acknowledged order {order_id}"
-            if order_id not in buyers:
-                yield f"{name}: missing from the orders table"
-            elif buyers[order_id] != order.buyer_id:
-                yield f"{name}: belongs to buyer {buyers[order_id]}, not {order.buyer_id}"
-            elif lines.get(order_id, {}) != order.lines:
-                yield f"{name}: lines {lines.get(order_id, {})} != acknowledged {order.lines}"
-
-
-def _count_votes(vote: str) -> Any:
-    return func.coalesce(func.sum(case((feedback.c.vote == vote, 1), else_=0)), 0)
+    for order_id, order in told.items():
+        name = f"acknowledged order {order_id}"
+        if order_id not in buyers:
+            yield f"{name}: missing from the orders table"
+        elif buyers[order_id] != order.buyer_id:
+            yield f"{name}: belongs to buyer {buyers[order_id]}, not {order.buyer_id}"
+        elif lines.get(order_id, {}) != order.lines:
+            yield f"{name}: lines {lines.get(order_id, {})} != acknowledged {order.lines}"
 
 
 def _by_key(tx: Connection, query: Any) -> dict[Any, tuple[int, ...]]:
@@ -298,12 +285,9 @@ def book_totals(tx: Connection) -> dict[str, int]:
     """Rows per table, the units sold and the money the orders took (in cents)."""
     tables = {"users": users, "items": items, "orders": orders, "order lines": order_lines,
               "feedback": feedback}
-    totals = {name: int(tx.execute(select(func.count()).select_from(table)).scalar_one())
-              for name, table in tables.items()}
-    totals["units sold"] = int(tx.execute(select(func.coalesce(func.sum(order_lines.c.quantity), 0)))
-                               .scalar_one())
-    totals["cents taken"] = int(tx.execute(select(func.coalesce(func.sum(orders.c.total_cents), 0))
-                                           .where(is_completed(orders.c.status))).scalar_one())
+    totals = {name: count(tx, table) for name, table in tables.items()}
+    totals["units sold"] = count(tx, order_lines, column=order_lines.c.quantity)
+    totals["cents taken"] = count(tx, orders, is_completed(orders.c.status), column=orders.c.total_cents)
     return totals
 
 

@@ -58,9 +58,8 @@ def restore(source: Path, db_url: str) -> str:
             _copy_sqlite(source, target)
     else:
         name = _database(url)
-        _mysql(url.set(database=None), CLIENT, ["-e", f"CREATE DATABASE IF NOT EXISTS {name} "
-                                                      "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"])
-        tables = _mysql(url.set(database=None), CLIENT, ["-N", "-e", "SELECT COUNT(*) FROM "
+        tables = _mysql(url.set(database=None), CLIENT, ["-N", "-e", f"CREATE DATABASE IF NOT EXISTS {name} "
+                        "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin; SELECT COUNT(*) FROM "
                         f"information_schema.tables WHERE table_schema = '{name}'"]).strip()
         if tables != "0":
             raise BackupError(f"{_where(url)} holds {tables} tables: restore into a new, empty database")

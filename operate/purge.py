@@ -6,11 +6,11 @@ buyer bought stays, off sale, and so does its seller, with no session.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, delete, inspect, select, update
+from sqlalchemy import Connection, delete, func, inspect, select, update
 
 from db.catalog import relist
 from db.database import Database
@@ -111,14 +111,15 @@ def _lock_out(tx: Connection, user_id: int) -> None:
 def _purge_buyer(tx: Connection, buyer_id: int, ledger_here: bool) -> Counter[str]:
     """One test buyer and all it did; the units it bought go back, its votes are taken back."""
     _lock_out(tx, buyer_id)
-    # the lines of completed orders only: an undone purchase gave its units back already
-    lines = tx.execute(select(order_lines.c.item_id, order_lines.c.seller_id, order_lines.c.quantity)
-                       .join(orders, orders.c.order_id == order_lines.c.order_id)
-                       .where(order_lines.c.buyer_id == buyer_id, orders.c.status.in_(COMPLETED))).all()
+    # the units of completed orders only: an undone purchase gave its units back already
+    bought = tx.execute(select(order_lines.c.item_id, func.sum(order_lines.c.quantity))
+                        .join(orders, orders.c.order_id == order_lines.c.order_id)
+                        .where(order_lines.c.buyer_id == buyer_id, orders.c.status.in_(COMPLETED))
+                        .group_by(order_lines.c.item_id).order_by(order_lines.c.item_id)).all()
     votes = tx.execute(select(feedback.c.item_id, feedback.c.vote, items.c.seller_id)
                        .join(items, items.c.item_id == feedback.c.item_id)
                        .where(feedback.c.buyer_id == buyer_id)).all()
-    _give_back(tx, lines)
+    _give_back(tx, bought)
     _take_back_votes(tx, votes)
     tx.execute(delete(feedback).where(feedback.c.buyer_id == buyer_id))
     tx.execute(delete(order_lines).where(order_lines.c.buyer_id == buyer_id))
@@ -132,33 +133,26 @@ def _purge_buyer(tx: Connection, buyer_id: int, ledger_here: bool) -> Counter[st
 
 def _forget_payments(tx: Connection, buyer_id: int) -> None:
     """The simulated processor's entries of the buyer's orders (its ledger in this database)."""
-    keys = tx.execute(select(orders.c.payment_key).where(orders.c.buyer_id == buyer_id,
-                                                         orders.c.payment_key.is_not(None))).scalars().all()
-    if keys:
-        tx.execute(delete(payments).where(payments.c.payment_key.in_(keys)))
+    keys = tx.execute(select(orders.c.payment_key).where(orders.c.buyer_id == buyer_id)).scalars()
+    tx.execute(delete(payments).where(payments.c.payment_key.in_([key for key in keys if key])))
 
 
-def _give_back(tx: Connection, lines: Sequence[Any]) -> None:
-    """Units of deleted order lines back to their items (in item order, then sellers): on sale
-    again, unless the seller is suspended."""
-    units: Counter[int] = Counter()
-    for line in lines:
-        units[line.item_id] += line.quantity
-    for item_id in sorted(units):
-        item = tx.execute(select(items.c.item_id, items.c.category, items.c.name, items.c.keywords,
-                                 items.c.quantity,
-                                 suspensions.c.user_id.label("suspended"))
+def _give_back(tx: Connection, bought: Sequence[Any]) -> None:
+    """Units bought, (item_id, units) in item order, back to their items: on sale again unless
+    the seller is suspended; then off their sellers' items_sold, in seller order."""
+    sold: Counter[int] = Counter()
+    for item_id, sum_of_units in bought:
+        units = int(sum_of_units)  # a Decimal on MySQL
+        item = tx.execute(select(items.c.item_id, items.c.seller_id, items.c.category, items.c.name,
+                                 items.c.keywords, items.c.quantity, suspensions.c.user_id.label("suspended"))
                           .outerjoin(suspensions, suspensions.c.user_id == items.c.seller_id)
                           .where(items.c.item_id == item_id).with_for_update()).one()
-        back = {"removed": items.c.removed + units[item_id]} if item.suspended else \
-            {"quantity": items.c.quantity + units[item_id]}
+        back = items.c.removed if item.suspended else items.c.quantity
         tx.execute(update(items).where(items.c.item_id == item_id)
-                   .values(sold=items.c.sold - units[item_id], **back))
+                   .values({items.c.sold: items.c.sold - units, back: back + units}))
         if item.quantity == 0 and not item.suspended:
             relist(tx, [item])  # type: ignore[arg-type]
-    sold: Counter[int] = Counter()
-    for line in lines:
-        sold[line.seller_id] += line.quantity
+        sold[item.seller_id] += units
     for seller_id in sorted(sold):
         tx.execute(update(users).where(users.c.user_id == seller_id)
                    .values(items_sold=users.c.items_sold - sold[seller_id]))
@@ -186,7 +180,7 @@ def _purge_seller(tx: Connection, seller_id: int) -> tuple[Counter[str], list[st
     withdraw(tx, (items.c.seller_id == seller_id) & bought)
     gone = list(tx.execute(select(items.c.item_id).where(items.c.seller_id == seller_id, ~bought)
                            .order_by(items.c.item_id).with_for_update()).scalars())
-    for chunk in _chunks(gone):
+    for chunk in (gone[start:start + 500] for start in range(0, len(gone), 500)):  # ids per IN (...)
         for table in (cart_lines, saved_cart_lines, item_keywords, item_keyword_pairs, item_words, feedback):
             tx.execute(delete(table).where(table.c.item_id.in_(chunk)))
         tx.execute(delete(items).where(items.c.item_id.in_(chunk)))
@@ -195,11 +189,6 @@ def _purge_seller(tx: Connection, seller_id: int) -> tuple[Counter[str], list[st
         return Counter({"item": len(gone)}), [name]
     _delete_account(tx, seller_id)
     return Counter({"test seller": 1, "item": len(gone)}), []
-
-
-def _chunks(ids: list[int], size: int = 500) -> Iterator[list[int]]:
-    for start in range(0, len(ids), size):
-        yield ids[start:start + size]
 
 
 def _forget_test_failures(tx: Connection, operator: Operator, done: PurgeCounts) -> None:
