@@ -45,7 +45,8 @@ def restore(source: Path, db_url: str) -> str:
     """Make the database at `db_url` (new, or empty) from the copy `source`."""
     url = make_url(db_url)
     try:
-        is_sqlite_copy = source.open("rb").read(len(SQLITE_HEADER)) == SQLITE_HEADER
+        with source.open("rb") as copy:
+            is_sqlite_copy = copy.read(len(SQLITE_HEADER)) == SQLITE_HEADER
     except OSError as exc:
         raise BackupError(f"cannot read {source}: {exc.strerror or exc}") from None
     if (url.get_backend_name() == "sqlite") != is_sqlite_copy:
