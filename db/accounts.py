@@ -54,18 +54,15 @@ class LiveSession:
 
 @dataclass(frozen=True)
 class SessionPolicy:
-    """How long sessions live, and how failed logins are slowed down."""
+    """How long sessions live."""
 
     idle_s: int = 300
     max_s: int = 86400
-    throttle: login_throttle.ThrottlePolicy = login_throttle.ThrottlePolicy()
 
     @classmethod
     def from_settings(cls, settings: Any) -> SessionPolicy:
         """The policy a server's settings (runtime.config.Settings) ask for."""
-        return cls(settings.session_idle_s, settings.session_max_s,
-                   login_throttle.ThrottlePolicy(settings.login_account_free_failures,
-                                                 settings.login_max_delay_s))
+        return cls(settings.session_idle_s, settings.session_max_s)
 
     @property
     def touch_interval_ms(self) -> int:

@@ -4,10 +4,10 @@ It runs SQLAlchemy Core statements (`tx.execute(statement, params)`) on the driv
 connection (db.connections): each statement is compiled once per dialect with SQLAlchemy's
 public `compile`, and its SQL text runs with the caller's values as a dict (the driver quotes
 them). A write (INSERT, UPDATE, DELETE) is held and answered with a pending Result; what is
-held is sent before the next read, before a call that leaves the database (`call_outside`), at
-COMMIT, or when a held write's result is read. On MySQL/MariaDB what is held travels in the
-query of the statement that follows it (START TRANSACTION and COMMIT too: the driver's
-multi-statement support), so a write op costs one or two round trips. A transaction whose
+held is sent before the next read, at COMMIT, or when a held write's result is read. On
+MySQL/MariaDB what is held travels in the query of the statement that follows it (START
+TRANSACTION and COMMIT too: the driver's multi-statement support), so a write op costs one or
+two round trips. A transaction whose
 answer is a read made last (`answer`) sends that read with its COMMIT.
 """
 from __future__ import annotations
@@ -197,8 +197,8 @@ class UnitOfWork:
     """One transaction's statements on one driver connection (db.connections.DriverConnection).
 
     Rules it keeps so callers need not: a write is held until something needs it sent (a
-    read, a held write's result read, `call_outside`, `flush`, commit); whatever it holds
-    fails with the statement it was sent with, and the whole transaction rolls back.
+    read, a held write's result read, `flush`, commit); whatever it holds fails with the
+    statement it was sent with, and the whole transaction rolls back.
     """
 
     def __init__(self, conn: Any, write: bool, hold: bool = True, token: CommitToken | None = None) -> None:
@@ -207,7 +207,7 @@ class UnitOfWork:
         self.write, self.token = write, token
         self.sent = 0  # statements sent: Database.run retries a call that sent none
         self._batches = hold and conn.batches
-        self._token_sent = self._went_outside = self._begin_pending = self._open = False
+        self._token_sent = self._begin_pending = self._open = False
         self._held: list[Held] = []
         self._answer: Answer[Any] | None = None
 
@@ -242,17 +242,9 @@ class UnitOfWork:
         try:
             self._send(held)
         except IntegrityError:
-            if not self._went_outside and any(s.writes and r is not demanded for s, _, r in held):
+            if any(s.writes and r is not demanded for s, _, r in held):
                 raise ReplayUnheld from None
             raise
-
-    def call_outside(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Call something that leaves the database (a payment): what is held is sent first,
-        so that the call happens only once the writes before it have succeeded."""
-        self._before_answer()
-        self.flush()
-        self._went_outside = True
-        return call(*args, **kwargs)
 
     def answer(self, statement: Select, params: dict[str, Any], shape: Callable[[list[Any]], T]) -> Answer[T]:
         """The transaction's answer, a read made after everything else: Database.run hands

@@ -339,23 +339,16 @@ def test_an_answer_read_last_travels_with_the_commit(mariadb_database: Database,
 
 def test_nothing_runs_after_a_transactions_answer(database: Database) -> None:
     database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "b", "n": 0}))
-    who, charged = {"role": "buyer", "username": "b"}, []
+    who = {"role": "buyer", "username": "b"}
 
     def late_write(tx: Any) -> Any:
         answer = tx.answer(FAILURE_OF, who, len)
         tx.execute(BUMP, {"username": "b"})
         return answer
 
-    def late_payment(tx: Any) -> Any:
-        tx.execute(BUMP, {"username": "b"})
-        answer = tx.answer(FAILURE_OF, who, len)
-        tx.call_outside(charged.append, 100)
-        return answer
-
-    for work in (late_write, late_payment):
-        with pytest.raises(RuntimeError, match="after its answer"):
-            database.run(work)
-    assert charged == [] and _failures_of(database, "b") == 0  # rolled back, nothing paid
+    with pytest.raises(RuntimeError, match="after its answer"):
+        database.run(late_write)
+    assert _failures_of(database, "b") == 0  # rolled back
 
 
 def test_an_answer_whose_commit_failed_is_never_handed_back(tmp_path: Any) -> None:
@@ -400,19 +393,6 @@ def test_a_held_writes_error_arrives_where_the_code_expects_it(database: Databas
 
     assert database.run(claim) == "caught"
     assert _failures_of(database, "taken") == 2  # the bump before it committed, once
-
-
-def test_a_payment_waits_for_the_writes_before_it(database: Database) -> None:
-    database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "paid", "n": 1}))
-    charged: list[int] = []
-
-    def purchase(tx: Any) -> None:
-        tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "paid", "n": 1})  # fails
-        tx.call_outside(charged.append, 100)
-
-    with pytest.raises(IntegrityError):
-        database.run(purchase)
-    assert charged == []
 
 
 @pytest.mark.parametrize("poll_s", [5.0, 0.05])  # the lock freed while polling, or after: SQLite's wait
