@@ -106,9 +106,6 @@ class Connection:
     def send(self, message: dict[str, Any]) -> None:
         """Send one raw message (for pipelining and tests)."""
         self.connect()
-        self._send_frame(message)
-
-    def _send_frame(self, message: dict[str, Any]) -> None:
         assert self._sock is not None
         frame = encode_frame(message)
         self._sending = now_ns()
@@ -129,8 +126,7 @@ class Connection:
         pauses = iter(_RETRY_PAUSES if repeatable else ())
         while True:
             try:
-                self.connect()  # a failure here sent nothing (and leaves no socket)
-                self._send_frame(message)
+                self.send(message)  # a failure to connect sent nothing (and leaves no socket)
                 return self.receive()
             except OSError as exc:
                 sent = self._sock is not None
