@@ -71,15 +71,16 @@ class JsonFormatter(logging.Formatter):
         line: dict[str, Any] = {
             "time": _rfc3339(record.created),
             "level": record.levelname, "logger": record.name, "message": record.getMessage(),
-            "server": self.server, "pid": record.process,
+            "server": self.server, "pid": record.process, **_fields(record),
         }
-        for name in _FIELDS:
-            value = getattr(record, name, None)
-            if value is not None:
-                line[name] = value
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(line, default=str).decode()
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The record's fields of _FIELDS that are set."""
+    return {name: value for name in _FIELDS if (value := getattr(record, name, None)) is not None}
 
 
 def _rfc3339(created: float) -> str:
@@ -95,8 +96,7 @@ class TextFormatter(logging.Formatter):
         super().__init__(f"%(asctime)s {server} %(process)d %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = " ".join(f"{name}={value}" for name in _FIELDS
-                          if (value := getattr(record, name, None)) is not None)
+        fields = " ".join(f"{name}={value}" for name, value in _fields(record).items())
         text = super().format(record)
         return f"{text} [{fields}]" if fields else text
 
@@ -106,11 +106,7 @@ def configure(server: str, level: str = "INFO", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(server) if fmt == "json" else TextFormatter(server))
     handler.addFilter(_RequestFields())
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level.upper())
+    logging.basicConfig(handlers=[handler], level=level.upper(), force=True)
 
 
 def configure_leniently(server: str, level: str, fmt: str) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from wire import BUYER_OPS, ERROR_CLASSES, PROTOCOL_VERSION, SELLER_OPS, __version__
+from wire.app import UNKNOWN_OP  # every op name the server does not serve: a client cannot grow the labels
 
 # Set at start (observe.serving.prepare) when /metrics is served: gauges changed on every
 # call (DB_CONNECTIONS_IN_USE) are kept only then; nobody could read them otherwise.
@@ -18,7 +20,6 @@ server = ""  # the `server` label of this process's own events (start() names it
 # 0.1 ms to 10 s: a cached read answers in a fraction of a millisecond, a login hashes for tens
 DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-UNKNOWN_OP = "unknown"  # every op name the server does not serve, so a client cannot grow the labels
 FRAME_ERROR_OP = "frame"  # a frame that could not be read has no op
 
 REQUESTS = Counter("market_requests", "Requests answered, by op and answer code (OK or the error code).",
@@ -69,9 +70,9 @@ LABEL_VALUES = (
 ROLE_OPS = {"buyer": BUYER_OPS, "seller": SELLER_OPS}
 
 
-def start(role: str, ops: Iterable[str] | None = None) -> None:
-    """Name this process's server `role` and make every series it reports, at 0: each op with
-    each answer code, each reason and outcome (`ops` defaults to the role's in wire.ops)."""
+def start(role: str) -> None:
+    """Name this process's server `role` and make every series it reports, at 0: each of the
+    role's ops with each answer code, each reason and outcome."""
     global server
     server = role
     BUILD_INFO.labels(role, __version__, PROTOCOL_VERSION, platform.python_version()).set(1)
@@ -80,7 +81,12 @@ def start(role: str, ops: Iterable[str] | None = None) -> None:
     for metric, values in LABEL_VALUES:
         for value in values:
             metric.labels(role, value)
-    for op in [*(ROLE_OPS.get(role, ()) if ops is None else ops), UNKNOWN_OP, FRAME_ERROR_OP]:
-        DURATION.labels(role, op)
-        for code in ("OK", *ERROR_CLASSES):
-            REQUESTS.labels(role, op, code)
+    request_series(role, ROLE_OPS.get(role, ()))
+
+
+def request_series(role: str, ops: Iterable[str]) -> tuple[dict[tuple[str, str], Any], dict[str, Any]]:
+    """The REQUESTS series of `role` by (op, answer code) and its DURATION series by op, made at
+    0 for each of `ops`, UNKNOWN_OP and FRAME_ERROR_OP."""
+    labels = [*ops, UNKNOWN_OP, FRAME_ERROR_OP]
+    counts = {(op, code): REQUESTS.labels(role, op, code) for op in labels for code in ("OK", *ERROR_CLASSES)}
+    return counts, {op: DURATION.labels(role, op) for op in labels}

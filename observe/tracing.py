@@ -56,7 +56,7 @@ class Logged:
         REQUEST.reset(self.token)
 
 
-class TracedScope(LoggedScope):
+class TracedScope(RequestScope):
     """A span per request, its trace id the request's id."""
 
     def __init__(self, tracer: Any) -> None:

@@ -8,19 +8,26 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .envelope import ok_response, parse_request, request_id
+from .envelope import ok_response, request_args, request_id
 from .errors import BadRequestError, InternalError, ProtocolError, UnauthenticatedError, UnknownOpError
 from .ops import OpSpec
 
 Handler = Callable[..., dict[str, Any]]
 log = logging.getLogger("market.app")
-UNKNOWN_OP = "unknown"  # the op of a request naming none this server serves (a client's text is no label)
+UNKNOWN_OP = "unknown"  # the op label of a request naming none this server serves
 SERVER_FAULTS = frozenset({"INTERNAL", "UNAVAILABLE"})  # answers whose message names the request id
+
+
+def op_label(message: dict[str, Any], ops: Collection[str]) -> str:
+    """The request's op for logs and metrics: UNKNOWN_OP unless it is one of `ops`, so a
+    client's text is no label (nor is a list there, which no set lookup takes)."""
+    op = message.get("op")
+    return op if isinstance(op, str) and op in ops else UNKNOWN_OP
 
 
 class RequestScope:
@@ -72,8 +79,7 @@ class App:
     def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]:
         """The response to one request message from `peer` (errors are raised, not returned;
         those that are the server's fault name the request's id, which its log lines carry)."""
-        op = message.get("op")
-        with self.scope.request(op if isinstance(op, str) and op in self.specs else UNKNOWN_OP, peer) as rid:
+        with self.scope.request(op_label(message, self.specs), peer) as rid:
             try:
                 return self._dispatch(message, peer)
             except ProtocolError as exc:
@@ -97,20 +103,19 @@ class App:
         handler = self.handlers[op]
         if spec.public:
             assert not isinstance(handler, Stepwise)
-            request = parse_request(message)
-            args = spec.validate(request.args)
-            return ok_response(request.id, handler(peer, **args) if op in self.addressed else handler(**args))
+            args = spec.validate(request_args(message))
+            result = handler(peer, **args) if op in self.addressed else handler(**args)
+            return ok_response(request_id(message), result)
         token = message.get("token")
         if not token or not isinstance(token, str):
             raise UnauthenticatedError(f"{op} needs a token; log in first")
 
+        def first_step(step: Callable[[Any, Any, dict[str, Any]], Any]) -> Any:
+            return self.gate.run(token, spec.writes, lambda tx, session: step(
+                tx, session, spec.validate(request_args(message))))
+
         if isinstance(handler, Stepwise):
-            def first_step(step: Callable[[Any, Any, dict[str, Any]], Any]) -> Any:
-                return self.gate.run(token, spec.writes, lambda tx, session: step(
-                    tx, session, spec.validate(parse_request(message).args)))
-            return ok_response(request_id(message), handler.run(first_step))
-
-        def work(tx: Any, session: Any) -> dict[str, Any]:
-            return handler(tx, session, **spec.validate(parse_request(message).args))
-
-        return ok_response(request_id(message), self.gate.run(token, spec.writes, work))
+            result = handler.run(first_step)
+        else:
+            result = first_step(lambda tx, session, args: handler(tx, session, **args))
+        return ok_response(request_id(message), result)

@@ -15,7 +15,7 @@ from typing import Any
 
 from .envelope import make_request
 from .errors import BusyError, error_from_wire
-from .framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+from .framing import FrameDecoder, encode_frame
 from .observer import NO_CLIENT_OBSERVER, ClientObserver, now_ns
 from .ops import READ_ONLY_OPS
 
@@ -36,10 +36,9 @@ class Connection:
 
     observer: ClientObserver = NO_CLIENT_OBSERVER  # set on the class to trace every connection
 
-    def __init__(self, host: str, port: int, *, timeout: float = 30.0,
-                 max_frame: int = DEFAULT_MAX_FRAME, tls: ssl.SSLContext | None = None,
+    def __init__(self, host: str, port: int, *, timeout: float = 30.0, tls: ssl.SSLContext | None = None,
                  source: str | None = None, retry_busy: bool = True) -> None:
-        self.host, self.port, self.timeout, self.max_frame = host, port, timeout, max_frame
+        self.host, self.port, self.timeout = host, port, timeout
         self.retry_busy = retry_busy  # try a login or sign-up answered BUSY again, a few times
         self.source = source  # the local address to connect from (the system's choice if None)
         self.tls = tls
@@ -48,7 +47,7 @@ class Connection:
         self.resends = 0  # requests tried again after their connection failed (in flight or at connect)
         self.busy_retries = 0  # logins and sign-ups tried again after a BUSY answer
         self._sock: socket.socket | None = None
-        self._decoder = FrameDecoder(max_frame, strict=False)
+        self._decoder = FrameDecoder(strict=False)
         self._next_id = 0
         self._used = False  # connected before: a new socket counts as a reconnect
         self._sending = self._first_byte = 0  # now_ns() marks of the last call, for the observer
@@ -69,7 +68,7 @@ class Connection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_hostname=self.host)
-            self._sock, self._decoder = sock, FrameDecoder(self.max_frame, strict=False)
+            self._sock, self._decoder = sock, FrameDecoder(strict=False)
             self.reconnects += self._used
             self._used = True
 
@@ -106,9 +105,6 @@ class Connection:
     def send(self, message: dict[str, Any]) -> None:
         """Send one raw message (for pipelining and tests)."""
         self.connect()
-        self._send_frame(message)
-
-    def _send_frame(self, message: dict[str, Any]) -> None:
         assert self._sock is not None
         frame = encode_frame(message)
         self._sending = now_ns()
@@ -129,8 +125,7 @@ class Connection:
         pauses = iter(_RETRY_PAUSES if repeatable else ())
         while True:
             try:
-                self.connect()  # a failure here sent nothing (and leaves no socket)
-                self._send_frame(message)
+                self.send(message)  # a failure to connect sent nothing (and leaves no socket)
                 return self.receive()
             except OSError as exc:
                 sent = self._sock is not None

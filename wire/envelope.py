@@ -1,28 +1,17 @@
 """The request and response envelopes of PROTOCOL.md.
 
-parse_request checks the envelope's shape only, once the op is known and its token seen
+request_args checks the envelope's shape only, once the op is known and its token seen
 (UNKNOWN_OP and UNAUTHENTICATED come first); the op's arguments are checked after it by
 the op's spec (ops.OpSpec.validate).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import BadRequestError, ProtocolError
 
 RequestId = int | str | None
 _ENVELOPE_KEYS = frozenset({"id", "op", "token", "args"})
-
-
-@dataclass(frozen=True)
-class Request:
-    """A request whose envelope is well formed."""
-
-    id: RequestId
-    op: str
-    token: str | None = None
-    args: dict[str, Any] = field(default_factory=dict)
 
 
 def request_id(message: dict[str, Any]) -> RequestId:
@@ -33,25 +22,22 @@ def request_id(message: dict[str, Any]) -> RequestId:
     return None
 
 
-def parse_request(message: dict[str, Any]) -> Request:
-    """A Request from a decoded frame; BadRequestError names the faulty field."""
+def request_args(message: dict[str, Any]) -> dict[str, Any]:
+    """The args of a request naming a known op; BadRequestError names a faulty envelope field."""
     unknown = sorted(set(message) - _ENVELOPE_KEYS)
     if unknown:
         raise BadRequestError(f"{unknown[0]}: unknown envelope field")
     if "id" in message and message["id"] is not None and request_id(message) is None:
         raise BadRequestError("id: must be an integer or a string")
-    op = message.get("op")
-    if not isinstance(op, str):
-        raise BadRequestError("op: required, must be a string")
     token = message.get("token")
     if token is not None and not isinstance(token, str):
         raise BadRequestError("token: must be a string")
-    args = message.get("args", {})
+    args = message.get("args")
     if args is None:
-        args = {}
+        return {}
     if not isinstance(args, dict):
         raise BadRequestError("args: must be an object")
-    return Request(request_id(message), op, token, args)
+    return args
 
 
 def ok_response(rid: RequestId, result: dict[str, Any]) -> dict[str, Any]:

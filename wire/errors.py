@@ -13,7 +13,6 @@ class ProtocolError(Exception):
 
     code: ClassVar[str] = "INTERNAL"
     retryable: bool = False  # the code's, as the contract's table has it; an answer may say otherwise
-    closes_connection: ClassVar[bool] = False
 
     def __init__(self, message: str = "", *, retryable: bool | None = None) -> None:
         super().__init__(message or self.code.lower().replace("_", " "))
@@ -28,12 +27,10 @@ class ProtocolError(Exception):
 
 class BadFrameError(ProtocolError):
     code = "BAD_FRAME"
-    closes_connection = True
 
 
 class FrameTooLargeError(ProtocolError):
     code = "FRAME_TOO_LARGE"
-    closes_connection = True
 
 
 class BadRequestError(ProtocolError):

@@ -47,33 +47,26 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _check_no_lone_surrogates(value: Any) -> None:
-    """BadFrameError if any string in value holds a lone surrogate. A loop, not recursion:
-    the JSON parser of Python 3.12 and later accepts nesting deeper than the recursion limit."""
-    pending = [value]
+def _check_tree(value: Any, strings: bool) -> None:
+    """BadFrameError if value nests arrays and objects deeper than MAX_NESTING or (if `strings`)
+    holds a lone surrogate. A loop, not recursion: the JSON parser of Python 3.12 and later
+    accepts nesting deeper than the recursion limit."""
+    pending = [(value, 1)]
     while pending:
-        value = pending.pop()
+        value, depth = pending.pop()
         if isinstance(value, str):
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError:
                 raise BadFrameError("lone surrogate in JSON string") from None
-        elif isinstance(value, dict):
-            pending.extend(value)
-            pending.extend(value.values())
-        elif isinstance(value, list):
-            pending.extend(value)
-
-
-def _check_nesting(value: Any) -> None:
-    """BadFrameError if value nests arrays and objects deeper than MAX_NESTING (a loop)."""
-    pending = [(value, 1)]
-    while pending:
-        value, depth = pending.pop()
+            continue
         if depth > MAX_NESTING:
             raise BadFrameError(f"JSON nested deeper than {MAX_NESTING} levels")
-        children = value.values() if isinstance(value, dict) else value
-        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+        if isinstance(value, dict):
+            pending.extend((key, depth) for key in value if strings)
+            value = value.values()
+        pending.extend((child, depth + 1) for child in value
+                       if isinstance(child, (dict, list)) or strings and isinstance(child, str))
 
 
 def decode_trusted_body(body: bytes) -> dict[str, Any]:
@@ -116,10 +109,9 @@ def decode_body(body: bytes) -> dict[str, Any]:
         raise BadFrameError(f"frame is not UTF-8 JSON: {type(exc).__name__}") from None
     if not isinstance(value, dict):
         raise BadFrameError("frame is not a JSON object")
-    if body.count(b"[") + body.count(b"{") > MAX_NESTING:  # else it cannot be that deep
-        _check_nesting(value)
-    if _SURROGATE_ESCAPE.search(text):
-        _check_no_lone_surrogates(value)
+    strings = _SURROGATE_ESCAPE.search(text) is not None
+    if strings or body.count(b"[") + body.count(b"{") > MAX_NESTING:  # else it cannot be that deep
+        _check_tree(value, strings)
     return value
 
 

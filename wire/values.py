@@ -129,11 +129,15 @@ def fold(text_: str) -> str:
     return "".join(char for char in decomposed if not unicodedata.category(char).startswith("M"))
 
 
+def _words(text_: str) -> list[str]:
+    """The folded words of a text, repeats included; in scripts written without spaces each
+    character is a word."""
+    return [part for run in _WORD.findall(fold(text_)) for part in _SOLID.split(run) if part]
+
+
 def search_words(text_: str) -> list[str]:
-    """The distinct words of a text, folded and cut to MAX_WORD_LENGTH, in the order they first
-    appear; in scripts written without spaces each character is a word."""
-    runs = (part for run in _WORD.findall(fold(text_)) for part in _SOLID.split(run) if part)
-    return list(dict.fromkeys(run[:MAX_WORD_LENGTH] for run in runs))
+    """The distinct words of a text, cut to MAX_WORD_LENGTH, in the order they first appear."""
+    return list(dict.fromkeys(word[:MAX_WORD_LENGTH] for word in _words(text_)))
 
 
 def item_search_words(name: str, keywords_: list[str], category_: int) -> list[str]:
@@ -180,8 +184,7 @@ _QUERY_TEXT = text(1, 100)
 
 def query(name: str, value: Any) -> list[str]:
     """What a shopper types (1-100 characters, 1-8 words), as its distinct folded words."""
-    _QUERY_TEXT(name, value)
-    words = [part for run in _WORD.findall(fold(value)) for part in _SOLID.split(run) if part]
+    words = _words(_QUERY_TEXT(name, value))
     if not words:
         raise BadRequestError(f"{name}: must hold a word of letters or digits (emoji and "
                               "punctuation are not searched)")

@@ -28,7 +28,7 @@ from buyer_server.ops import build_app as build_buyer_app
 from db import Database, RetryTransaction
 from db.accounts import SessionPolicy
 from observe import metrics
-from observe.server import LogObserver, MarketObserver
+from observe.observers import LogObserver, MarketObserver
 from runtime import logins as login_ops
 from runtime.config import Settings
 from runtime.server import Server, ServerLimits

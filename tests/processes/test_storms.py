@@ -22,7 +22,7 @@ import pytest
 from prometheus_client import REGISTRY
 from support import ServerProcess, read_messages, tiny_app
 
-from observe.server import MarketObserver
+from observe.observers import MarketObserver
 from runtime.server import Server, ServerLimits
 from wire.framing import encode_frame
 from wire.observer import NO_SERVER_OBSERVER, ServerObserver
@@ -217,7 +217,7 @@ def test_requests_read_and_not_answered_are_bounded(serve: Any, limit_mib: int,
 _SERVER_UNDER_A_DESCRIPTOR_LIMIT = """
 import resource, signal, sys
 from observe.logs import configure
-from observe.server import LogObserver
+from observe.observers import LogObserver
 from runtime.server import Server, ServerLimits
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 configure("buyer")

@@ -176,7 +176,7 @@ def test_a_failed_handshake_is_counted_and_logged_as_a_security_event(
         tmp_path: Path, certificate: tuple[str, str], caplog: pytest.LogCaptureFixture) -> None:
     from prometheus_client import REGISTRY
 
-    from observe.server import MarketObserver
+    from observe.observers import MarketObserver
 
     db = Database(f"sqlite:///{tmp_path / 'tls.db'}", pool_size=2)
     db.create_schema()

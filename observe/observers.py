@@ -7,6 +7,7 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
+from wire.app import op_label
 from wire.observer import SUPERVISOR, ServerObserver
 
 from . import metrics
@@ -44,32 +45,24 @@ class LogObserver(ServerObserver):
 
     def answering(self, address: str, message: Message) -> None:
         if isinstance(message, dict):
-            REQUEST.set((_loggable(message.get("id")), self.op_of(message), address))
+            REQUEST.set((_loggable(message.get("id")), op_label(message, self.ops), address))
 
     def answer_sent(self, address: str, message: Message, response: dict[str, Any],
                     marks: tuple[int, int, int]) -> None:
         REQUEST.set(None)
-        error = response.get("error")
         if not isinstance(message, dict):
             if events := self._bursts.due("frame rejected"):
-                security.warning("frame rejected", extra={
-                    "client": address, "code": error and error.get("code"),
-                    "reason": error and error.get("message"), "events": events})
+                error = response.get("error") or {}
+                security.warning("frame rejected", extra={"client": address, "code": error.get("code"),
+                                                          "reason": error.get("message"), "events": events})
             return
         if self.access_sample and (self.access_sample >= 1.0 or random.random() < self.access_sample):
-            op, duration_ms = self.op_of(message), (marks[2] - marks[0]) / 1e6
-            code = error.get("code", "INTERNAL") if error else "OK"
+            op, code, duration_ms = op_label(message, self.ops), _code(response), (marks[2] - marks[0]) / 1e6
             access.info("%s %s %.2f ms", op, code, duration_ms,
                         extra={"request_id": _loggable(message.get("id")), "op": op, "code": code,
                                "duration_ms": round(duration_ms, 3), "client": address})
         if self.trace is not None:
-            self.trace.records.append(("S", message.get("id"), self.op_of(message), *marks))
-
-    def op_of(self, message: dict[str, Any]) -> str:
-        """The op's name, or "unknown" for a name this server does not serve (or no name: a
-        client may send a list there, which no set lookup takes)."""
-        op = message.get("op")
-        return op if isinstance(op, str) and op in self.ops else metrics.UNKNOWN_OP
+            self.trace.records.append(("S", message.get("id"), op_label(message, self.ops), *marks))
 
 
 class MarketObserver(LogObserver):
@@ -78,8 +71,7 @@ class MarketObserver(LogObserver):
     def __init__(self, server: str, ops: Iterable[str], *, access_sample: float = 0.0,
                  trace: TraceFile | None = None) -> None:
         super().__init__(server, ops, access_sample=access_sample, trace=trace)
-        self._counts: dict[tuple[str, str], Any] = {}
-        self._durations: dict[str, Any] = {}
+        self._counts, self._durations = metrics.request_series(server, self.ops)
         self._open = metrics.CONNECTIONS_OPEN.labels(server)
         self._busy = metrics.THREADS_BUSY.labels(server)
         self._queued = metrics.REQUESTS_QUEUED.labels(server)
@@ -111,21 +103,13 @@ class MarketObserver(LogObserver):
     def answer_sent(self, address: str, message: Message, response: dict[str, Any],
                     marks: tuple[int, int, int]) -> None:
         if address != SUPERVISOR:
-            error = response.get("error")
-            code = error.get("code", "INTERNAL") if error else "OK"
-            op = self.op_of(message) if isinstance(message, dict) else metrics.FRAME_ERROR_OP
-            self._count(op, code).inc()
-            self._duration(op).observe((marks[2] - marks[0]) / 1e9)
+            op = op_label(message, self.ops) if isinstance(message, dict) else metrics.FRAME_ERROR_OP
+            self._counts[op, _code(response)].inc()
+            self._durations[op].observe((marks[2] - marks[0]) / 1e9)
         super().answer_sent(address, message, response, marks)
 
-    def _count(self, op: str, code: str) -> Any:
-        child = self._counts.get((op, code))
-        if child is None:
-            child = self._counts[op, code] = metrics.REQUESTS.labels(self.server, op, code)
-        return child
 
-    def _duration(self, op: str) -> Any:
-        child = self._durations.get(op)
-        if child is None:
-            child = self._durations[op] = metrics.DURATION.labels(self.server, op)
-        return child
+def _code(response: dict[str, Any]) -> str:
+    """The answer's code: OK or its error's."""
+    error = response.get("error")
+    return str(error.get("code", "INTERNAL")) if error else "OK"
