@@ -29,7 +29,9 @@ with Connection("127.0.0.1", int(sys.argv[1]), timeout=10) as conn:
 
 def test_a_traced_server_and_client_give_every_call_its_segments(tmp_path: Path) -> None:
     trace_dir = tmp_path / "trace"
-    env = {**os.environ, "MARKET_TRACE_DIR": str(trace_dir), "PYTHONUNBUFFERED": "1"}
+    # production hashes: the login's Argon2 verify is what makes it the slowest call
+    env = {**os.environ, "MARKET_TRACE_DIR": str(trace_dir), "PYTHONUNBUFFERED": "1",
+           "MARKET_TEST_FAST_HASHES": "0"}
     server = subprocess.Popen(
         [sys.executable, "-m", "buyer_server", "--port", "0", "--db-url", f"sqlite:///{tmp_path / 't.db'}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
