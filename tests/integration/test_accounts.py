@@ -400,15 +400,18 @@ def test_a_folded_read_answers_for_the_caller_and_finds_what_exists(market: Mark
                                          ("buyer", "get_seller_rating"), ("seller", "display_items"),
                                          ("seller", "get_seller_rating")])
 def test_a_folded_read_sees_an_expired_session(database: Database, role: str, op: str) -> None:
-    with running_market(database, Settings(role=role, session_max_s=1)) as market:
-        user = market.user(role)
-        seller = user if role == "seller" else market.user("seller")
+    with running_market(database, Settings(role=role, session_max_s=2)) as market:
+        seller = market.user("seller")  # the set-up before the session that expires, whatever its pace
+        if role == "seller":
+            user, logged_in = seller, time.monotonic()
         item = market.item(seller, keywords=["expiry"])
+        if role == "buyer":
+            user, logged_in = market.user("buyer"), time.monotonic()
         args = {"get_item": {"item_id": item}, "search_items": {"keywords": ["expiry"]},
                 "get_seller_rating": {"seller_id": seller.user_id} if role == "buyer" else {},  # type: ignore[attr-defined]
                 "display_items": {}}[op]
         assert user.call(op, args)  # the data is found: the check runs on the op's own row
-        time.sleep(1.2)
+        time.sleep(max(0.0, logged_in + 2.2 - time.monotonic()))
         with pytest.raises(UnauthenticatedError, match="expired"):
             user.call(op, args)
 
