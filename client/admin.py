@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from observe import logs
-from runtime.config import DEFAULT_DB_URL, env, positive_int
+from runtime.config import env, positive_int
 from wire import ProtocolError
 from wire.values import format_money, format_time
 
@@ -119,11 +119,11 @@ ACTIONS = {
 }
 
 
-def add_admin_parser(sub: Any) -> None:
-    """`market admin ...` on the `market` parser's subcommands."""
-    parser = sub.add_parser("admin", help="the operator's commands (suspend, take off sale, show, log)",
-                            description="The operator's commands, run against the marketplace's database.")
-    parser.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+def add_admin_parser(sub: Any, db: argparse.ArgumentParser) -> None:
+    """`market admin ...` on the `market` parser's subcommands; `db` gives --db-url."""
+    parser = sub.add_parser("admin", parents=[db], help="the operator's commands (suspend, take off "
+                            "sale, show, log)", description="The operator's commands, run against the "
+                                                            "marketplace's database.")
     parser.add_argument("--format", choices=FORMATS, default="table" if sys.stdout.isatty() else "tsv")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, action in ACTIONS.items():
