@@ -97,9 +97,7 @@ def clear(shell: Shell, args: dict[str, Any]) -> None:
                aliases=("save_cart",))
 def save(shell: Shell, args: dict[str, Any]) -> None:
     """save_cart."""
-    saved = shell.call("save_cart")["cart"]
-    shell.cart.seen(saved, unsaved=False)
-    shell.out.say(f"Cart saved: {len(saved['items'])} item(s), total {money(saved['total'])}.")
+    shell.save_cart()
 
 
 def cart_can_be_bought(shell: Shell) -> None:

@@ -69,9 +69,9 @@ def logout(shell: Shell, args: dict[str, Any]) -> None:
         shell.out.say(f"Still logged in as {name}: the logout may not have reached the server.")
         raise
     except BaseException:  # refused (an expired session, say): nothing left to keep
-        shell.log_out()
+        shell.log_in()
         raise
-    shell.log_out()
+    shell.log_in()
     shell.out.say(f"Logged out {name}.")
 
 
@@ -96,11 +96,10 @@ def help_(shell: Shell, args: dict[str, Any]) -> None:
 @COMMON.command("more", "Show the next page of the last list.", login=False)
 def more(shell: Shell, args: dict[str, Any]) -> None:
     """The next page of the last list command."""
-    pager = shell.pager
-    if pager is None or pager.cursor is None:
+    if shell.more is None:
         shell.out.say("Nothing more to show.")
-        return
-    shell.page(pager.op, {**pager.args, "cursor": pager.cursor}, pager.to_table)
+    else:
+        shell.more()
 
 
 @COMMON.command("ping", "Check that the server answers.", login=False)
