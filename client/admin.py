@@ -42,9 +42,8 @@ def _operator(args: argparse.Namespace) -> Any:
 
 
 def _work(work: str, *target: str, show: str = "") -> Callable[[Any, argparse.Namespace, Output], None]:
-    """An action running operate.admin's `work`: with `show`, one user or item shown as a table of
-    fields; else a change, made in one transaction, its outcome said and logged (INFO, logger
-    market.business) besides the audit table."""
+    """An action running operate.admin's `work`: with `show`, a look at one user or item; else a
+    change in one transaction, its outcome said and logged (market.business) besides the table."""
     def run(database: Any, args: argparse.Namespace, out: Output) -> None:
         from operate import admin
 

@@ -74,8 +74,8 @@ class Command:
         return " ".join([self.name, *(arg.usage() for arg in self.args)])
 
     def parse(self, words: list[str]) -> dict[str, Any]:
-        """The raw (unconverted) values of the words; UsageError if they do not fit. Options and
-        positional words may be intermixed; after `--` every word is positional."""
+        """The raw values of the words, options and positional words intermixed (after `--`, all
+        positional); UsageError if they do not fit."""
         raw: dict[str, Any] = {arg.name: None for arg in self.args}
         options = {flag: arg for arg in self.args for flag in (arg.flag, arg.alias) if flag}
         left, loose = list(words), list[tuple[bool, str]]()  # (an option?, word): not taken yet

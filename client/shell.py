@@ -251,8 +251,8 @@ class Shell:
         self.log_in()
 
     def refresh_quietly(self) -> None:
-        """A request that keeps the connection and the session alive, printing nothing; a
-        buyer's is a look at the cart, remembered for the day the session expires anyway."""
+        """A quiet request that keeps the connection and the session alive (a buyer's reads the
+        cart, remembered should the session expire anyway)."""
         op = _KEEPALIVE_OPS.get(self.role, "ping") if self.conn.token else "ping"
         try:
             result = self.conn.call(op)
