@@ -91,7 +91,7 @@ def login(shell: Shell, args: dict[str, Any]) -> None:
         DEVICES.put(device, result["device_token"])
     shell.offer_to_save()  # the cart of the session that ends
     shell.end_session()
-    shell.log_in(args["username"], result["token"])
+    shell.set_session(args["username"], result["token"])
     shell.out.say(f"Logged in as {args['username']} (user {result['user_id']}).")
 
 
@@ -106,9 +106,9 @@ def logout(shell: Shell, args: dict[str, Any]) -> None:
         shell.out.say(f"Still logged in as {name}: the logout may not have reached the server.")
         raise
     except BaseException:  # refused (an expired session, say): nothing left to keep
-        shell.log_in()
+        shell.set_session()
         raise
-    shell.log_in()
+    shell.set_session()
     shell.out.say(f"Logged out {name}.")
 
 

@@ -110,7 +110,7 @@ class Shell:
         if cursor:
             self.out.say("There is more: type `more`.")
 
-    def log_in(self, username: str | None = None, token: str | None = None) -> None:
+    def set_session(self, username: str | None = None, token: str | None = None) -> None:
         """Remember a new session, or none: log out (the server side is the caller's business)."""
         self.conn.token, self.username, self.more = token, username, None
         self.cart.forget()
@@ -225,7 +225,7 @@ class Shell:
             return
         name, lost = self.username, self.cart.to_restore()
         had = f"; your cart held {self.cart.summary()}" if lost else ""
-        self.log_in()
+        self.set_session()
         self.out.error(f"your session has expired or ended{had}; please log in again: login {name}")
         if not (self.interactive and lost):
             return
@@ -248,7 +248,7 @@ class Shell:
             except KeyboardInterrupt:
                 self.conn.close()  # its answer must not be read as the next request's
                 raise
-        self.log_in()
+        self.set_session()
 
     def refresh_quietly(self) -> None:
         """A quiet request that keeps the connection and the session alive (a buyer's reads the
@@ -273,7 +273,7 @@ class Shell:
         try:
             self.end_session()
         except KeyboardInterrupt:
-            self.log_in()
+            self.set_session()
         self.conn.close()
 
 
