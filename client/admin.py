@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from observe import logs
-from runtime.config import DEFAULT_DB_URL, env, positive_int
+from runtime.config import env, positive_int
 from wire import ProtocolError
 from wire.values import format_money, format_time
 
@@ -42,9 +42,8 @@ def _operator(args: argparse.Namespace) -> Any:
 
 
 def _work(work: str, *target: str, show: str = "") -> Callable[[Any, argparse.Namespace, Output], None]:
-    """An action running operate.admin's `work`: with `show`, one user or item shown as a table of
-    fields; else a change, made in one transaction, its outcome said and logged (INFO, logger
-    market.business) besides the audit table."""
+    """An action running operate.admin's `work`: with `show`, a look at one user or item; else a
+    change in one transaction, its outcome said and logged (market.business) besides the table."""
     def run(database: Any, args: argparse.Namespace, out: Output) -> None:
         from operate import admin
 
@@ -119,11 +118,11 @@ ACTIONS = {
 }
 
 
-def add_admin_parser(sub: Any) -> None:
-    """`market admin ...` on the `market` parser's subcommands."""
-    parser = sub.add_parser("admin", help="the operator's commands (suspend, take off sale, show, log)",
-                            description="The operator's commands, run against the marketplace's database.")
-    parser.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+def add_admin_parser(sub: Any, db: argparse.ArgumentParser) -> None:
+    """`market admin ...` on the `market` parser's subcommands; `db` gives --db-url."""
+    parser = sub.add_parser("admin", parents=[db], help="the operator's commands (suspend, take off "
+                            "sale, show, log)", description="The operator's commands, run against the "
+                                                            "marketplace's database.")
     parser.add_argument("--format", choices=FORMATS, default="table" if sys.stdout.isatty() else "tsv")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, action in ACTIONS.items():

@@ -62,8 +62,7 @@ def item(shell: Shell, args: dict[str, Any]) -> None:
 @BUYER.command("add", "Put an item in your cart.", ITEM_ID, QUANTITY, aliases=("add_to_cart",))
 def add(shell: Shell, args: dict[str, Any]) -> None:
     """add_to_cart; says how many of the item are in stock."""
-    content = shell.call("add_to_cart", args)["cart"]
-    changed_cart(shell, content)
+    content = show_cart(shell, "add_to_cart", args)
     line = next((line for line in content["items"] if line["item_id"] == args["item_id"]), None)
     if line is not None:
         shell.out.say(f"Item {line['item_id']} ({line['name']}): {line['available']} in stock, "
@@ -75,31 +74,27 @@ def add(shell: Shell, args: dict[str, Any]) -> None:
                aliases=("remove_from_cart",))
 def remove(shell: Shell, args: dict[str, Any]) -> None:
     """remove_from_cart."""
-    changed_cart(shell, shell.call("remove_from_cart", args)["cart"])
+    show_cart(shell, "remove_from_cart", args)
 
 
 @BUYER.command("cart", "Show your cart.", aliases=("display_cart",))
 def cart(shell: Shell, args: dict[str, Any]) -> None:
     """display_cart."""
-    content = shell.call("display_cart")["cart"]
-    shell.cart.seen(content)
-    show_cart(shell, content)
+    show_cart(shell, "display_cart", changed=False)
 
 
 @BUYER.command("clear", "Empty your cart (the saved cart stays until you save).",
                aliases=("clear_cart",))
 def clear(shell: Shell, args: dict[str, Any]) -> None:
     """clear_cart."""
-    changed_cart(shell, shell.call("clear_cart")["cart"])
+    show_cart(shell, "clear_cart")
 
 
 @BUYER.command("save", "Save your cart, so that it is there at your next login.",
                aliases=("save_cart",))
 def save(shell: Shell, args: dict[str, Any]) -> None:
     """save_cart."""
-    saved = shell.call("save_cart")["cart"]
-    shell.cart.seen(saved, unsaved=False)
-    shell.out.say(f"Cart saved: {len(saved['items'])} item(s), total {money(saved['total'])}.")
+    shell.save_cart()
 
 
 def cart_can_be_bought(shell: Shell) -> None:
@@ -138,10 +133,10 @@ def buy(shell: Shell, args: dict[str, Any]) -> None:
             now = money(content["total"])
             if now == expected or not content["items"]:
                 raise  # not the total: the stock
-            changed = f"the cart's total is now {now}, not {expected}"
             if not (shell.interactive and shell.confirm(f"The total changed: {now}, not {expected}. "
                                                         f"Buy for {now}?")):
-                raise RefusedError(f"{changed}: nothing was bought; `buy` again to pay {now}") from None
+                raise RefusedError(f"the cart's total is now {now}, not {expected}: nothing was bought; "
+                                   f"`buy` again to pay {now}") from None
     shell.cart.bought()
     shell.out.table(receipt_table(receipt))
     shell.out.say(f"Bought: order {receipt['order_id']}, total {money(receipt['total'])}.")
@@ -169,14 +164,13 @@ def history(shell: Shell, args: dict[str, Any]) -> None:
     shell.page("get_purchase_history", args, lambda result: history_table(result["purchases"]))
 
 
-def changed_cart(shell: Shell, content: dict[str, Any]) -> None:
-    """Show a cart a command changed, which now differs from the saved one."""
-    shell.cart.seen(content, unsaved=True)
-    show_cart(shell, content)
-
-
-def show_cart(shell: Shell, content: dict[str, Any]) -> None:
-    """A cart's lines and total."""
+def show_cart(shell: Shell, op: str, args: dict[str, Any] | None = None,
+              changed: bool = True) -> dict[str, Any]:
+    """Run a cart op and show the cart it answers, lines and total; `changed`: the op changed
+    it, so that it now differs from the saved cart."""
+    content: dict[str, Any] = shell.call(op, args)["cart"]
+    shell.cart.seen(content, unsaved=True if changed else None)
     shell.out.table(cart_table(content))
     if content["items"]:
         shell.out.say(f"Total: {money(content['total'])}")
+    return content

@@ -1,9 +1,12 @@
 """Commands both shells have: signup, login, logout, help, more, ping and quit. Passwords come
 from the argument, a no-echo prompt or MARKET_PASSWORD, and are never kept; a login's device
-token is kept (client.devices) and sent with the account's next login.
+token is kept (~/.market_devices) and sent with the account's next login, so that the throttles
+against password guessing never slow this device down.
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -11,12 +14,46 @@ from runtime.config import env
 from wire.errors import UnauthenticatedError
 
 from . import fields
-from .devices import DeviceTokens
 from .registry import Arg, RefusedError, Registry
 from .render import Table
 
 if TYPE_CHECKING:
     from .shell import Shell
+
+
+class DeviceTokens:
+    """Device tokens by `ROLE HOST:PORT USERNAME`, in a file only its owner reads (protocol 1.2);
+    a file that cannot be read or written is no token (the login goes on without one)."""
+
+    def __init__(self, path: str = "~/.market_devices") -> None:
+        self.path = os.path.expanduser(path)
+
+    def get(self, key: str) -> str | None:
+        """The token kept for this key, if any."""
+        return self._read().get(key)
+
+    def put(self, key: str, token: str) -> None:
+        """Keep the token of this key (the file is made with mode 0600)."""
+        tokens = self._read()
+        if tokens.get(key) == token:
+            return
+        tokens[key] = token
+        temporary = f"{self.path}.{os.getpid()}"
+        try:
+            with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+                json.dump(tokens, out)
+            os.replace(temporary, self.path)
+        except OSError:
+            pass  # a read-only home: the next login simply goes without the token
+
+    def _read(self) -> dict[str, str]:
+        try:
+            with open(self.path) as file:
+                tokens = json.load(file)
+        except (OSError, ValueError):
+            return {}
+        return tokens if isinstance(tokens, dict) else {}
+
 
 COMMON = Registry()
 
@@ -54,7 +91,7 @@ def login(shell: Shell, args: dict[str, Any]) -> None:
         DEVICES.put(device, result["device_token"])
     shell.offer_to_save()  # the cart of the session that ends
     shell.end_session()
-    shell.log_in(args["username"], result["token"])
+    shell.set_session(args["username"], result["token"])
     shell.out.say(f"Logged in as {args['username']} (user {result['user_id']}).")
 
 
@@ -69,9 +106,9 @@ def logout(shell: Shell, args: dict[str, Any]) -> None:
         shell.out.say(f"Still logged in as {name}: the logout may not have reached the server.")
         raise
     except BaseException:  # refused (an expired session, say): nothing left to keep
-        shell.log_out()
+        shell.set_session()
         raise
-    shell.log_out()
+    shell.set_session()
     shell.out.say(f"Logged out {name}.")
 
 
@@ -96,11 +133,10 @@ def help_(shell: Shell, args: dict[str, Any]) -> None:
 @COMMON.command("more", "Show the next page of the last list.", login=False)
 def more(shell: Shell, args: dict[str, Any]) -> None:
     """The next page of the last list command."""
-    pager = shell.pager
-    if pager is None or pager.cursor is None:
+    if shell.more is None:
         shell.out.say("Nothing more to show.")
-        return
-    shell.page(pager.op, {**pager.args, "cursor": pager.cursor}, pager.to_table)
+    else:
+        shell.more()
 
 
 @COMMON.command("ping", "Check that the server answers.", login=False)

@@ -13,9 +13,7 @@ from wire.errors import BadRequestError
 
 from .registry import Arg, word_list
 
-# PROTOCOL.md 1.1, Values: the names clients show; the wire carries the number.
-CATEGORY_NAMES = ("Other", "Books", "Home", "Electronics", "Clothing", "Sports", "Toys", "Garden",
-                  "Health", "Collectibles")
+CATEGORY_NAMES = values.CATEGORY_NAMES  # the names clients show (PROTOCOL.md); the wire carries the number
 
 Convert = Callable[[str], Any]
 

@@ -4,10 +4,7 @@ comments, `\\q`; and a history file that keeps no line carrying a password or a 
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import sys
-from collections.abc import Iterator
 
 from prompt_toolkit.history import FileHistory
 
@@ -22,65 +19,44 @@ def utf8_text(line: str) -> str:
 
 
 def split_commands(line: str) -> list[list[str]]:
-    """The commands of a line: shell-like words, `;` between commands, `#` starts a comment.
-
-    The line is cut at each `;` outside quotes (a quoted `";"` is a word, as in sh), and each
-    piece split into words; empty pieces (`;;`) are skipped."""
-    text = with_backslash_commands(without_comment(line))
-    cuts = [index for index in _bare(text) if text[index] == ";"]
-    pieces = [text[start + 1:end] for start, end in zip([-1, *cuts], [*cuts, len(text)], strict=True)]
-    return [words for words in map(_words, pieces) if words]
-
-
-def _words(piece: str) -> list[str]:
-    lexer = shlex.shlex(piece, posix=True)
-    lexer.whitespace_split, lexer.commenters = True, ""
-    return list(lexer)
-
-
-def without_comment(line: str) -> str:
-    """The line up to a `#` that begins a word outside quotes, as in sh: `search c#` keeps it.
-
-    (shlex's own comments also begin inside a word, and would make `c#` a `c`.)
-    """
-    previous = -1
-    for index in _bare(line):
-        if line[index] == "#" and (index == 0 or (previous == index - 1 and line[previous] in _WORD_ENDS)):
-            return line[:index]
-        previous = index
-    return line
-
-
-def with_backslash_commands(line: str) -> str:
-    """The line with a backslash doubled where a command is `\\q`, which shlex would make `q`."""
-    bare = set(_bare(line))
-    for match in reversed(list(_BACKSLASH_COMMAND.finditer(line))):
-        backslash = match.start(2)
-        if backslash in bare and (not match.group(1) or match.start(1) in bare):
-            line = line[:backslash] + "\\" + line[backslash:]
-    return line
+    """The commands of a line: words as sh reads them (quotes, backslashes), `;` between
+    commands, a `#` that begins a word starts a comment (`search c#` keeps it), and a
+    command `\\q` keeps its backslash (also after `help`), which sh would drop."""
+    commands: list[list[str]] = [[]]
+    word: str | None = None  # None between words ('' is a word: "")
+    quote, at = "", 0
+    while at < len(line):
+        char, at = line[at], at + 1
+        if quote and char == quote:
+            quote = ""
+        elif char == "\\" and quote != "'":
+            if at == len(line):
+                raise ValueError("No escaped character")
+            char, at = line[at], at + 1
+            keep = (char not in '\\"') if quote else (
+                char == "q" and word is None and commands[-1] in ([], ["help"], ["?"])
+                and line[at:at + 1] in ("", *_WORD_ENDS))
+            word = (word or "") + "\\" * keep + char
+        elif not quote and char in _WORD_ENDS:
+            if word is not None:
+                commands[-1].append(word)
+            word = None
+            if char == ";":
+                commands.append([])
+        elif not quote and char == "#" and word is None:
+            break
+        elif not quote and char in "'\"":
+            quote, word = char, word or ""
+        else:
+            word = (word or "") + char
+    if quote:
+        raise ValueError("No closing quotation")
+    if word is not None:
+        commands[-1].append(word)
+    return [words for words in commands if words]
 
 
 _WORD_ENDS = frozenset(" \t\n\r;")  # shlex's whitespace (not \f or \v), and `;`
-_BACKSLASH_COMMAND = re.compile(r"(^|;)\s*(?:(?:help|\?)\s+)?(\\)q(?=[\s;]|$)")  # `help \q` too
-
-
-def _bare(line: str) -> Iterator[int]:
-    """Where the characters outside quotes and not escaped by a backslash are."""
-    quote, escaped = "", False
-    for index, char in enumerate(line):
-        if escaped:
-            escaped = False
-        elif quote:
-            quote = "" if char == quote else quote
-            escaped = char == "\\" and quote == '"'
-        else:
-            yield index
-            escaped = char == "\\"
-            quote = char if char in "'\"" else ""
-
-
-_SECRET_FLAGS = ("--password", "--card-number")
 
 
 def carries_a_secret(line: str) -> bool:
@@ -90,15 +66,12 @@ def carries_a_secret(line: str) -> bool:
         words = [word for command in split_commands(line) for word in command]
     except ValueError:
         return True
-    return any(word.startswith("-p") or word.startswith(_SECRET_FLAGS) for word in words)
+    return any(word.startswith(("-p", "--password", "--card-number")) for word in words)
 
 
 class SecretFreeHistory(FileHistory):
-    """File history that never records a line carrying a password or a card number.
-
-    A line is written to the file only once the shell has understood and run it (`settle`):
-    a password typed where a word was expected (`login bob hunter2`) stays out of it too.
-    """
+    """File history without lines carrying a password or a card number, written only once the
+    shell understood the line (`login bob hunter2` stays out)."""
 
     _held: str | None = None
     _unwritable = False

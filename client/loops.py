@@ -1,20 +1,82 @@
-"""The two loops that feed a shell its lines: prompt_toolkit's REPL in a terminal, with a
-keepalive thread while it waits at the prompt, and script mode over `-c` or standard input.
+"""`market buyer` and `market seller`: their options, and the two loops that feed a shell its
+lines: prompt_toolkit's REPL in a terminal, with a keepalive thread while it waits at the
+prompt, and script mode over `-c` or standard input.
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
+import os
 import sys
 import threading
 from collections.abc import Iterable
 
 from prompt_toolkit import PromptSession
 
-from wire import ProtocolError
+from runtime.config import DEFAULT_PORTS, add_tls_arguments, env, port_setting
+from wire import Connection, ProtocolError
+from wire.tls import optional_client_context
 
+from .buyer_commands import BUYER
+from .common_commands import COMMON
 from .completion import LineCompleter
 from .lines import SecretFreeHistory
-from .render import OutputClosed
+from .render import FORMAT_HELP, FORMATS, Output, OutputClosed
+from .seller_commands import SELLER
 from .shell import Shell
+
+PORT_SETTINGS = {"buyer": "MARKET_BUYER_PORT", "seller": "MARKET_SELLER_PORT"}
+KEEPALIVE_S = 60.0  # well inside the default idle limits of sessions and connections (300 s)
+
+
+def add_shell_arguments(parser: argparse.ArgumentParser, role: str) -> None:
+    """The options of `market ROLE`."""
+    variable = PORT_SETTINGS[role]
+    parser.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=port_setting(variable),
+                        default=env(variable, str(DEFAULT_PORTS[role])))
+    add_tls_arguments(parser)
+    parser.add_argument("-c", "--command", dest="script", metavar="COMMANDS",
+                        help="run these `;`-separated commands without prompts, then exit")
+    parser.add_argument("--format", choices=FORMATS, default=None, help=FORMAT_HELP)
+    if role == "buyer":
+        parser.add_argument("--save-on-exit", action="store_true",
+                            help="in a script, save an unsaved cart when the session ends "
+                                 "(a terminal asks)")
+    parser.set_defaults(func=open_shell, role=role)
+
+
+def open_shell(args: argparse.Namespace) -> int:
+    """`market buyer` / `market seller`: interactive in a terminal, else script mode."""
+    interactive = args.script is None and sys.stdin.isatty()
+    registry = COMMON | (BUYER if args.role == "buyer" else SELLER)
+    try:
+        tls = optional_client_context(args.tls_ca, args.tls)
+    except OSError as exc:  # ssl.SSLError among them: not a PEM file
+        print(f"error: cannot use the TLS CA file {args.tls_ca}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    conn = Connection(args.host, args.port, tls=tls)
+    out = Output(args.format or ("table" if interactive else "tsv"))
+    shell = Shell(args.role, conn, registry, out, interactive,
+                  save_on_exit=getattr(args, "save_on_exit", False))
+    if interactive:
+        history = os.path.expanduser(env("MARKET_HISTORY_FILE", "~/.market_history"))  # .env leaves ~ as is
+        return run_interactive(shell, history, keepalive_seconds())
+    if args.script is None:  # a line not UTF-8 then reaches run_line, which refuses it in one line
+        sys.stdin.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
+    return run_script(shell, sys.stdin if args.script is None else [args.script])
+
+
+def keepalive_seconds() -> float:
+    """MARKET_KEEPALIVE_S: how often an idle shell refreshes its session (0: never)."""
+    text = env("MARKET_KEEPALIVE_S", str(KEEPALIVE_S))
+    with contextlib.suppress(ValueError):
+        if float(text) >= 0:
+            return float(text)
+    print(f"warning: MARKET_KEEPALIVE_S={text!r} is not a number of seconds; using {KEEPALIVE_S}",
+          file=sys.stderr)
+    return KEEPALIVE_S
+
 
 # The exit status when the reader of the output went away (`| head -1`): a command killed by
 # SIGPIPE has 141 in sh; the commands after the one cut short have not run.
@@ -100,13 +162,3 @@ def run_script(shell: Shell, lines: Iterable[str]) -> int:
         status = 130
     shell.leave()
     return status
-
-
-def script_lines(command: str | None) -> Iterable[str]:
-    """The lines of script mode: `-c` text, else standard input."""
-    if command is not None:
-        return [command]
-    # bytes that are not UTF-8 reach run_line as surrogates, which it refuses in one line (in a
-    # UTF-8 locale standard input is strict, and iterating over it raised)
-    sys.stdin.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
-    return sys.stdin

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from wire.tls import optional_client_context
 from wire.values import format_money
 
 from .admin import add_admin_parser, missing_sqlite_file
-from .launch import PORT_SETTINGS, add_shell_arguments
+from .loops import PORT_SETTINGS, add_shell_arguments
 
 log = logging.getLogger("market.serve")
 
@@ -33,14 +34,12 @@ def serve(args: argparse.Namespace) -> int:
     (then the other is stopped too: half a marketplace is no use)."""
     logs.configure_leniently("serve", str(env("MARKET_LOG_LEVEL", "INFO")),
                              str(env("MARKET_LOG_FORMAT", "text")))
-    extra = ["--db-url", args.db_url, "--host", args.host]
     parent = os.getpid()  # the servers stop with it, even when it is killed outright
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    stopping = False
+    stopping: list[int] = []  # the signal that stops them
 
-    def stop(_signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
+    def stop(signum: int, _frame: Any) -> None:
+        stopping.append(signum)
         for proc in procs.values():
             proc.terminate()
 
@@ -48,24 +47,22 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     metrics = dict(zip(("buyer", "seller"), args.metrics_port or (), strict=False))
     for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port)):
-        if not stopping:
-            own = ["--metrics-port", str(metrics[role])] if role in metrics else []
-            procs[role] = subprocess.Popen(  # stopped by the kernel should this process die
-                [sys.executable, "-m", f"{role}_server", *extra, "--port", str(port), *own],
-                preexec_fn=lambda: die_with_parent(parent))
-    if stopping:  # a signal between a start and its entry in procs
-        stop(signal.SIGTERM, None)
+        own = ["--metrics-port", str(metrics[role])] if role in metrics else []
+        procs[role] = subprocess.Popen(  # stopped by the kernel should this process die
+            [sys.executable, "-m", f"{role}_server", "--db-url", args.db_url, "--host", args.host,
+             "--port", str(port), *own], preexec_fn=lambda: die_with_parent(parent))
+        if stopping:  # a signal before this server's entry in procs
+            stop(signal.SIGTERM, None)
+            break
     while not stopping and all(proc.poll() is None for proc in procs.values()):
         time.sleep(0.2)
-    ended = [(role, proc.returncode) for role, proc in procs.items() if proc.returncode is not None]
     on_its_own = not stopping  # a server stopped without being asked: a failure, whatever its status
     if on_its_own:
-        role, code = ended[0]
-        log.error("the %s server stopped (exit status %d); stopping the other", role, code)
+        role, proc = next((role, proc) for role, proc in procs.items() if proc.returncode is not None)
+        log.error("the %s server stopped (exit status %d); stopping the other", role, proc.returncode)
         stop(signal.SIGTERM, None)
     codes = [proc.wait() for proc in procs.values()]
-    failed = next((code if code > 0 else 1 for code in codes if code != 0), 0)
-    return failed or int(on_its_own)
+    return next((code if code > 0 else 1 for code in codes if code != 0), int(on_its_own))
 
 
 def metrics_ports(text: str) -> tuple[int, int]:
@@ -110,11 +107,11 @@ def seed(args: argparse.Namespace) -> int:
     """Load a large catalogue into a database (for scale measurements)."""
     from operate.seed import SEED_PASSWORD, timed_seed
 
-    def report(database: Any) -> str:
+    def report(database: Any) -> tuple[str, int]:
         database.create_schema()
         result = timed_seed(database, args.sellers, args.items)
         return (f"seeded {result['sellers']} sellers (seed<id>, password {SEED_PASSWORD!r}) and "
-                f"{result['items']} items in {result['seconds']} s")
+                f"{result['items']} items in {result['seconds']} s"), 0
     return _on_database(args.db_url, report, pool_size=2)
 
 
@@ -122,37 +119,28 @@ def audit(args: argparse.Namespace) -> int:
     """Print every violation of the database's invariants, then a line of totals."""
     from sqlalchemy.exc import DBAPIError
 
-    from db import Database
+    from db import DatabaseUnusable
     from operate.audit import audit_with_totals, ledger_of, ledger_totals
 
-    for url in (args.db_url, args.payments_url):
-        if url and missing_sqlite_file(url):
-            print(f"error: no such database file: {url}", file=sys.stderr)
-            return 2
-    database = Database(args.db_url, pool_size=1)
-    try:  # the ledger where the buyer servers keep it
-        ledger = ledger_of(database, args.payments_url)
-        found, totals = audit_with_totals(database, ledger)
-    except (DBAPIError, ProtocolError) as exc:
-        reason = " ".join(str(getattr(exc, "orig", None) or exc).split())
-        print(f"error: cannot audit {database.engine.url!r}: {reason}", file=sys.stderr)
-        return 2
-    finally:
-        database.close()
-    totals.update(ledger_totals(ledger))
-    for violation in found:
-        print(violation)
-    verdict = "the books balance" if not found else f"{len(found)} violation{'s' * (len(found) != 1)}"
-    taken, captured = totals.pop("cents taken"), totals.pop("cents captured")
-    counted = ", ".join(f"{count} {name}" for name, count in totals.items())
-    print(f"audit: {verdict}; checked {counted}, {format_money(taken)} taken, "
-          f"{format_money(captured)} captured")
-    return 1 if found else 0
+    def report(database: Any) -> tuple[str, int]:
+        try:  # the ledger where the buyer servers keep it
+            ledger = ledger_of(database, args.payments_url)
+            found, totals = audit_with_totals(database, ledger)
+        except (DBAPIError, ProtocolError) as exc:
+            reason = " ".join(str(getattr(exc, "orig", None) or exc).split())
+            raise DatabaseUnusable(f"cannot audit {database.engine.url!r}: {reason}") from None
+        totals.update(ledger_totals(ledger))
+        verdict = "the books balance" if not found else f"{len(found)} violation{'s' * (len(found) != 1)}"
+        taken, captured = totals.pop("cents taken"), totals.pop("cents captured")
+        counted = ", ".join(f"{count} {name}" for name, count in totals.items())
+        return "\n".join([*found, f"audit: {verdict}; checked {counted}, {format_money(taken)} taken, "
+                                   f"{format_money(captured)} captured"]), int(bool(found))
+    return _on_database(args.db_url, report, must_exist=(args.db_url, args.payments_url))
 
 
 def backup_or_restore(args: argparse.Namespace) -> int:
-    """Copy a live database to a new file (`market backup`), or make a new database from one
-    (`market restore`); one line either way."""
+    """`market backup` copies a live database to a new file, `market restore` makes a new
+    database from one; one line either way."""
     from operate.backup import BackupError, backup, restore
 
     try:
@@ -167,12 +155,12 @@ def db_upgrade(args: argparse.Namespace) -> int:
     """Bring the database to head under the upgrade lock; say what was done."""
     from db.migrations import upgrade
 
-    def report(database: Any) -> str:
+    def report(database: Any) -> tuple[str, int]:
         before, after = upgrade(database)
         if before.current == after.current:
-            return f"the database {database.where} is at revision {after.current} (head): nothing to do"
+            return f"the database {database.where} is at revision {after.current} (head): nothing to do", 0
         return (f"upgraded the database {database.where} from revision "
-                f"{before.current or 'none (empty)'} to {after.current} (head)")
+                f"{before.current or 'none (empty)'} to {after.current} (head)"), 0
     return _on_database(args.db_url, report)
 
 
@@ -180,30 +168,30 @@ def db_current(args: argparse.Namespace) -> int:
     """Print the database's revision and whether it is head; exit 1 when it is not."""
     from db.migrations import revision_of
 
-    if missing_sqlite_file(args.db_url):
-        print(f"error: no such database file: {args.db_url}", file=sys.stderr)
-        return 2
-    found: list[bool] = []
-
-    def report(database: Any) -> str:
+    def report(database: Any) -> tuple[str, int]:
         revision = revision_of(database)
-        found.append(revision.is_head)
         state = "head" if revision.is_head else f"not head: this code's head is {revision.head}"
         if revision.is_newer:
             state = f"newer than this code's head {revision.head}"
-        return f"{revision.current or 'none (empty database)'} ({state})"
-    code = _on_database(args.db_url, report)
-    return code if code or all(found) else 1
+        return f"{revision.current or 'none (empty database)'} ({state})", int(not revision.is_head)
+    return _on_database(args.db_url, report, must_exist=(args.db_url,))
 
 
-def _on_database(db_url: str, report: Any, pool_size: int = 1) -> int:
-    """Print report(database)'s line; one line and exit 2 on a database it cannot use."""
+def _on_database(db_url: str, report: Callable[[Any], tuple[str, int]], pool_size: int = 1,
+                 must_exist: tuple[str | None, ...] = ()) -> int:
+    """Print report(database)'s lines and return its status; one line and exit 2 on a database
+    it cannot use, or on a SQLite file of `must_exist` that is not there."""
     from db import Database, DatabaseUnusable
 
+    missing = next((url for url in must_exist if url and missing_sqlite_file(url)), None)
+    if missing:
+        print(f"error: no such database file: {missing}", file=sys.stderr)
+        return 2
     database = Database(db_url, pool_size=pool_size)
     try:
-        print(report(database))
-        return 0
+        text, status = report(database)
+        print(text)
+        return status
     except DatabaseUnusable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -220,22 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
     for role in PORT_SETTINGS:
         add_shell_arguments(sub.add_parser(role, help=f"the {role} shell (interactive, or a "
                                                        "script with -c/stdin)"), role)
-    _add_serve_parser(sub)
-    p = sub.add_parser("seed", help="bulk-load sellers and items into an idle database")
-    p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
-    p.add_argument("--sellers", type=positive_int, default=100_000)
-    p.add_argument("--items", type=positive_int, default=1_000_000)
-    p.set_defaults(func=seed)
-    _add_db_parser(sub)
-    p = sub.add_parser("audit", help="check the books of a whole database and the payment ledger "
-                                     "(run it with no load)")
-    p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
-    p.add_argument("--payments-url", default=env("MARKET_PAYMENTS_URL") or None,
-                   help="the payment ledger's database, when the buyer servers keep it apart "
-                        "(default: MARKET_PAYMENTS_URL, else the payments table of --db-url)")
-    p.set_defaults(func=audit)
-    _add_backup_parsers(sub)
-    add_admin_parser(sub)
+    db = argparse.ArgumentParser(add_help=False)  # --db-url, for the commands that take it
+    db.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
+    p = sub.add_parser("serve", parents=[db], help="run both servers in the foreground")
+    p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
+    for role, variable in PORT_SETTINGS.items():
+        p.add_argument(f"--{role}-port", type=port_setting(variable, lowest=0),  # 0: a free port
+                       default=env(variable, str(DEFAULT_PORTS[role])))
+    p.add_argument("--metrics-port", type=metrics_ports, default=env("MARKET_METRICS_PORT") or None,
+                   metavar="PORT[,PORT]", help="serve the buyer's /metrics on PORT and the seller's "
+                                              "on PORT+1 (or on the second PORT); default: off")
+    p.set_defaults(func=serve)
+    _add_operator_parsers(sub, db)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--timeout", type=float, default=3.0)
@@ -246,37 +230,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_serve_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="run both servers in the foreground")
-    p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
-    p.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
-    for role, variable in PORT_SETTINGS.items():
-        p.add_argument(f"--{role}-port", type=port_setting(variable, lowest=0),  # 0: a free port
-                       default=env(variable, str(DEFAULT_PORTS[role])))
-    p.add_argument("--metrics-port", type=metrics_ports, default=env("MARKET_METRICS_PORT") or None,
-                   metavar="PORT[,PORT]", help="serve the buyer's /metrics on PORT and the seller's "
-                                              "on PORT+1 (or on the second PORT); default: off")
-    p.set_defaults(func=serve)
-
-
-def _add_backup_parsers(sub: Any) -> None:
+def _add_operator_parsers(sub: Any, db: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("seed", parents=[db], help="bulk-load sellers and items into an idle database")
+    p.add_argument("--sellers", type=positive_int, default=100_000)
+    p.add_argument("--items", type=positive_int, default=1_000_000)
+    p.set_defaults(func=seed)
+    schema = sub.add_parser("db", help="the database's schema: upgrade it, or show its revision")
+    schema = schema.add_subparsers(dest="db_command", required=True)
+    schema.add_parser("upgrade", parents=[db], help="bring the database to this code's schema",
+                      ).set_defaults(func=db_upgrade)
+    schema.add_parser("current", parents=[db], help="print the database's revision; exit 1 if not head",
+                      ).set_defaults(func=db_current)
+    p = sub.add_parser("audit", parents=[db], help="check the books of a whole database and the "
+                                                   "payment ledger (run it with no load)")
+    p.add_argument("--payments-url", default=env("MARKET_PAYMENTS_URL") or None,
+                   help="the payment ledger's database, when the buyer servers keep it apart "
+                        "(default: MARKET_PAYMENTS_URL, else the payments table of --db-url)")
+    p.set_defaults(func=audit)
     for name, text in (("backup", "copy a database, live, to a new FILE (SQLite: a database file; "
                                   "MariaDB: a mariadb-dump SQL file)"),
                        ("restore", "make a new, empty database from a backup FILE")):
-        p = sub.add_parser(name, help=text)
+        p = sub.add_parser(name, parents=[db], help=text)
         p.add_argument("file", type=Path, metavar="FILE")
-        p.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
         p.set_defaults(func=backup_or_restore, restoring=name == "restore")
-
-
-def _add_db_parser(sub: Any) -> None:
-    p = sub.add_parser("db", help="the database's schema: upgrade it, or show its revision")
-    db_sub = p.add_subparsers(dest="db_command", required=True)
-    for name, func, text in (("upgrade", db_upgrade, "bring the database to this code's schema"),
-                             ("current", db_current, "print the database's revision; exit 1 if not head")):
-        q = db_sub.add_parser(name, help=text)
-        q.add_argument("--db-url", default=env("MARKET_DB_URL", DEFAULT_DB_URL))
-        q.set_defaults(func=func)
+    add_admin_parser(sub, db)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,10 +3,10 @@ registered with a decorator; `help`, tab completion and argument parsing all com
 """
 from __future__ import annotations
 
-import argparse
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 from runtime.config import env
 
@@ -23,32 +23,26 @@ class BadValueError(UsageError):
 
 
 class RefusedError(Exception):
-    """A command that cannot be done as things stand (buying an empty cart); the shell prints
-    the message, which says what to do first."""
+    """A command that cannot be done as things stand (buying an empty cart); says what to do."""
 
 
 @dataclass(frozen=True)
 class Arg:
-    """One argument: a positional word (no flag) or an option (`--flag VALUE`).
-
-    `secret` values are read without echo (twice if `confirm`); `env` names a variable that
-    supplies the value in script mode; `many` collects the remaining words; `asked`: an
-    optional argument asked for (an empty answer: none) when the command asks for others.
-    """
+    """A positional word (no flag) or an option (`--flag VALUE`)."""
 
     name: str
     flag: str | None = None
     alias: str | None = None
     convert: Callable[[str], Any] = str
     required: bool = True
-    secret: bool = False
-    confirm: bool = False
-    many: bool = False
+    secret: bool = False  # read without echo
+    confirm: bool = False  # asked twice
+    many: bool = False  # takes the remaining words
     default: Any = None
-    env: str | None = None
+    env: str | None = None  # the variable that gives it in script mode
     hint: str = ""  # the values accepted, for `help COMMAND`
     choices: tuple[str, ...] = ()  # words offered by completion
-    asked: bool = False
+    asked: bool = False  # optional, yet asked for (Enter: none) when the command asks for others
 
     @property
     def label(self) -> str:
@@ -79,19 +73,43 @@ class Command:
         """The usage line, generated from the arguments."""
         return " ".join([self.name, *(arg.usage() for arg in self.args)])
 
-    def parse(self, words: list[str]) -> dict[str, str | list[str] | None]:
-        """The raw (unconverted) values of the words; UsageError if they do not fit.
-
-        Options and positional words may be intermixed; after `--` every word is positional.
-        """
-        at = words.index("--") if "--" in words else len(words)
-        namespace, extra = _parser(self).parse_known_intermixed_args(words[:at])  # it ignores `--`
-        extra += _fill_positionals(self.args, namespace, words[at + 1:])
+    def parse(self, words: list[str]) -> dict[str, Any]:
+        """The raw values of the words, options and positional words intermixed (after `--`, all
+        positional); UsageError if they do not fit."""
+        raw: dict[str, Any] = {arg.name: None for arg in self.args}
+        options = {flag: arg for arg in self.args for flag in (arg.flag, arg.alias) if flag}
+        left, loose = list(words), list[tuple[bool, str]]()  # (an option?, word): not taken yet
+        while left:
+            word = left.pop(0)
+            flag, equals, value = word.partition("=")
+            if not (equals and flag in options):  # else `-pSECRET`
+                flag, value = word[:2], word[2:]
+            if word == "--":
+                loose += [(False, word) for word in left]
+                break
+            if word in options:
+                if not left or _is_option(left[0]):
+                    arg = options[word]
+                    raise UsageError(f"argument {'/'.join(filter(None, (arg.flag, arg.alias)))}: "
+                                     "expected one argument")
+                raw[options[word].name] = left.pop(0)
+            elif flag in options:
+                raw[options[flag].name] = value
+            else:
+                loose.append((_is_option(word), word))
+        positional, extra = [arg for arg in self.args if not arg.flag], []
+        for option, word in loose:
+            if option or not positional:
+                extra.append(word)
+            elif positional[0].many:
+                raw[positional[0].name] = [*(raw[positional[0].name] or []), word]
+            else:
+                raw[positional.pop(0).name] = word
         if extra and any(arg.secret for arg in self.args):  # a stray word may be the secret typed in the open
             raise UsageError(f"{len(extra)} unexpected word(s)")
         if extra:
             raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
-        return {arg.name: getattr(namespace, arg.name) for arg in self.args}
+        return raw
 
     def values(self, words: list[str], ask: Ask | None) -> dict[str, Any]:
         """Converted values; a missing required one, or one not valid, is asked for (again),
@@ -109,14 +127,12 @@ def _value(arg: Arg, raw: Any, ask: Ask | None, asking: bool = False) -> Any:
         return arg.default
     problem = ""
     while True:
-        if not raw:
-            if ask is None:
-                raise UsageError(f"missing {arg.label}")
+        if not raw and ask is not None:
             raw = ask(arg, problem)
-            if not raw:
-                if arg.required:
-                    raise UsageError(f"missing {arg.label}")
+            if not raw and not arg.required:
                 return arg.default
+        if not raw:
+            raise UsageError(f"missing {arg.label}")
         try:
             return arg.convert(raw)
         except ValueError as exc:
@@ -125,40 +141,10 @@ def _value(arg: Arg, raw: Any, ask: Ask | None, asking: bool = False) -> Any:
             raw, problem = None, str(exc)
 
 
-def _fill_positionals(args: tuple[Arg, ...], namespace: argparse.Namespace, words: list[str]) -> list[str]:
-    """Give the words after `--` to the positional arguments still free; the words left over."""
-    left = list(words)
-    for arg in args:
-        if arg.flag or not left:
-            continue
-        value = getattr(namespace, arg.name)
-        if arg.many:
-            setattr(namespace, arg.name, [*(value or []), *left])
-            left = []
-        elif value is None:
-            setattr(namespace, arg.name, left.pop(0))
-    return left
-
-
-class _QuietParser(argparse.ArgumentParser):
-    """An ArgumentParser that raises instead of printing usage and exiting the shell."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        raise UsageError(message or "bad arguments")
-
-
-def _parser(command: Command) -> argparse.ArgumentParser:
-    parser = _QuietParser(prog=command.name, add_help=False, allow_abbrev=False)
-    for arg in command.args:
-        if arg.flag:
-            flags = [arg.flag, *([arg.alias] if arg.alias else [])]
-            parser.add_argument(*flags, dest=arg.name, metavar=arg.name.upper())
-        else:
-            parser.add_argument(arg.name, nargs="*" if arg.many else "?")
-    return parser
+def _is_option(word: str) -> bool:
+    """Whether a word reads as an option, as argparse reads it (not `-`, `-3` or `-1.5`)."""
+    return word.startswith("-") and len(word) > 1 and " " not in word \
+        and not re.fullmatch(r"-\d+|-\d*\.\d+", word)
 
 
 @dataclass
@@ -203,12 +189,11 @@ class Registry:
 def word_list(text: str | list[str]) -> list[str]:
     """Words given apart or joined by commas: `desk,light` or `desk light`; a word given again,
     in any case, is dropped (the server compares keywords ignoring case and refuses repeats)."""
-    joined = ",".join(text) if isinstance(text, list) else text
-    first_spellings: dict[str, str] = {}
-    for word in joined.replace(" ", ",").split(","):
-        if word:
-            first_spellings.setdefault(word.lower(), word)
-    return list(first_spellings.values())
+    words = (",".join(text) if isinstance(text, list) else text).replace(" ", ",").split(",")
+    kept: dict[str, str] = {}
+    for word in filter(None, words):
+        kept.setdefault(word.lower(), word)
+    return list(kept.values())
 
 
 def one_of(*options: str) -> Callable[[str], str]:

@@ -29,8 +29,8 @@ FORMAT_HELP = ("how results are printed: table (a terminal's default); tsv (a sc
 
 @dataclass(frozen=True)
 class Table:
-    """A titled table of values (numbers, money strings, word lists); `empty` is said when it
-    has no rows; `fields` go with it into a json document (a cart's total)."""
+    """A titled table of values; `empty` is said when it has no rows; `fields` go with it into a
+    json document (a cart's total)."""
 
     title: str
     columns: tuple[str, ...]
@@ -127,10 +127,10 @@ def _rich(table: Table) -> RichTable:
                     padding=0)
     for index, column in enumerate(table.columns):
         widest = max(len(cell_text(row[index])) for row in table.rows)
-        header = _HEADERS.get(column, column)
+        header = "cond" if column == "condition" else column  # scripts keep the full names
         if column in _NUMERIC:  # never cut short: "100000…" would read as a smaller number
             out.add_column(header, justify="right", no_wrap=True, min_width=max(widest, len(header)))
-        elif column in _SHORTENED:  # a list of words: the first ones tell enough
+        elif column == "keywords":  # a list of words: the first ones tell enough
             out.add_column(header, overflow="ellipsis", max_width=max(8, len(header)))
         elif column in _WORDS:  # a word or two (used, Collectibles): shortened only if need be
             out.add_column(header, overflow="ellipsis", min_width=len(header))
@@ -142,9 +142,8 @@ def _rich(table: Table) -> RichTable:
 
 
 def printable(text: str) -> str:
-    """Text safe to show: what could upset a terminal becomes `?`: control characters (escapes,
-    tabs, newlines), surrogates, line and paragraph separators, and invisible format characters
-    such as bidirectional overrides, but for the two joiners (as the server's names allow them)."""
+    """Text safe to show: controls, surrogates, line and paragraph separators and invisible format
+    characters (bidirectional overrides; not the two joiners names may hold) become `?`."""
     return "".join("?" if _unsafe(char) else char for char in text)
 
 
@@ -157,8 +156,6 @@ _NOT_TEXT = frozenset({"Cc", "Cs", "Zl", "Zp"})
 _JOINERS = frozenset("\u200c\u200d")
 
 
-_HEADERS = {"condition": "cond"}  # the terminal's headers only: scripts keep the full names
-_SHORTENED = {"keywords"}
 _WORDS = {"category", "condition", "feedback", "bought at"}
 _NUMERIC = {"id", "item", "order", "price", "qty", "up", "down", "subtotal",
             "available", "seller", "when"}

@@ -17,7 +17,6 @@ from wire import Connection, ConnectionLostError, ProtocolError
 from wire.errors import UnauthenticatedError
 from wire.ops import READ_ONLY_OPS
 
-from .cart import CartMemory
 from .lines import split_commands, utf8_text
 from .registry import Arg, BadValueError, Command, RefusedError, Registry, UsageError
 from .render import Output, Table
@@ -26,13 +25,35 @@ _KEEPALIVE_OPS = {"buyer": "display_cart", "seller": "get_seller_rating"}  # rea
 
 
 @dataclass
-class Pager:
-    """The last list command, so that `more` can fetch its next page."""
+class CartMemory:
+    """What the shell knows of the session's cart: its lines as last seen (None: not seen in this
+    session) and whether they differ from the saved cart (leaving offers to save them)."""
 
-    op: str
-    args: dict[str, Any]
-    to_table: Callable[[dict[str, Any]], Table]
-    cursor: str | None
+    lines: list[dict[str, Any]] | None = None
+    total: str | None = None  # as last seen: what `buy` expects to pay
+    unsaved: bool = False
+
+    def seen(self, content: dict[str, Any], unsaved: bool | None = None) -> None:
+        """The server showed the cart; `unsaved`: a command changed it (True) or saved it (False)."""
+        self.lines, self.total = list(content["items"]), content["total"]
+        self.unsaved = self.unsaved if unsaved is None else unsaved
+
+    def bought(self) -> None:
+        """A purchase emptied the cart."""
+        self.lines, self.unsaved = [], False
+
+    def forget(self) -> None:
+        """A new session, or none: its cart starts as the saved cart."""
+        self.lines, self.unsaved = None, False
+
+    def summary(self) -> str:
+        """The lines in a few words: `2 x Desk lamp (item 7), 1 x Mug (item 9)`."""
+        return ", ".join(f"{line['quantity']} x {line['name']} (item {line['item_id']})"
+                         for line in self.lines or [])
+
+    def to_restore(self) -> list[tuple[int, int]]:
+        """(item_id, quantity) of each line, to put the cart back in a new session."""
+        return [(line["item_id"], line["quantity"]) for line in self.lines or []]
 
 
 @dataclass
@@ -45,7 +66,7 @@ class Shell:
     out: Output
     interactive: bool
     username: str | None = None
-    pager: Pager | None = None
+    more: Callable[[], None] | None = None  # fetches the next page of the last list
     running: bool = True
     save_on_exit: bool = False  # in a script: save an unsaved cart on the way out
     cart: CartMemory = field(default_factory=CartMemory)
@@ -84,18 +105,14 @@ class Shell:
         self.out.table(to_table(result))
         rows = result.get("items", result.get("purchases", []))
         self.seen_ids = list(dict.fromkeys(str(row["item_id"]) for row in rows))
-        self.pager = Pager(op, args, to_table, result.get("next_cursor"))
-        if self.pager.cursor:
+        cursor = result.get("next_cursor")
+        self.more = (lambda: self.page(op, {**args, "cursor": cursor}, to_table)) if cursor else None
+        if cursor:
             self.out.say("There is more: type `more`.")
 
-    def log_in(self, username: str, token: str) -> None:
-        """Remember a new session."""
-        self.conn.token, self.username, self.pager = token, username, None
-        self.cart.forget()
-
-    def log_out(self) -> None:
-        """Forget the session (the server side is the caller's business)."""
-        self.conn.token, self.username, self.pager = None, None, None
+    def set_session(self, username: str | None = None, token: str | None = None) -> None:
+        """Remember a new session, or none: log out (the server side is the caller's business)."""
+        self.conn.token, self.username, self.more = token, username, None
         self.cart.forget()
 
     def ask(self, arg: Arg, problem: str = "") -> str:
@@ -104,18 +121,15 @@ class Shell:
         while True:
             if problem:
                 self.out.error(f"{arg.label}: {problem}; try again (an empty answer or Ctrl-C cancels)")
-            optional = "" if arg.required else " (Enter: none)"
-            value = self._read(arg, f"{arg.label}{optional}: ")
+            value = self._read(arg, f"{arg.label}{'' if arg.required else ' (Enter: none)'}: ")
             try:
                 if value:
                     arg.convert(value)
+                    if arg.confirm and self._read(arg, f"{arg.label} again: ") != value:
+                        raise ValueError(f"the two {arg.label}s differ")
+                return value
             except ValueError as exc:
                 problem = str(exc)
-                continue
-            if value and arg.confirm and self._read(arg, f"{arg.label} again: ") != value:
-                problem = f"the two {arg.label}s differ"
-                continue
-            return value
 
     def _read(self, arg: Arg, prompt: str) -> str:
         if arg.secret:
@@ -133,18 +147,21 @@ class Shell:
         or in a script if --save-on-exit asks for it."""
         if self.conn.token is None or not self.cart.unsaved:
             return
+        keep = self.save_on_exit
         if self.interactive:
-            shown = self.cart.summary() or "an emptied cart"
             try:
-                keep = self.confirm(f"Your cart ({shown}) is not saved. Save your cart?")
+                keep = self.confirm(f"Your cart ({self.cart.summary() or 'an emptied cart'}) is not "
+                                    "saved. Save your cart?")
             except EOFError:
                 keep = True
-        else:
-            keep = self.save_on_exit
         if keep:
-            saved = self.call("save_cart")["cart"]
-            self.cart.seen(saved, unsaved=False)
-            self.out.say(f"Cart saved: {len(saved['items'])} item(s).")
+            self.save_cart()
+
+    def save_cart(self) -> None:
+        """save_cart, and say what was saved."""
+        saved = self.call("save_cart")["cart"]
+        self.cart.seen(saved, unsaved=False)
+        self.out.say(f"Cart saved: {len(saved['items'])} item(s), total {saved['total']}.")
 
     def run_line(self, line: str) -> bool:
         """Run the `;`-separated commands of a line; False at the first that fails."""
@@ -208,7 +225,7 @@ class Shell:
             return
         name, lost = self.username, self.cart.to_restore()
         had = f"; your cart held {self.cart.summary()}" if lost else ""
-        self.log_out()
+        self.set_session()
         self.out.error(f"your session has expired or ended{had}; please log in again: login {name}")
         if not (self.interactive and lost):
             return
@@ -231,11 +248,11 @@ class Shell:
             except KeyboardInterrupt:
                 self.conn.close()  # its answer must not be read as the next request's
                 raise
-        self.log_out()
+        self.set_session()
 
     def refresh_quietly(self) -> None:
-        """A request that keeps the connection and the session alive, printing nothing; a
-        buyer's is a look at the cart, remembered for the day the session expires anyway."""
+        """A quiet request that keeps the connection and the session alive (a buyer's reads the
+        cart, remembered should the session expire anyway)."""
         op = _KEEPALIVE_OPS.get(self.role, "ping") if self.conn.token else "ping"
         try:
             result = self.conn.call(op)
@@ -256,7 +273,7 @@ class Shell:
         try:
             self.end_session()
         except KeyboardInterrupt:
-            self.log_out()
+            self.set_session()
         self.conn.close()
 
 

@@ -12,9 +12,8 @@ from prompt_toolkit.document import Document
 
 from client import fields
 from client.buyer_commands import BUYER
-from client.common_commands import COMMON
+from client.common_commands import COMMON, DeviceTokens
 from client.completion import LineCompleter
-from client.devices import DeviceTokens
 from client.registry import Arg, BadValueError, Command, UsageError
 from client.render import Output, Table
 from client.shell import in_plain_words
