@@ -128,7 +128,7 @@ def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignal
         return 2
     try:
         if settings.workers <= 1:
-            _serve(settings, build_app, settings.port, tls, stops, ready=_announce)
+            _serve(settings, build_app, settings.port, tls, stops, ready=announce)
             return 0
         return _supervise(settings, build_app, tls)
     except (CannotListen, WorkerFailed) as exc:
@@ -136,7 +136,8 @@ def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignal
         return 2
 
 
-def _announce(server: Server) -> None:
+def announce(server: Server) -> None:
+    """Say the server listens (on stdout, where scripts and tests wait for it)."""
     host, port = server.address
     log.info("serving %s", "TLS" if server.tls else "plaintext")
     if os.environ.get("MARKET_TEST_FAST_HASHES") == "1":

@@ -122,6 +122,16 @@ class Server(Reader):
         return len(self._connections)
 
     @property
+    def waiting_to_write(self) -> int:
+        """Connections whose answer waits for their client to read."""
+        return sum(1 for conn in list(self._connections) if conn.writing)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of requests read and not yet answered, complete frames or not (flow control)."""
+        return self._queued.total
+
+    @property
     def stopping(self) -> bool:
         """Whether a stop was asked (the server drains: /readyz says so)."""
         return self._stopping.is_set()

@@ -22,7 +22,7 @@ log = logging.getLogger("market.runner")
 # serves the inherited socket in a worker until stopped; calls ready(server) once it listens
 ServeInWorker = Callable[[StopSignals, Callable[[Server], None]], None]
 _PR_SET_PDEATHSIG = 1
-_FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.1, 2.0  # before restarting a worker that died (clients wait)
+FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.1, 2.0  # before restarting a worker that died (clients wait)
 _HEALTHY_AFTER_S = 10.0  # a worker that lived this long: the next pause is the first again
 _GIVE_UP_AFTER = 5  # workers started in a row that died before they listened
 _SIGNAL_CHECK_S = 0.1  # how often the supervisor looks for a signal to handle, while it waits
@@ -42,7 +42,7 @@ class Supervisor:
         self.workers: dict[int, float] = {}  # pid: when it started
         self.stopping = False
         self.ended_before_stop: set[int] = set()
-        self.pause_s = _FIRST_PAUSE_S
+        self.pause_s = FIRST_PAUSE_S
         self.failed_starts = 0  # in a row
         self.health = HealthWatch(worker_timeout_s, lambda: self.stopping)
 
@@ -101,7 +101,7 @@ class Supervisor:
     def replace(self, pid: int, status: int, lived: float) -> bool:
         """Start another worker after a pause; False when too many in a row could not listen."""
         if lived >= _HEALTHY_AFTER_S:
-            self.pause_s = _FIRST_PAUSE_S
+            self.pause_s = FIRST_PAUSE_S
         pause, self.pause_s = self.pause_s, min(2 * self.pause_s, _LONGEST_PAUSE_S)
         log.error("worker %d %s after %.1f s; starting another in %.1f s", pid, _how_it_ended(status),
                   lived, pause)
