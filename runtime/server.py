@@ -8,14 +8,12 @@ connection's outbox for the leader. Exceptions become error responses in `answer
 """
 from __future__ import annotations
 
-import collections
 import logging
 import selectors
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,9 +22,8 @@ from wire.errors import InternalError, ProtocolError
 from wire.framing import DEFAULT_MAX_FRAME, encode_frame
 from wire.observer import NO_SERVER_OBSERVER, SUPERVISOR, ServerObserver, now_ns
 
-from .admission import REFUSALS, Admission, evictable, listen, refuse_busy
-from .connection import Connection, decode, discard_unread
-from .flow import QueuedBytes
+from .admission import REFUSALS, evictable, listen, refuse_busy
+from .connection import Connection, Outbox
 from .reader import Reader
 from .scheduler import LEAD, Scheduler
 from .tls import TlsChannel
@@ -85,25 +82,10 @@ class Server(Reader):
     def __init__(self, app: App, host: str = "127.0.0.1", port: int = 0,
                  limits: ServerLimits = ServerLimits(), listener: socket.socket | None = None,
                  tls: ssl.SSLContext | None = None, observer: ServerObserver = NO_SERVER_OBSERVER) -> None:
-        self.app, self.observer, self.limits, self.tls = app, observer, limits, tls
-        self._listener = listener if listener is not None else listen(host, port)
-        self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)  # a full pair already wakes the leader: never wait on it
-        self._woken = False
-        self._queued = QueuedBytes(limits.max_queued_bytes)
-        self._memory_paused: set[Connection] = set()  # not read until the process holds less
-        self._admission = Admission(limits.max_connections, limits.max_connections_per_address,
-                                    limits.new_connections_per_s_per_address)
-        self._accept_paused_until: float | None = None
-        self._accept_pause_logged = False
-        self._calls: collections.deque[Callable[[], None]] = collections.deque()
-        self._connections: set[Connection] = set()
-        self._ready: list[Connection] = []  # connections the leader found requests for
+        super().__init__(listener if listener is not None else listen(host, port), limits, observer)
+        self.app, self.tls = app, tls
         self._scheduler = Scheduler(limits.threads, self._admission.addresses)
         self._threads: list[threading.Thread] = []
-        self._stopping = threading.Event()
         self._lead_ended = threading.Event()
         self._failure: BaseException | None = None
         self._stopped = threading.Event()
@@ -244,7 +226,7 @@ class Server(Reader):
         frame, read = item
         size = len(frame) if isinstance(frame, bytes) else 0
         answering = now_ns()  # before decoding: a request waits undecoded, its decoding is service
-        message = decode(conn, frame)
+        message = conn.decode(frame)
         self._release(size)
         self.observer.answering(conn.address, message)
         return self._answer_one(conn, message, read, answering)
@@ -290,9 +272,8 @@ class Server(Reader):
         if not checked:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.observer.connection_opened(address)
-        conn = Connection(sock, self.limits.max_frame, address)
-        if self.tls is not None and not checked:
-            conn.tls = conn.channel = TlsChannel(self.tls)
+        channel = TlsChannel(self.tls) if self.tls is not None and not checked else Outbox()
+        conn = Connection(sock, self.limits.max_frame, address, channel)
         self._connections.add(conn)
         self._admission.opened(address)
         self._watch_events(conn)
@@ -342,7 +323,7 @@ class Server(Reader):
         owed = sum(conn.busy for conn in connections)
         for conn in connections:
             conn.busy = False
-            discard_unread(conn.sock)
+            conn.discard_unread()
             self._close(conn)
         took = time.monotonic() - (self._stop_asked or time.monotonic())
         log.info("stopped %.1f s after the stop was asked, closing %d connections (%d still owed "
