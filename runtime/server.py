@@ -61,18 +61,16 @@ def answer(app: App, message: dict[str, Any] | ProtocolError,
     """The response to one decoded message (or to a framing error), and its frame; never raising.
     `peer` is the client's address, for the App's limits per address."""
     if isinstance(message, ProtocolError):
-        return _framed(error_response(None, message))
-    try:
-        response = app.handle(message, peer)
-        return response, encode_frame(response)
-    except ProtocolError as exc:
-        return _framed(error_response(request_id(message), exc))
-    except Exception:
-        log.exception("internal error serving op %r", message.get("op"))
-        return _framed(error_response(request_id(message), InternalError()))
-
-
-def _framed(response: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        response = error_response(None, message)
+    else:
+        try:
+            response = app.handle(message, peer)
+            return response, encode_frame(response)
+        except ProtocolError as exc:
+            response = error_response(request_id(message), exc)
+        except Exception:
+            log.exception("internal error serving op %r", message.get("op"))
+            response = error_response(request_id(message), InternalError())
     return response, encode_frame(response)
 
 
@@ -170,17 +168,8 @@ class Server(Reader):
                 log.exception("a request thread's turn failed")
 
     def _lead(self) -> None:
-        """Watch the sockets until a turn waits; the connections found go to the scheduler."""
-        ready = self._watch()
-        if ready is None:  # stopped
-            self._lead_ended.set()
-            return
-        for conn in ready:
-            self._scheduler.put(conn)
-        self._scheduler.put_lead()
-
-    def _watch(self) -> list[Connection] | None:
-        """Run the selector until some connection has requests to answer (None once stopped)."""
+        """Watch the sockets until a turn waits; the connections found go to the scheduler, the
+        lead behind them (until stopped)."""
         try:
             while not self._stopped_serving():
                 runnable = self._scheduler.runnable()
@@ -189,11 +178,14 @@ class Server(Reader):
                 self._housekeep()
                 if self._ready or runnable:
                     ready, self._ready = self._ready, []
-                    return ready
+                    for conn in ready:
+                        self._scheduler.put(conn)
+                    self._scheduler.put_lead()
+                    return
         except BaseException as exc:  # serve_forever raises it once everything is closed
             self._failure = exc
             self._stopping.set()
-        return None
+        self._lead_ended.set()
 
     def _turn(self, conn: Connection) -> None:
         """Answer a connection's next request, or a few while nobody else waits; then, if more
@@ -214,17 +206,16 @@ class Server(Reader):
         """Answer the connection's next request; False when its queue is done with for now
         (answered, or waiting for its client to read)."""
         with conn.lock:
-            if not conn.pending or conn.closed or self._past_stop_deadline():
+            done = not conn.pending or conn.closed or self._past_stop_deadline()
+            if done:
                 conn.busy = False
-                item = None
             else:
-                item = conn.pending.popleft()
-                conn.queued_bytes -= len(item[0]) if isinstance(item[0], bytes) else 0
-        if item is None:
+                frame, read = conn.pending.popleft()
+                size = len(frame) if isinstance(frame, bytes) else 0
+                conn.queued_bytes -= size
+        if done:
             self._queue_answered(conn)
             return False
-        frame, read = item
-        size = len(frame) if isinstance(frame, bytes) else 0
         answering = now_ns()  # before decoding: a request waits undecoded, its decoding is service
         message = conn.decode(frame)
         self._release(size)
