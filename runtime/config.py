@@ -114,8 +114,7 @@ def positive_int_list(text: str) -> list[int]:
 
 def port_setting(variable: str, lowest: int = 1) -> Callable[[str], int]:
     """An argparse type for a port that `variable` may also set: lowest-65535 (0: a free one,
-    for servers), or a usage error naming both (a flag's default from the environment is
-    converted only when it is used)."""
+    for servers), or a usage error naming both."""
     def port(text: str) -> int:
         if not text.strip().isdigit() or not lowest <= int(text) <= 65535:
             raise argparse.ArgumentTypeError(
@@ -175,11 +174,8 @@ _FROM_ENVIRONMENT = [f for f in _RANGED
 
 
 def server_settings(role: str, argv: list[str] | None = None) -> Settings:
-    """Settings for the buyer or seller server from flags, environment and `.env`.
-
-    What neither sets keeps the default written once, in `Settings`. A value that is
-    not a number, or out of its range, ends the program (status 2) with one line naming it.
-    """
+    """Settings for the buyer or seller server from flags, environment and `.env`; a value
+    not a number, or out of its range, ends the program (status 2) with one line naming it."""
     default = Settings(role=role)
 
     def refuse(message: str) -> NoReturn:  # one line, as for a database it cannot use (runner)

@@ -18,9 +18,8 @@ READ_SIZE = 65536
 
 
 class Outbox:
-    """A plaintext channel: what the socket would not take yet, sent in the order queued by
-    one flusher at a time (the answering thread, or the leader once the socket is writable).
-    runtime.tls's TlsChannel is its encrypting kind."""
+    """A plaintext channel (runtime.tls's encrypts): what the socket would not take yet, sent in
+    order by one flusher at a time (the answering thread, or the leader once it is writable)."""
 
     handshake_done = True
 

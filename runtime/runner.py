@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, TypeVar
 
-from wire.app import App
+from wire.app import App, Background
 from wire.tls import server_context
 
 from .admission import listen
@@ -77,10 +77,8 @@ def limits_of(settings: Settings) -> ServerLimits:
 
 
 def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = None) -> int:
-    """Parse settings, prepare the database, and serve until stopped.
-
-    `build_app` defaults to ROLE_server.ops.build_app, imported only once SIGTERM and Ctrl-C
-    stop the server cleanly: that import (SQLAlchemy and the ops) takes most of a start."""
+    """Parse settings, prepare the database, and serve until stopped. `build_app` defaults to
+    ROLE_server.ops.build_app, imported once a signal stops the start cleanly (it takes most of it)."""
     stops = StopSignals()  # from here on SIGTERM and Ctrl-C stop the server cleanly, even mid-start
     try:
         settings = server_settings(role, argv)
@@ -157,10 +155,8 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
     stops.hold()  # threads start from here: a signal must not cut that short
     database = Database(settings.db_url, pool_size=settings.threads,
                         sqlite_synchronous=settings.sqlite_synchronous)
-    housekeeper = Housekeeper.for_settings(database, settings)
     try:
         app = build_app(settings, database)
-        housekeeper.start()
         observer = serving.observer_for(settings, app)
         server = _bound(settings.host, port, lambda: Server(
             app, settings.host, port, limits_of(settings), listener=listener, tls=tls, observer=observer))
@@ -169,15 +165,15 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
         # long as the process: keep it out of the collector's full passes, which scanned it all.
         gc.freeze()
-        for task in app.background:  # the buyer server's settler
+        tasks: list[Background] = [Housekeeper.for_settings(database, settings), *app.background]
+        for task in tasks:
             task.start()
         try:
             stops.serve(server, ready)
         finally:
-            for task in app.background:
+            for task in tasks:
                 task.stop()
     finally:
-        housekeeper.close()
         database.close()
 
 

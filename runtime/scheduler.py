@@ -12,17 +12,13 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from wire.observer import SUPERVISOR
 
+from .connection import Connection
+
 LEAD = "lead"  # the ring's entry for the turn of watching the sockets
-
-
-class Turn(Protocol):
-    """What the scheduler hands a thread: a connection (with its client's address)."""
-
-    address: str
 
 
 class Scheduler:
@@ -36,7 +32,7 @@ class Scheduler:
         self._changed = threading.Condition(threading.Lock())
         self._closed = False
 
-    def put(self, conn: Turn) -> None:
+    def put(self, conn: Connection) -> None:
         """A connection has requests to answer: it waits for its address's turn."""
         with self._changed:
             waiting = self._ring.get(conn.address)
@@ -58,8 +54,7 @@ class Scheduler:
         return bool(self._ring)
 
     def runnable(self) -> bool:
-        """Whether a connection's turn waits that a thread could take now (the leader then
-        stops watching to take it)."""
+        """Whether a connection's turn waits that a thread could take now (the leader's, say)."""
         with self._changed:
             cap = self._cap()
             return any(key != LEAD and (key == SUPERVISOR or self._busy[key] < cap) for key in self._ring)
@@ -74,7 +69,7 @@ class Scheduler:
                 self._changed.wait()
             return None
 
-    def done(self, conn: Turn) -> None:
+    def done(self, conn: Connection) -> None:
         """A connection's turn ended: its address holds one thread fewer."""
         with self._changed:
             self._busy[conn.address] -= 1

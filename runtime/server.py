@@ -168,8 +168,7 @@ class Server(Reader):
                 log.exception("a request thread's turn failed")
 
     def _lead(self) -> None:
-        """Watch the sockets until a turn waits; the connections found go to the scheduler, the
-        lead behind them (until stopped)."""
+        """Watch the sockets until a turn waits; the connections found, then the lead, go to the ring."""
         try:
             while not self._stopped_serving():
                 runnable = self._scheduler.runnable()
@@ -203,8 +202,9 @@ class Server(Reader):
             self.observer.threads_busy(-1)
 
     def _answer_next(self, conn: Connection) -> bool:
-        """Answer the connection's next request; False when its queue is done with for now
-        (answered, or waiting for its client to read)."""
+        """Answer the connection's next request; False when its queue is done with for now:
+        answered, or an answer waits for its client to read (the leader sends the rest, then
+        hands the queue on)."""
         with conn.lock:
             done = not conn.pending or conn.closed or self._past_stop_deadline()
             if done:
@@ -220,35 +220,22 @@ class Server(Reader):
         message = conn.decode(frame)
         self._release(size)
         self.observer.answering(conn.address, message)
-        return self._answer_one(conn, message, read, answering)
-
-    def _answer_one(self, conn: Connection, message: dict[str, Any] | ProtocolError,
-                    read: int, answering: int) -> bool:
-        """Answer one request; False when its answer waits for the socket (the leader then
-        sends the rest and hands the queue on)."""
         response, answer_frame = answer(self.app, message, conn.address)
         answered = now_ns()  # before the send: a client may read the answer before it returns
-        sent = self._send(conn, answer_frame)
+        try:
+            if not conn.channel.send_nowait(conn.sock, answer_frame):
+                conn.blocked_since = time.monotonic()
+            failed = False
+        except OSError:
+            failed = True
         self.observer.answer_sent(conn.address, message, response, (read, answering, answered))
-        if not sent:
-            self._forget_pending(conn)
-        elif isinstance(message, ProtocolError):
+        if failed or isinstance(message, ProtocolError):
             self._forget_pending(conn)
             conn.closing = True
-        if conn.blocked_since is not None:  # the rest when the client reads: the leader's
+        if conn.blocked_since is not None:
             self._call_soon(lambda: self._wait_writable(conn))
             return False
         return True
-
-    def _send(self, conn: Connection, frame: bytes) -> bool:
-        """Send, or leave in the outbox what the socket will not take now; False if it failed."""
-        try:
-            if not conn.channel.send_nowait(conn.sock, frame):
-                conn.blocked_since = time.monotonic()
-            return True
-        except OSError:
-            conn.closing = True
-            return False
 
     # -- admission (the leader) ---------------------------------------------------
 
@@ -286,9 +273,11 @@ class Server(Reader):
         that read them, for at most send_timeout_s: a write's answer is not thrown away."""
         if not self._stopping.is_set():
             return False
-        if self._stop_deadline is None:
+        if self._stop_deadline is None:  # accept and read no more; what was read is answered
             self._stop_deadline = time.monotonic() + self.limits.send_timeout_s
-            self._begin_stopping()
+            self._close_listener()
+            for conn in list(self._connections):
+                self._stop_reading(conn)
         owed = self._ready or any(conn.busy for conn in self._connections)
         return not owed or time.monotonic() >= self._stop_deadline
 
@@ -296,12 +285,6 @@ class Server(Reader):
         """Stopping, and the time for answers owed is up: queued requests are left unanswered."""
         deadline = self._stop_deadline
         return deadline is not None and time.monotonic() >= deadline
-
-    def _begin_stopping(self) -> None:
-        """Accept and read no more; what was read is answered (_stopped_serving)."""
-        self._close_listener()
-        for conn in list(self._connections):
-            self._stop_reading(conn)
 
     def _finish(self) -> None:
         if self._stop_deadline is None:  # stopped by a failure, not shutdown()

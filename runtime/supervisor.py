@@ -185,10 +185,8 @@ def _next_ended() -> tuple[int, int]:
 
 
 def _has_ended(pid: int) -> bool:
-    """Whether the child has ended, leaving it to be waited for (WNOWAIT), or is ending: on
-    Linux, its main thread a zombie already while its other threads finish dying (a few ms
-    after a SIGKILL, when no wait finds it yet). A worker's main thread ends last of its
-    threads unless the process dies."""
+    """Whether the child has ended, left to be waited for (WNOWAIT), or is ending: its main thread
+    (which ends last unless the process dies) a zombie while its other threads finish dying."""
     try:
         if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
             return True
