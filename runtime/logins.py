@@ -1,9 +1,6 @@
-"""Sign-up and login: the guards before a password's hash, and the ops both servers have.
-
-Before a hash: a place in the hashing queue (runtime.hashing), the limits of the client's
-address (kept in this process's memory: with `--workers N` each worker counts on its own),
-and the account's throttle (db.login_throttle, in the database), which a login presenting a
-device token of the account passes by.
+"""Sign-up and login, the ops both servers have, and the guards before a password's hash: a place
+in the hashing queue, the limits of the client's address (in this process's memory: each worker
+counts its own) and the account's throttle (db.login_throttle), which a device token passes by.
 """
 from __future__ import annotations
 

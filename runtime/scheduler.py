@@ -1,11 +1,6 @@
-"""Whose turn it is: the request threads take turns fairly between addresses and connections.
-
-Turns go round robin over a ring of addresses, each with its connections that have requests
-waiting, and the lead (the turn of watching the sockets) takes its place in the ring as one
-more entry. A connection's turn answers one request; one with more goes to the back of its
-address's queue. While clients of more than one address are connected, no address holds more
-than threads - 1 of the threads, so the last one is always free to lead, and to answer a new
-client. The supervisor's health checks go to the front of the ring and are never capped.
+"""Whose turn it is: round robin over a ring of addresses, each with its connections that have
+requests waiting, the lead (watching the sockets) one more entry. While clients of several
+addresses are connected, one holds at most threads - 1 threads, so one is always free to lead.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The server loop both servers share: a fixed set of request threads taking turns.
-
-The turns (runtime.scheduler) go round robin between addresses and their connections; one
-is the lead's, which watches every socket, reads frames and queues them on their connection
-(runtime.reader). A connection's turn answers one request (more while nobody else waits),
-in order. No thread waits for a client to read: what the socket will not take stays in the
-connection's outbox for the leader. Exceptions become error responses in `answer` only.
+"""The server loop both servers share: a fixed set of request threads taking turns (runtime.scheduler),
+the lead's reading every socket (runtime.reader). No thread waits for a client to read: what its
+socket will not take waits in its outbox for the leader. Exceptions become errors in `answer` only.
 """
 from __future__ import annotations
 

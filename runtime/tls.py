@@ -20,28 +20,18 @@ class TlsChannel(Outbox):
 
     def receive(self, data: bytes) -> bytes:
         """Feed received ciphertext; the plaintext it completes. Raises ssl.SSLError."""
+        chunks = []
         with self._state:
             self._incoming.write(data)
-            plaintext = self._advance()
+            try:
+                if not self.handshake_done:
+                    self._tls.do_handshake()
+                    self.handshake_done = True
+                while chunk := self._tls.read(65536):
+                    chunks.append(chunk)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):  # wants more, or closed cleanly
+                pass
             self._outbox += self._outgoing.read()
-        return plaintext
-
-    def _advance(self) -> bytes:
-        if not self.handshake_done:
-            try:
-                self._tls.do_handshake()
-            except ssl.SSLWantReadError:
-                return b""
-            self.handshake_done = True
-        chunks = []
-        while True:
-            try:
-                chunk = self._tls.read(65536)
-            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
         return b"".join(chunks)
 
     def _encode(self, data: bytes) -> bytes:
