@@ -28,10 +28,6 @@ class Outbox:
         self._sending = threading.Lock()  # one flusher at a time, in outbox order
         self._outbox = bytearray()
 
-    def receive(self, data: bytes) -> bytes:
-        """The plaintext of bytes received (a TLS channel raises ssl.SSLError)."""
-        return data
-
     def _encode(self, data: bytes) -> bytes:
         """What goes on the wire for `data` (called holding `_state`)."""
         return data

@@ -22,6 +22,7 @@ from wire.observer import ServerObserver, now_ns
 from .admission import Admission
 from .connection import READ_SIZE, Connection
 from .flow import HOLDS_A_LOT, PAUSE_AFTER, QueuedBytes
+from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
 _ACCEPT_PAUSE_S = 0.5  # out of file descriptors: how long the listener is left alone
@@ -141,6 +142,8 @@ class Reader:
 
     def _decrypt(self, conn: Connection, data: bytes) -> bytes | None:
         """The plaintext of bytes read, or None once the connection is closed (not TLS, or stuck)."""
+        if not isinstance(conn.channel, TlsChannel):  # (its outbox is the answering thread's)
+            return data
         try:
             plaintext = conn.channel.receive(data)
         except ssl.SSLError as exc:
