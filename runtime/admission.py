@@ -8,6 +8,7 @@ import collections
 import socket
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from wire.envelope import error_response
 from wire.errors import BusyError
@@ -33,19 +34,24 @@ class Bucket:
         self.tokens = float(burst)
         self.updated = time.monotonic()
 
-    def take(self) -> bool:
-        """Take a token if there is one."""
+    def take(self) -> float:
+        """Take a token: 0 if there was one, else the seconds until there is."""
         now = time.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
         self.updated = now
         if self.tokens < 1:
-            return False
+            return (1 - self.tokens) / self.rate
         self.tokens -= 1
-        return True
+        return 0.0
 
     def full(self) -> bool:
         """Refilled to the burst: nothing is remembered that a new bucket would not know."""
         return self.tokens + (time.monotonic() - self.updated) * self.rate >= self.burst
+
+
+def forget_full(buckets: dict[Any, Bucket]) -> dict[Any, Bucket]:
+    """The buckets not refilled yet: a full one is the same as a new one."""
+    return {key: bucket for key, bucket in buckets.items() if not bucket.full()}
 
 
 class Admission:
@@ -61,8 +67,7 @@ class Admission:
         return len(self.per_address) - (SUPERVISOR in self.per_address)
 
     def refusal(self, address: str, open_now: int) -> str:
-        """Why a new connection from `address` is turned away, a key of REFUSALS ("" if it is not);
-        "max_connections" only when no idle connection can give way (see evictable)."""
+        """Why a new connection from `address` is turned away, a key of REFUSALS ("" if it is not)."""
         if open_now >= self.max_connections:
             return "max_connections"
         if self.per_address[address] >= self.per_address_limit:
@@ -70,9 +75,7 @@ class Admission:
         bucket = self._arrivals.get(address)
         if bucket is None:
             bucket = self._arrivals[address] = Bucket(self.new_per_s, self.per_address_limit)
-        if not bucket.take():
-            return "new_connections_per_address"
-        return ""
+        return "new_connections_per_address" if bucket.take() else ""
 
     def opened(self, address: str) -> None:
         self.per_address[address] += 1
@@ -84,7 +87,7 @@ class Admission:
 
     def forget_refilled_buckets(self) -> None:
         """Keep the new-connection counts only of addresses that connected lately."""
-        self._arrivals = {address: bucket for address, bucket in self._arrivals.items() if not bucket.full()}
+        self._arrivals = forget_full(self._arrivals)
 
 
 def evictable(connections: Iterable[Connection]) -> Connection | None:

@@ -12,7 +12,7 @@ import os
 import resource
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, NoReturn
 
 from dotenv import find_dotenv, load_dotenv
@@ -24,42 +24,54 @@ DEFAULT_PORTS = {"buyer": 7001, "seller": 7002}
 _LIMITS = ServerLimits()  # the server loop's own defaults, not written twice
 
 
+def _number(default: Any, low: float, high: float, source: str) -> Any:
+    """A number kept from low to high; `source` is the flag or variable that sets it."""
+    return field(default=default, metadata={"range": (low, high), "source": source})
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a server process is configured with."""
 
     role: str
     host: str = "127.0.0.1"
-    port: int = 7001
+    port: int = _number(7001, 0, 65535, "--port")
     db_url: str = DEFAULT_DB_URL
-    max_frame: int = _LIMITS.max_frame
-    max_connections: int = _LIMITS.max_connections
-    idle_timeout_s: float = _LIMITS.idle_timeout_s
-    frame_deadline_s: float = _LIMITS.frame_deadline_s
-    threads: int = _LIMITS.threads
-    max_connections_per_address: int = _LIMITS.max_connections_per_address
-    new_connections_per_s_per_address: float = _LIMITS.new_connections_per_s_per_address
-    max_queued_bytes_per_connection: int = _LIMITS.max_queued_bytes_per_connection
-    max_queued_bytes: int = _LIMITS.max_queued_bytes
-    workers: int = 1
-    session_idle_s: int = 300
-    session_max_s: int = 86400
-    payment_decline_rate: float = 0.0
+    max_frame: int = _number(_LIMITS.max_frame, 1024, 2**31 - 1, "MARKET_MAX_FRAME")
+    max_connections: int = _number(_LIMITS.max_connections, 1, 1_000_000, "MARKET_MAX_CONNECTIONS")
+    idle_timeout_s: float = _number(_LIMITS.idle_timeout_s, 0.001, 10**9, "MARKET_IDLE_TIMEOUT_S")
+    frame_deadline_s: float = _number(_LIMITS.frame_deadline_s, 0.001, 10**9, "MARKET_FRAME_DEADLINE_S")
+    threads: int = _number(_LIMITS.threads, 1, 1024, "--threads / MARKET_THREADS")
+    max_connections_per_address: int = _number(_LIMITS.max_connections_per_address, 1, 1_000_000,
+                                               "MARKET_MAX_CONNECTIONS_PER_ADDRESS")
+    new_connections_per_s_per_address: float = _number(
+        _LIMITS.new_connections_per_s_per_address, 0.001, 10**9, "MARKET_NEW_CONNECTIONS_PER_S_PER_ADDRESS")
+    max_queued_bytes_per_connection: int = _number(
+        _LIMITS.max_queued_bytes_per_connection, 1024, 2**40, "MARKET_MAX_QUEUED_BYTES_PER_CONNECTION")
+    max_queued_bytes: int = _number(_LIMITS.max_queued_bytes, 1024, 2**40, "MARKET_MAX_QUEUED_BYTES")
+    workers: int = _number(1, 1, 256, "--workers / MARKET_WORKERS")
+    session_idle_s: int = _number(300, 1, 10**9, "MARKET_SESSION_IDLE_S")
+    session_max_s: int = _number(86400, 1, 10**9, "MARKET_SESSION_MAX_S")
+    payment_decline_rate: float = _number(0.0, 0, 1, "MARKET_PAYMENT_DECLINE_RATE")
     payments_url: str | None = None  # the simulated processor's ledger; None: in db_url's database
-    settle_period_s: float = 5.0
-    settle_after_s: float = 30.0  # a pending purchase this old was cut off: the settler settles it
+    settle_period_s: float = _number(5.0, 0.01, 25, "MARKET_SETTLE_PERIOD_S")
+    # a pending purchase this old was cut off: the settler settles it
+    settle_after_s: float = _number(30.0, 0.01, 30, "MARKET_SETTLE_AFTER_S")
     test_kill_at: str | None = None  # a test hook: buyer_server.checkout.KILL_POINTS
-    login_free_failures: int = 5
-    login_max_delay_s: float = 900.0
-    login_address_free_failures: int = 50
-    login_account_free_failures: int = 5  # the account's bucket (db.login_throttle)
-    login_account_step_s: float = 1.25
-    signups_per_address_hour: int = 300
-    max_items_per_seller: int = 10_000  # items on sale at once (db.catalog.put_item)
-    hash_queue: int = 0  # 0: threads - 1 (runtime.hashing)
-    hash_queue_per_address: int = 0  # 0: half the queue (runtime.hashing)
-    housekeeping_interval_s: float = 60.0
-    worker_timeout_s: float = 30.0
+    login_free_failures: int = _number(5, 0, 10**9, "MARKET_LOGIN_FREE_FAILURES")
+    login_max_delay_s: float = _number(900.0, 0, 10**9, "MARKET_LOGIN_MAX_DELAY_S")
+    login_address_free_failures: int = _number(50, 0, 10**9, "MARKET_LOGIN_ADDRESS_FREE_FAILURES")
+    # the account's bucket (db.login_throttle)
+    login_account_free_failures: int = _number(5, 0, 10**9, "MARKET_LOGIN_ACCOUNT_FREE_FAILURES")
+    login_account_step_s: float = _number(1.25, 0.001, 3600, "MARKET_LOGIN_ACCOUNT_STEP_S")
+    signups_per_address_hour: int = _number(300, 0, 10**9, "MARKET_SIGNUPS_PER_ADDRESS_HOUR")
+    # items on sale at once (db.catalog.put_item)
+    max_items_per_seller: int = _number(10_000, 1, 10**9, "MARKET_MAX_ITEMS_PER_SELLER")
+    hash_queue: int = _number(0, 0, 1_000_000, "MARKET_HASH_QUEUE")  # 0: threads - 1 (runtime.hashing)
+    # 0: half the queue (runtime.hashing)
+    hash_queue_per_address: int = _number(0, 0, 1_000_000, "MARKET_HASH_QUEUE_PER_ADDRESS")
+    housekeeping_interval_s: float = _number(60.0, 0.01, 10**6, "MARKET_HOUSEKEEPING_INTERVAL_S")
+    worker_timeout_s: float = _number(30.0, 0.1, 10**6, "MARKET_WORKER_TIMEOUT_S")
     tls_cert: str | None = None
     tls_key: str | None = None
     log_level: str = "INFO"
@@ -68,7 +80,7 @@ class Settings:
     metrics_host: str = "127.0.0.1"
     metrics_connections: int = 16  # open at once on the metrics port (the oldest gives way)
     log_format: str = "text"
-    access_log: float = 0.0  # the fraction of requests the access log records
+    access_log: float = _number(0.0, 0, 1, "MARKET_ACCESS_LOG")  # the fraction of requests logged
     upgrade_schema: bool = False  # upgrade an older schema at start instead of refusing it
 
 
@@ -102,8 +114,7 @@ def positive_int_list(text: str) -> list[int]:
 
 def port_setting(variable: str, lowest: int = 1) -> Callable[[str], int]:
     """An argparse type for a port that `variable` may also set: lowest-65535 (0: a free one,
-    for servers), or a usage error naming both (a flag's default from the environment is
-    converted only when it is used)."""
+    for servers), or a usage error naming both."""
     def port(text: str) -> int:
         if not text.strip().isdigit() or not lowest <= int(text) <= 65535:
             raise argparse.ArgumentTypeError(
@@ -138,37 +149,6 @@ def _secret_file(name: str, path: str) -> str:
         sys.exit(f"error: {name}_FILE={path}: {exc.strerror}")
 
 
-# What each number may be: (the flag or variable that sets it, lowest, highest)
-_RANGES: dict[str, tuple[str, float, float]] = {
-    "port": ("--port", 0, 65535),
-    "threads": ("--threads / MARKET_THREADS", 1, 1024),
-    "workers": ("--workers / MARKET_WORKERS", 1, 256),
-    "max_frame": ("MARKET_MAX_FRAME", 1024, 2**31 - 1),
-    "max_connections": ("MARKET_MAX_CONNECTIONS", 1, 1_000_000),
-    "max_connections_per_address": ("MARKET_MAX_CONNECTIONS_PER_ADDRESS", 1, 1_000_000),
-    "new_connections_per_s_per_address": ("MARKET_NEW_CONNECTIONS_PER_S_PER_ADDRESS", 0.001, 10**9),
-    "max_queued_bytes_per_connection": ("MARKET_MAX_QUEUED_BYTES_PER_CONNECTION", 1024, 2**40),
-    "max_queued_bytes": ("MARKET_MAX_QUEUED_BYTES", 1024, 2**40),
-    "idle_timeout_s": ("MARKET_IDLE_TIMEOUT_S", 0.001, 10**9),
-    "frame_deadline_s": ("MARKET_FRAME_DEADLINE_S", 0.001, 10**9),
-    "session_idle_s": ("MARKET_SESSION_IDLE_S", 1, 10**9),
-    "session_max_s": ("MARKET_SESSION_MAX_S", 1, 10**9),
-    "payment_decline_rate": ("MARKET_PAYMENT_DECLINE_RATE", 0, 1),
-    "settle_period_s": ("MARKET_SETTLE_PERIOD_S", 0.01, 25),
-    "settle_after_s": ("MARKET_SETTLE_AFTER_S", 0.01, 30),
-    "login_free_failures": ("MARKET_LOGIN_FREE_FAILURES", 0, 10**9),
-    "login_max_delay_s": ("MARKET_LOGIN_MAX_DELAY_S", 0, 10**9),
-    "access_log": ("MARKET_ACCESS_LOG", 0, 1),
-    "login_address_free_failures": ("MARKET_LOGIN_ADDRESS_FREE_FAILURES", 0, 10**9),
-    "login_account_free_failures": ("MARKET_LOGIN_ACCOUNT_FREE_FAILURES", 0, 10**9),
-    "login_account_step_s": ("MARKET_LOGIN_ACCOUNT_STEP_S", 0.001, 3600),
-    "signups_per_address_hour": ("MARKET_SIGNUPS_PER_ADDRESS_HOUR", 0, 10**9),
-    "max_items_per_seller": ("MARKET_MAX_ITEMS_PER_SELLER", 1, 10**9),
-    "hash_queue": ("MARKET_HASH_QUEUE", 0, 1_000_000),
-    "hash_queue_per_address": ("MARKET_HASH_QUEUE_PER_ADDRESS", 0, 1_000_000),
-    "housekeeping_interval_s": ("MARKET_HOUSEKEEPING_INTERVAL_S", 0.01, 10**6),
-    "worker_timeout_s": ("MARKET_WORKER_TIMEOUT_S", 0.1, 10**6),
-}
 # Written again rather than imported: the shells and tools read settings too, and importing
 # db would load SQLAlchemy into each of them.
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -187,19 +167,15 @@ def _fraction_or_switch(text: str, refuse: Callable[[str], NoReturn]) -> float:
         refuse(f"MARKET_ACCESS_LOG={text}: on, off, or a fraction from 0 to 1")
 
 
-# Numbers read from the environment only: those set by MARKET_ and their name in capitals
-# (access_log takes on/off too: _fraction_or_switch)
-_FROM_ENVIRONMENT = [name for name, (source, _, _) in _RANGES.items()
-                     if source == f"MARKET_{name.upper()}" and name != "access_log"]
-_TYPES = {field.name: field.type for field in fields(Settings)}
+_RANGED = [f for f in fields(Settings) if "range" in f.metadata]
+# read as numbers from their variable alone (access_log takes on/off too: _fraction_or_switch)
+_FROM_ENVIRONMENT = [f for f in _RANGED
+                     if f.metadata["source"] == f"MARKET_{f.name.upper()}" and f.name != "access_log"]
 
 
 def server_settings(role: str, argv: list[str] | None = None) -> Settings:
-    """Settings for the buyer or seller server from flags, environment and `.env`.
-
-    What neither sets keeps the default written once, in `Settings`. A value that is
-    not a number, or out of its range, ends the program (status 2) with one line naming it.
-    """
+    """Settings for the buyer or seller server from flags, environment and `.env`; a value
+    not a number, or out of its range, ends the program (status 2) with one line naming it."""
     default = Settings(role=role)
 
     def refuse(message: str) -> NoReturn:  # one line, as for a database it cannot use (runner)
@@ -215,21 +191,17 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
 
     args = _server_parser(role, default, number).parse_args(argv)
     _check_choices(args, refuse)
-    from_environment = {name: number(f"MARKET_{name.upper()}", int if _TYPES[name] == "int" else float,
-                                     getattr(default, name)) for name in _FROM_ENVIRONMENT}
+    from_environment = {f.name: number(f"MARKET_{f.name.upper()}", int if f.type == "int" else float,
+                                       f.default) for f in _FROM_ENVIRONMENT}
     settings = Settings(
-        role=role, host=args.host, port=args.port, db_url=args.db_url, threads=args.threads,
-        workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key, **from_environment,
+        role=role, **vars(args), **from_environment,
         payments_url=env("MARKET_PAYMENTS_URL") or None, test_kill_at=env("MARKET_TEST_KILL_AT") or None,
-        log_level=args.log_level, sqlite_synchronous=args.sqlite_synchronous.upper(),
-        metrics_port=args.metrics_port, metrics_host=args.metrics_host, log_format=args.log_format.lower(),
         access_log=_fraction_or_switch(env("MARKET_ACCESS_LOG", "off"), refuse),
-        upgrade_schema=args.upgrade_schema,
     )
-    for field, (source, low, high) in _RANGES.items():
-        value = getattr(settings, field)
+    for f in _RANGED:
+        value, (low, high) = getattr(settings, f.name), f.metadata["range"]
         if not low <= value <= high:
-            refuse(f"{source} {value}: must be from {low:,} to {high:,}")
+            refuse(f"{f.metadata['source']} {value}: must be from {low:,} to {high:,}")
     short = descriptor_shortage(settings)
     if short:
         refuse(short)
@@ -279,20 +251,16 @@ def _check_choices(args: argparse.Namespace, refuse: Callable[[str], NoReturn]) 
                                  ("--sqlite-synchronous", args.sqlite_synchronous, _SQLITE_SYNCHRONOUS)):
         if value.upper() not in choices and value.lower() not in choices:
             refuse(f"{flag} {value}: one of {', '.join(choices)}")
-
-
-def descriptors_needed(settings: Settings) -> int:
-    """File descriptors one server process may hold at once: a socket per connection, and
-    per database connection (the pool and its overflow) up to three (SQLite's file, its
-    write-ahead log and shared memory), the metrics port's connections, plus a margin for
-    the listener, the selector, logs and the accept that finds the process full."""
-    return settings.max_connections + settings.metrics_connections + 2 * settings.threads * 3 + 64
+    args.sqlite_synchronous, args.log_format = args.sqlite_synchronous.upper(), args.log_format.lower()
 
 
 def descriptor_shortage(settings: Settings) -> str:
     """Why the process's descriptor limit cannot hold the settings ("" if it can); the soft
     limit is raised towards the hard one first, as far as needed."""
-    needed = descriptors_needed(settings)
+    # a socket per connection, per database connection (the pool and its overflow) up to three
+    # (SQLite's file, its write-ahead log and shared memory), the metrics port's connections, and
+    # a margin for the listener, the selector, logs and the accept that finds the process full
+    needed = settings.max_connections + settings.metrics_connections + 2 * settings.threads * 3 + 64
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return ""

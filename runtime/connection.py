@@ -13,16 +13,58 @@ from typing import Any
 from wire.errors import BadFrameError, ProtocolError
 from wire.framing import FrameDecoder
 
-from .tls import TlsChannel
-
 log = logging.getLogger("market.server")
 READ_SIZE = 65536
+
+
+class Outbox:
+    """A plaintext channel (runtime.tls's encrypts): what the socket would not take yet, sent in
+    order by one flusher at a time (the answering thread, or the leader once it is writable)."""
+
+    handshake_done = True
+
+    def __init__(self) -> None:
+        self._state = threading.Lock()    # the outbox (and a TLS channel's SSL object)
+        self._sending = threading.Lock()  # one flusher at a time, in outbox order
+        self._outbox = bytearray()
+
+    def _encode(self, data: bytes) -> bytes:
+        """What goes on the wire for `data` (called holding `_state`)."""
+        return data
+
+    def send_nowait(self, sock: socket.socket, data: bytes) -> bool:
+        """Send what the socket takes now; False if some is left in the outbox."""
+        with self._state:
+            self._outbox += self._encode(data)
+        return self.flush_nowait(sock)
+
+    def flush_nowait(self, sock: socket.socket) -> bool:
+        """Send what is queued without waiting; False if the socket would not take it all."""
+        if not self._sending.acquire(blocking=False):
+            return True  # another thread is sending: it will send this too
+        try:
+            while True:
+                with self._state:
+                    chunk = bytes(self._outbox)
+                    self._outbox.clear()
+                if not chunk:
+                    return True
+                try:
+                    sent = sock.send(chunk, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                if sent < len(chunk):
+                    with self._state:
+                        self._outbox[:0] = chunk[sent:]
+                    return False
+        finally:
+            self._sending.release()
 
 
 class Connection:
     """One client's socket, decoder and queue of requests awaiting an answer."""
 
-    def __init__(self, sock: socket.socket, max_frame: int, address: str) -> None:
+    def __init__(self, sock: socket.socket, max_frame: int, address: str, channel: Outbox) -> None:
         self.sock = sock
         self.address = address     # the client's IP address: its limits, the App's and the logs'
         self.decoder = FrameDecoder(max_frame)
@@ -38,8 +80,7 @@ class Connection:
         self.reading = True
         self.last_activity = time.monotonic()
         self.frame_started: float | None = None
-        self.tls: TlsChannel | None = None
-        self.channel: TlsChannel | Outbox = Outbox()
+        self.channel = channel
         self.blocked_since: float | None = None  # an answer is waiting for the socket
         self.writing = False       # ... and the leader watches the socket for it
         self.events = 0            # what the selector watches the socket for
@@ -48,56 +89,24 @@ class Connection:
         """Nothing under way: no request queued or answered, no answer or frame unfinished."""
         return not (self.busy or self.writing or self.closing) and self.frame_started is None
 
+    def decode(self, frame: bytes | ProtocolError) -> dict[str, Any] | ProtocolError:
+        """A queued frame as its message, or the error to answer it with."""
+        if isinstance(frame, ProtocolError):
+            return frame
+        try:
+            return self.decoder.decode(frame)
+        except ProtocolError as exc:
+            return exc
+        except Exception:  # a bug in decoding one client's bytes costs that connection only
+            log.exception("could not decode a frame; answering BAD_FRAME and closing")
+            return BadFrameError("frame could not be decoded")
 
-class Outbox:
-    """What a plaintext connection's socket would not take yet (the TLS channel's twin)."""
-
-    def __init__(self) -> None:
-        self._pending = bytearray()  # touched by one thread at a time: the answering one, or the leader
-
-    def send_nowait(self, sock: socket.socket, data: bytes) -> bool:
-        """Send what the socket takes now; False if some is left to send (the socket is full)."""
-        if not self._pending:
-            try:
-                sent = sock.send(data, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                sent = 0
-            if sent == len(data):
-                return True
-            data = data[sent:]
-        self._pending += data
-        return False
-
-    def flush_nowait(self, sock: socket.socket) -> bool:
-        """Send what is left without waiting; True once nothing is."""
-        while self._pending:
-            try:
-                sent = sock.send(self._pending, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return False
-            del self._pending[:sent]
-        return True
-
-
-def decode(conn: Connection, frame: bytes | ProtocolError) -> dict[str, Any] | ProtocolError:
-    """A queued frame as its message, or the error to answer it with."""
-    if isinstance(frame, ProtocolError):
-        return frame
-    try:
-        return conn.decoder.decode(frame)
-    except ProtocolError as exc:
-        return exc
-    except Exception:  # a bug in decoding one client's bytes costs that connection only
-        log.exception("could not decode a frame; answering BAD_FRAME and closing")
-        return BadFrameError("frame could not be decoded")
-
-
-def discard_unread(sock: socket.socket) -> None:
-    """Read away what a client sent that will not be answered (at stop): a socket closed with
-    unread bytes sends a reset, and the answers still on their way to the client are lost."""
-    try:
-        for _ in range(64):
-            if not sock.recv(READ_SIZE, socket.MSG_DONTWAIT):
-                return
-    except OSError:  # nothing more now (BlockingIOError), or the connection is gone
-        return
+    def discard_unread(self) -> None:
+        """Read away what the client sent that will not be answered (at stop): a socket closed
+        with unread bytes sends a reset, and the answers on their way to the client are lost."""
+        try:
+            for _ in range(64):
+                if not self.sock.recv(READ_SIZE, socket.MSG_DONTWAIT):
+                    return
+        except OSError:  # nothing more now (BlockingIOError), or the connection is gone
+            return

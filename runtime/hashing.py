@@ -81,8 +81,7 @@ class HashingQueue:
 
     @classmethod
     def for_settings(cls, settings: Any) -> HashingQueue:
-        """The queue a server's settings (runtime.config.Settings) ask for: MARKET_HASH_QUEUE
-        places, or all request threads but one."""
+        """MARKET_HASH_QUEUE places, or as many as the request threads but one."""
         size = settings.hash_queue if settings.hash_queue > 0 else max(1, settings.threads - 1)
         return cls(size, settings.hash_queue_per_address)
 

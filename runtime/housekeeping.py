@@ -1,5 +1,4 @@
-"""The housekeeping thread of each server process: db.housekeeping's sweep, every
-`interval_s` give or take a tenth, so that processes spread out."""
+"""The housekeeping thread of each server process, one more of its background tasks."""
 from __future__ import annotations
 
 import logging
@@ -27,12 +26,11 @@ class Housekeeper:
         """The housekeeper a server's settings (runtime.config.Settings) ask for."""
         return cls(db, SessionPolicy.from_settings(settings), settings.housekeeping_interval_s)
 
-    def start(self) -> Housekeeper:
-        """Start sweeping; returns self."""
+    def start(self) -> None:
+        """Start sweeping."""
         self._thread.start()
-        return self
 
-    def close(self) -> None:
+    def stop(self) -> None:
         """Stop after the batch in hand."""
         self._stop.set()
         if self._thread.ident is not None:  # started

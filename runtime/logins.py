@@ -1,9 +1,6 @@
-"""Sign-up and login: the guards before a password's hash, and the ops both servers have.
-
-Before a hash: a place in the hashing queue (runtime.hashing), the limits of the client's
-address (kept in this process's memory: with `--workers N` each worker counts on its own),
-and the account's throttle (db.login_throttle, in the database), which a login presenting a
-device token of the account passes by.
+"""Sign-up and login, the ops both servers have, and the guards before a password's hash: a place
+in the hashing queue, the limits of the client's address (in this process's memory: each worker
+counts its own) and the account's throttle (db.login_throttle), which a device token passes by.
 """
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ from db.login_throttle import COMING_BACK, FAILED, NEW, AccountBucket, ThrottleP
 from observe import events
 from wire.errors import BusyError, UnauthenticatedError
 
+from .admission import Bucket, forget_full
 from .hashing import HashingQueue
 
 _MAX_KEYS = 100_000  # past this many keys on record, those whose wait ran out are forgotten
@@ -89,23 +87,22 @@ class SignupLimit:
     def __init__(self, per_hour: int) -> None:
         self.per_hour = per_hour
         self._lock = threading.Lock()
-        self._buckets: dict[str | None, tuple[float, float]] = {}  # address: (tokens, when, s)
+        self._buckets: dict[str | None, Bucket] = {}
 
     def take(self, address: str | None) -> None:
         """One sign-up from the address, or BUSY saying how long to wait."""
         if self.per_hour <= 0:
             return
-        now, rate = time.monotonic(), self.per_hour / 3600
         with self._lock:
-            tokens, then = self._buckets.get(address, (float(self.per_hour), now))
-            tokens = min(float(self.per_hour), tokens + (now - then) * rate)
-            if tokens < 1:
-                raise BusyError("too many new accounts from your address; "
-                                f"try again in {max(1, round((1 - tokens) / rate))} s")
-            if len(self._buckets) >= _MAX_KEYS:  # full buckets hold nothing worth keeping
-                self._buckets = {a: b for a, b in self._buckets.items()
-                                 if b[0] + (now - b[1]) * rate < self.per_hour}
-            self._buckets[address] = (tokens - 1, now)
+            if len(self._buckets) >= _MAX_KEYS:
+                self._buckets = forget_full(self._buckets)
+            bucket = self._buckets.get(address)
+            if bucket is None:
+                bucket = self._buckets[address] = Bucket(self.per_hour / 3600, self.per_hour)
+            wait_s = bucket.take()
+        if wait_s:
+            raise BusyError("too many new accounts from your address; "
+                            f"try again in {max(1, round(wait_s))} s")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from wire.observer import ServerObserver, now_ns
 from .admission import Admission
 from .connection import READ_SIZE, Connection
 from .flow import HOLDS_A_LOT, PAUSE_AFTER, QueuedBytes
+from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
 _ACCEPT_PAUSE_S = 0.5  # out of file descriptors: how long the listener is left alone
@@ -29,25 +30,26 @@ _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class Reader:
-    """The leader's methods of Server (a mixin: the state is the Server's)."""
+    """The leader's methods of Server, and the state they keep."""
 
-    observer: ServerObserver
-    limits: Any
-    _listener: socket.socket
-    _selector: selectors.BaseSelector
-    _wake_r: socket.socket
-    _wake_w: socket.socket
-    _woken: bool
-    _queued: QueuedBytes
-    _memory_paused: set[Connection]
-    _admission: Admission
-    _accept_paused_until: float | None
-    _accept_pause_logged: bool
-    _calls: collections.deque[Callable[[], None]]
-    _connections: set[Connection]
-    _ready: list[Connection]
-    _stopping: threading.Event
-    _next_sweep: float = 0.0
+    def __init__(self, listener: socket.socket, limits: Any, observer: ServerObserver) -> None:
+        self.limits, self.observer, self._listener = limits, observer, listener
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # a full pair already wakes the leader: never wait on it
+        self._woken = False
+        self._calls: collections.deque[Callable[[], None]] = collections.deque()
+        self._queued = QueuedBytes(limits.max_queued_bytes)
+        self._memory_paused: set[Connection] = set()  # not read until the process holds less
+        self._admission = Admission(limits.max_connections, limits.max_connections_per_address,
+                                    limits.new_connections_per_s_per_address)
+        self._accept_paused_until: float | None = None
+        self._accept_pause_logged = False
+        self._connections: set[Connection] = set()
+        self._ready: list[Connection] = []  # connections the leader found requests for
+        self._stopping = threading.Event()
+        self._next_sweep = 0.0
 
     def _admit(self, sock: socket.socket, address: str, checked: bool = False) -> None:
         raise NotImplementedError  # the Server's
@@ -124,7 +126,7 @@ class Reader:
         if not data:
             self._close(conn)
             return
-        plaintext = self._decrypt(conn, data) if conn.tls is not None else data
+        plaintext = self._decrypt(conn, data)
         if plaintext is None:
             return
         now = time.monotonic()
@@ -132,23 +134,24 @@ class Reader:
         conn.decoder.feed(plaintext)
         completed = self._queue_messages(conn)
         self._count_partial(conn, completed)
-        if conn.decoder.in_frame or (conn.tls is not None and not conn.tls.handshake_done):
+        if conn.decoder.in_frame or not conn.channel.handshake_done:
             # the deadline is the started frame's: one begun in this read starts its own
             conn.frame_started = now if completed or conn.frame_started is None else conn.frame_started
         else:
             conn.frame_started = None
 
     def _decrypt(self, conn: Connection, data: bytes) -> bytes | None:
-        """Plaintext from a TLS connection, or None once it is closed (not TLS, or stuck)."""
-        assert conn.tls is not None
+        """The plaintext of bytes read, or None once the connection is closed (not TLS, or stuck)."""
+        if not isinstance(conn.channel, TlsChannel):  # (its outbox is the answering thread's)
+            return data
         try:
-            plaintext = conn.tls.receive(data)
+            plaintext = conn.channel.receive(data)
         except ssl.SSLError as exc:
             log.debug("closing a connection that does not speak TLS: %s", exc.reason)
             self.observer.connection_refused(conn.address, "tls_handshake")
             self._close(conn)
             return None
-        if not conn.tls.flush_nowait(conn.sock) and conn.blocked_since is None:
+        if not conn.channel.flush_nowait(conn.sock) and conn.blocked_since is None:
             self._close(conn)  # a handshake's answer the socket will not take: stuck
             return None
         return plaintext
@@ -214,15 +217,11 @@ class Reader:
             conn.reading = False
             self._watch_events(conn)
 
-    def _resume_reading(self, conn: Connection) -> None:
-        if not conn.reading and not conn.closed and not conn.closing and not self._stopping.is_set():
-            if conn.partial_bytes >= HOLDS_A_LOT and not self._queued.low():
-                self._memory_paused.add(conn)  # read again once the process holds less
-                return
-            self._read_again(conn)
-
-    def _read_again(self, conn: Connection) -> None:
-        if conn.closed or conn.closing or self._stopping.is_set():
+    def _resume_reading(self, conn: Connection, memory_checked: bool = False) -> None:
+        if conn.reading or conn.closed or conn.closing or self._stopping.is_set():
+            return
+        if not memory_checked and conn.partial_bytes >= HOLDS_A_LOT and not self._queued.low():
+            self._memory_paused.add(conn)  # read again once the process holds less
             return
         conn.reading = True
         self._watch_events(conn)
@@ -242,7 +241,7 @@ class Reader:
         else:
             return
         for conn in paused:
-            self._read_again(conn)
+            self._resume_reading(conn, memory_checked=True)
 
     def _release(self, size: int) -> None:
         """A request's frame no longer held (being answered, or dropped)."""

@@ -4,6 +4,8 @@ binds the port and supervises N forked workers (runtime.supervisor).
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
 import importlib
 import logging
@@ -11,11 +13,11 @@ import os
 import socket
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import fields
-from typing import Any, TypeVar
+from typing import Any
 
-from wire.app import App
+from wire.app import App, Background
 from wire.tls import server_context
 
 from .admission import listen
@@ -26,27 +28,20 @@ from .supervisor import Supervisor, WorkerFailed
 
 log = logging.getLogger("market.runner")
 BuildApp = Callable[[Settings, Any], App]
-T = TypeVar("T")
 
 
 class CannotListen(OSError):
     """The server's address cannot be bound (in use, or not this machine's): one line for the user."""
 
 
-def _bound(host: str, port: int, bind: Callable[[], T]) -> T:
-    """bind(), with its OSError as CannotListen naming the address."""
+@contextlib.contextmanager
+def _cannot_listen(address: str = "") -> Iterator[None]:
+    """An OSError in the block as CannotListen, naming the address if given."""
     try:
-        return bind()
+        yield
     except OSError as exc:
-        raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-
-
-def _serve_metrics(serving: Any, settings: Settings, draining: Callable[[], bool]) -> None:
-    """The metrics port served if asked for, or CannotListen saying why not."""
-    try:
-        serving.serve_metrics(settings, _readiness(settings, draining))
-    except OSError as exc:
-        raise CannotListen(str(exc)) from None
+        raise CannotListen(f"cannot listen on {address}: {exc.strerror or exc}" if address
+                           else str(exc)) from None
 
 
 def _readiness(settings: Settings, draining: Callable[[], bool]) -> Callable[[], str]:
@@ -70,17 +65,9 @@ def _readiness(settings: Settings, draining: Callable[[], bool]) -> Callable[[],
     return reason
 
 
-def limits_of(settings: Settings) -> ServerLimits:
-    """The server loop's limits from settings: those of the same names."""
-    return ServerLimits(**{field.name: getattr(settings, field.name) for field in fields(ServerLimits)
-                           if hasattr(settings, field.name)})
-
-
 def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = None) -> int:
-    """Parse settings, prepare the database, and serve until stopped.
-
-    `build_app` defaults to ROLE_server.ops.build_app, imported only once SIGTERM and Ctrl-C
-    stop the server cleanly: that import (SQLAlchemy and the ops) takes most of a start."""
+    """Parse settings, prepare the database, and serve until stopped. `build_app` defaults to
+    ROLE_server.ops.build_app, imported once a signal stops the start cleanly (it takes most of it)."""
     stops = StopSignals()  # from here on SIGTERM and Ctrl-C stop the server cleanly, even mid-start
     try:
         settings = server_settings(role, argv)
@@ -128,7 +115,7 @@ def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignal
         return 2
     try:
         if settings.workers <= 1:
-            _serve(settings, build_app, settings.port, tls, stops, ready=_announce)
+            _serve(settings, build_app, tls, stops, announce)
             return 0
         return _supervise(settings, build_app, tls)
     except (CannotListen, WorkerFailed) as exc:
@@ -136,7 +123,8 @@ def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignal
         return 2
 
 
-def _announce(server: Server) -> None:
+def announce(server: Server) -> None:
+    """Say the server listens (on stdout, where scripts and tests wait for it)."""
     host, port = server.address
     log.info("serving %s", "TLS" if server.tls else "plaintext")
     if os.environ.get("MARKET_TEST_FAST_HASHES") == "1":
@@ -144,9 +132,8 @@ def _announce(server: Server) -> None:
     print(f"listening on {host}:{port}", flush=True)
 
 
-def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLContext | None,
-           stops: StopSignals, ready: Callable[[Server], None],
-           listener: socket.socket | None = None) -> None:
+def _serve(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None, stops: StopSignals,
+           ready: Callable[[Server], None], listener: socket.socket | None = None) -> None:
     """One server process: its own database pool, App and loop."""
     from db import Database
     from observe import serving
@@ -156,27 +143,28 @@ def _serve(settings: Settings, build_app: BuildApp, port: int, tls: ssl.SSLConte
     stops.hold()  # threads start from here: a signal must not cut that short
     database = Database(settings.db_url, pool_size=settings.threads,
                         sqlite_synchronous=settings.sqlite_synchronous)
-    housekeeper = Housekeeper.for_settings(database, settings)
     try:
         app = build_app(settings, database)
-        housekeeper.start()
         observer = serving.observer_for(settings, app)
-        server = _bound(settings.host, port, lambda: Server(
-            app, settings.host, port, limits_of(settings), listener=listener, tls=tls, observer=observer))
+        limits = ServerLimits(**{f.name: getattr(settings, f.name) for f in fields(ServerLimits)
+                                 if hasattr(settings, f.name)})  # the settings of the same names
+        with _cannot_listen(f"{settings.host}:{settings.port}"):
+            server = Server(app, settings.host, settings.port, limits, listener, tls, observer)
         if listener is None:  # one process: it serves its own /metrics (workers: the supervisor)
-            _serve_metrics(serving, settings, lambda: server.stopping)
+            with _cannot_listen():
+                serving.serve_metrics(settings, _readiness(settings, lambda: server.stopping))
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
         # long as the process: keep it out of the collector's full passes, which scanned it all.
         gc.freeze()
-        for task in app.background:  # the buyer server's settler
+        tasks: list[Background] = [Housekeeper.for_settings(database, settings), *app.background]
+        for task in tasks:
             task.start()
         try:
             stops.serve(server, ready)
         finally:
-            for task in app.background:
+            for task in tasks:
                 task.stop()
     finally:
-        housekeeper.close()
         database.close()
 
 
@@ -184,12 +172,10 @@ def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | No
     """Bind the port, fork the workers that serve it, restart any that dies (runtime.supervisor)."""
     from observe import serving
 
-    host, port = settings.host, settings.port
-    listener = _bound(host, port, lambda: listen(host, port))
-
-    def serve(stops: StopSignals, ready: Callable[[Server], None]) -> None:
-        _serve(settings, build_app, port, tls, stops, ready=ready, listener=listener)
-
-    supervisor = Supervisor(settings.workers, settings.worker_timeout_s, listener, serve)
-    _serve_metrics(serving, settings, supervisor.draining)
+    with _cannot_listen(f"{settings.host}:{settings.port}"):
+        listener = listen(settings.host, settings.port)
+    supervisor = Supervisor(settings.workers, settings.worker_timeout_s, listener,
+                            functools.partial(_serve, settings, build_app, tls, listener=listener))
+    with _cannot_listen():
+        serving.serve_metrics(settings, _readiness(settings, supervisor.draining))
     return supervisor.run()

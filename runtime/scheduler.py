@@ -1,28 +1,19 @@
-"""Whose turn it is: the request threads take turns fairly between addresses and connections.
-
-Turns go round robin over a ring of addresses, each with its connections that have requests
-waiting, and the lead (the turn of watching the sockets) takes its place in the ring as one
-more entry. A connection's turn answers one request; one with more goes to the back of its
-address's queue. While clients of more than one address are connected, no address holds more
-than threads - 1 of the threads, so the last one is always free to lead, and to answer a new
-client. The supervisor's health checks go to the front of the ring and are never capped.
+"""Whose turn it is: round robin over a ring of addresses, each with its connections that have
+requests waiting, the lead (watching the sockets) one more entry. While clients of several
+addresses are connected, one holds at most threads - 1 threads, so one is always free to lead.
 """
 from __future__ import annotations
 
 import collections
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from wire.observer import SUPERVISOR
 
+from .connection import Connection
+
 LEAD = "lead"  # the ring's entry for the turn of watching the sockets
-
-
-class Turn(Protocol):
-    """What the scheduler hands a thread: a connection (with its client's address)."""
-
-    address: str
 
 
 class Scheduler:
@@ -36,7 +27,7 @@ class Scheduler:
         self._changed = threading.Condition(threading.Lock())
         self._closed = False
 
-    def put(self, conn: Turn) -> None:
+    def put(self, conn: Connection) -> None:
         """A connection has requests to answer: it waits for its address's turn."""
         with self._changed:
             waiting = self._ring.get(conn.address)
@@ -58,8 +49,7 @@ class Scheduler:
         return bool(self._ring)
 
     def runnable(self) -> bool:
-        """Whether a connection's turn waits that a thread could take now (the leader then
-        stops watching to take it)."""
+        """Whether a connection's turn waits that a thread could take now (the leader's, say)."""
         with self._changed:
             cap = self._cap()
             return any(key != LEAD and (key == SUPERVISOR or self._busy[key] < cap) for key in self._ring)
@@ -74,7 +64,7 @@ class Scheduler:
                 self._changed.wait()
             return None
 
-    def done(self, conn: Turn) -> None:
+    def done(self, conn: Connection) -> None:
         """A connection's turn ended: its address holds one thread fewer."""
         with self._changed:
             self._busy[conn.address] -= 1

@@ -1,21 +1,15 @@
-"""The server loop both servers share: a fixed set of request threads taking turns.
-
-The turns (runtime.scheduler) go round robin between addresses and their connections; one
-is the lead's, which watches every socket, reads frames and queues them on their connection
-(runtime.reader). A connection's turn answers one request (more while nobody else waits),
-in order. No thread waits for a client to read: what the socket will not take stays in the
-connection's outbox for the leader. Exceptions become error responses in `answer` only.
+"""The server loop both servers share: a fixed set of request threads taking turns (runtime.scheduler),
+the lead's reading every socket (runtime.reader). No thread waits for a client to read: what its
+socket will not take waits in its outbox for the leader. Exceptions become errors in `answer` only.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import selectors
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,9 +18,8 @@ from wire.errors import InternalError, ProtocolError
 from wire.framing import DEFAULT_MAX_FRAME, encode_frame
 from wire.observer import NO_SERVER_OBSERVER, SUPERVISOR, ServerObserver, now_ns
 
-from .admission import REFUSALS, Admission, evictable, listen, refuse_busy
-from .connection import Connection, decode, discard_unread
-from .flow import QueuedBytes
+from .admission import REFUSALS, evictable, listen, refuse_busy
+from .connection import Connection, Outbox
 from .reader import Reader
 from .scheduler import LEAD, Scheduler
 from .tls import TlsChannel
@@ -64,18 +57,16 @@ def answer(app: App, message: dict[str, Any] | ProtocolError,
     """The response to one decoded message (or to a framing error), and its frame; never raising.
     `peer` is the client's address, for the App's limits per address."""
     if isinstance(message, ProtocolError):
-        return _framed(error_response(None, message))
-    try:
-        response = app.handle(message, peer)
-        return response, encode_frame(response)
-    except ProtocolError as exc:
-        return _framed(error_response(request_id(message), exc))
-    except Exception:
-        log.exception("internal error serving op %r", message.get("op"))
-        return _framed(error_response(request_id(message), InternalError()))
-
-
-def _framed(response: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        response = error_response(None, message)
+    else:
+        try:
+            response = app.handle(message, peer)
+            return response, encode_frame(response)
+        except ProtocolError as exc:
+            response = error_response(request_id(message), exc)
+        except Exception:
+            log.exception("internal error serving op %r", message.get("op"))
+            response = error_response(request_id(message), InternalError())
     return response, encode_frame(response)
 
 
@@ -85,25 +76,10 @@ class Server(Reader):
     def __init__(self, app: App, host: str = "127.0.0.1", port: int = 0,
                  limits: ServerLimits = ServerLimits(), listener: socket.socket | None = None,
                  tls: ssl.SSLContext | None = None, observer: ServerObserver = NO_SERVER_OBSERVER) -> None:
-        self.app, self.observer, self.limits, self.tls = app, observer, limits, tls
-        self._listener = listener if listener is not None else listen(host, port)
-        self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)  # a full pair already wakes the leader: never wait on it
-        self._woken = False
-        self._queued = QueuedBytes(limits.max_queued_bytes)
-        self._memory_paused: set[Connection] = set()  # not read until the process holds less
-        self._admission = Admission(limits.max_connections, limits.max_connections_per_address,
-                                    limits.new_connections_per_s_per_address)
-        self._accept_paused_until: float | None = None
-        self._accept_pause_logged = False
-        self._calls: collections.deque[Callable[[], None]] = collections.deque()
-        self._connections: set[Connection] = set()
-        self._ready: list[Connection] = []  # connections the leader found requests for
+        super().__init__(listener if listener is not None else listen(host, port), limits, observer)
+        self.app, self.tls = app, tls
         self._scheduler = Scheduler(limits.threads, self._admission.addresses)
         self._threads: list[threading.Thread] = []
-        self._stopping = threading.Event()
         self._lead_ended = threading.Event()
         self._failure: BaseException | None = None
         self._stopped = threading.Event()
@@ -120,6 +96,16 @@ class Server(Reader):
     def connection_count(self) -> int:
         """Open client connections."""
         return len(self._connections)
+
+    @property
+    def waiting_to_write(self) -> int:
+        """Connections whose answer waits for their client to read."""
+        return sum(1 for conn in list(self._connections) if conn.writing)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of requests read and not yet answered, complete frames or not (flow control)."""
+        return self._queued.total
 
     @property
     def stopping(self) -> bool:
@@ -178,17 +164,7 @@ class Server(Reader):
                 log.exception("a request thread's turn failed")
 
     def _lead(self) -> None:
-        """Watch the sockets until a turn waits; the connections found go to the scheduler."""
-        ready = self._watch()
-        if ready is None:  # stopped
-            self._lead_ended.set()
-            return
-        for conn in ready:
-            self._scheduler.put(conn)
-        self._scheduler.put_lead()
-
-    def _watch(self) -> list[Connection] | None:
-        """Run the selector until some connection has requests to answer (None once stopped)."""
+        """Watch the sockets until a turn waits; the connections found, then the lead, go to the ring."""
         try:
             while not self._stopped_serving():
                 runnable = self._scheduler.runnable()
@@ -197,11 +173,14 @@ class Server(Reader):
                 self._housekeep()
                 if self._ready or runnable:
                     ready, self._ready = self._ready, []
-                    return ready
+                    for conn in ready:
+                        self._scheduler.put(conn)
+                    self._scheduler.put_lead()
+                    return
         except BaseException as exc:  # serve_forever raises it once everything is closed
             self._failure = exc
             self._stopping.set()
-        return None
+        self._lead_ended.set()
 
     def _turn(self, conn: Connection) -> None:
         """Answer a connection's next request, or a few while nobody else waits; then, if more
@@ -219,53 +198,40 @@ class Server(Reader):
             self.observer.threads_busy(-1)
 
     def _answer_next(self, conn: Connection) -> bool:
-        """Answer the connection's next request; False when its queue is done with for now
-        (answered, or waiting for its client to read)."""
+        """Answer the connection's next request; False when its queue is done with for now:
+        answered, or an answer waits for its client to read (the leader sends the rest, then
+        hands the queue on)."""
         with conn.lock:
-            if not conn.pending or conn.closed or self._past_stop_deadline():
+            done = not conn.pending or conn.closed or self._past_stop_deadline()
+            if done:
                 conn.busy = False
-                item = None
             else:
-                item = conn.pending.popleft()
-                conn.queued_bytes -= len(item[0]) if isinstance(item[0], bytes) else 0
-        if item is None:
+                frame, read = conn.pending.popleft()
+                size = len(frame) if isinstance(frame, bytes) else 0
+                conn.queued_bytes -= size
+        if done:
             self._queue_answered(conn)
             return False
-        frame, read = item
-        size = len(frame) if isinstance(frame, bytes) else 0
         answering = now_ns()  # before decoding: a request waits undecoded, its decoding is service
-        message = decode(conn, frame)
+        message = conn.decode(frame)
         self._release(size)
         self.observer.answering(conn.address, message)
-        return self._answer_one(conn, message, read, answering)
-
-    def _answer_one(self, conn: Connection, message: dict[str, Any] | ProtocolError,
-                    read: int, answering: int) -> bool:
-        """Answer one request; False when its answer waits for the socket (the leader then
-        sends the rest and hands the queue on)."""
         response, answer_frame = answer(self.app, message, conn.address)
         answered = now_ns()  # before the send: a client may read the answer before it returns
-        sent = self._send(conn, answer_frame)
+        try:
+            if not conn.channel.send_nowait(conn.sock, answer_frame):
+                conn.blocked_since = time.monotonic()
+            failed = False
+        except OSError:
+            failed = True
         self.observer.answer_sent(conn.address, message, response, (read, answering, answered))
-        if not sent:
-            self._forget_pending(conn)
-        elif isinstance(message, ProtocolError):
+        if failed or isinstance(message, ProtocolError):
             self._forget_pending(conn)
             conn.closing = True
-        if conn.blocked_since is not None:  # the rest when the client reads: the leader's
+        if conn.blocked_since is not None:
             self._call_soon(lambda: self._wait_writable(conn))
             return False
         return True
-
-    def _send(self, conn: Connection, frame: bytes) -> bool:
-        """Send, or leave in the outbox what the socket will not take now; False if it failed."""
-        try:
-            if not conn.channel.send_nowait(conn.sock, frame):
-                conn.blocked_since = time.monotonic()
-            return True
-        except OSError:
-            conn.closing = True
-            return False
 
     # -- admission (the leader) ---------------------------------------------------
 
@@ -280,9 +246,8 @@ class Server(Reader):
         if not checked:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.observer.connection_opened(address)
-        conn = Connection(sock, self.limits.max_frame, address)
-        if self.tls is not None and not checked:
-            conn.tls = conn.channel = TlsChannel(self.tls)
+        channel = TlsChannel(self.tls) if self.tls is not None and not checked else Outbox()
+        conn = Connection(sock, self.limits.max_frame, address, channel)
         self._connections.add(conn)
         self._admission.opened(address)
         self._watch_events(conn)
@@ -304,9 +269,11 @@ class Server(Reader):
         that read them, for at most send_timeout_s: a write's answer is not thrown away."""
         if not self._stopping.is_set():
             return False
-        if self._stop_deadline is None:
+        if self._stop_deadline is None:  # accept and read no more; what was read is answered
             self._stop_deadline = time.monotonic() + self.limits.send_timeout_s
-            self._begin_stopping()
+            self._close_listener()
+            for conn in list(self._connections):
+                self._stop_reading(conn)
         owed = self._ready or any(conn.busy for conn in self._connections)
         return not owed or time.monotonic() >= self._stop_deadline
 
@@ -314,12 +281,6 @@ class Server(Reader):
         """Stopping, and the time for answers owed is up: queued requests are left unanswered."""
         deadline = self._stop_deadline
         return deadline is not None and time.monotonic() >= deadline
-
-    def _begin_stopping(self) -> None:
-        """Accept and read no more; what was read is answered (_stopped_serving)."""
-        self._close_listener()
-        for conn in list(self._connections):
-            self._stop_reading(conn)
 
     def _finish(self) -> None:
         if self._stop_deadline is None:  # stopped by a failure, not shutdown()
@@ -332,7 +293,7 @@ class Server(Reader):
         owed = sum(conn.busy for conn in connections)
         for conn in connections:
             conn.busy = False
-            discard_unread(conn.sock)
+            conn.discard_unread()
             self._close(conn)
         took = time.monotonic() - (self._stop_asked or time.monotonic())
         log.info("stopped %.1f s after the stop was asked, closing %d connections (%d still owed "

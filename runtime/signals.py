@@ -39,14 +39,13 @@ class StopSignals:
 
     def __init__(self) -> None:
         self._server: Server | None = None
-        self._requested = False
-        self._signum = 0  # the signal that asked for the stop
+        self._signum = 0  # the signal that asked for the stop, once one did
         self._interruptible = True
         handle_signals(self._stop)
 
     def _stop(self, signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
-        self._requested, self._signum = True, signum
+        self._signum = signum
         if self._server is not None:
             self._server.shutdown(wait=False)
         elif self._interruptible:
@@ -65,14 +64,14 @@ class StopSignals:
             yield
         finally:
             self._interruptible = was
-        if was and self._requested:
+        if was and self._signum:
             raise StopRequested(self._signum)
 
     def serve(self, server: Server, ready: Callable[[Server], None] = lambda _: None) -> None:
         """Serve in the foreground until a stop signal, then stop cleanly; `ready` runs
         once a signal would stop the server (it may already be stopping)."""
         self._server = server
-        if self._requested:
+        if self._signum:
             server.shutdown(wait=False)
         ready(server)
         server.serve_forever()

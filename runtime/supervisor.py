@@ -1,20 +1,26 @@
 """The parent of `--workers N`: it holds the listening socket (clients wait in its backlog
-while a worker is replaced), forks the workers that serve it, passes the stop on, kills a
-worker that leaves a health check unanswered (runtime.health), and restarts one that dies.
+while a worker is replaced), forks the workers that serve it, passes the stop on, and restarts
+one that dies. It pings each worker through its serving loop (over a socket pair made before
+the fork, served as a client) and kills, through a pidfd, one that does not answer in time, as
+gunicorn's worker timeout does.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
+import itertools
 import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from .health import HealthWatch
+from wire.framing import FrameDecoder, encode_frame
+
 from .server import Server
 from .signals import STOP_SIGNALS, StopRequested, StopSignals, handle_signals
 
@@ -22,10 +28,61 @@ log = logging.getLogger("market.runner")
 # serves the inherited socket in a worker until stopped; calls ready(server) once it listens
 ServeInWorker = Callable[[StopSignals, Callable[[Server], None]], None]
 _PR_SET_PDEATHSIG = 1
-_FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.1, 2.0  # before restarting a worker that died (clients wait)
+FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.1, 2.0  # before restarting a worker that died (clients wait)
 _HEALTHY_AFTER_S = 10.0  # a worker that lived this long: the next pause is the first again
 _GIVE_UP_AFTER = 5  # workers started in a row that died before they listened
 _SIGNAL_CHECK_S = 0.1  # how often the supervisor looks for a signal to handle, while it waits
+
+
+class HealthWatch:
+    """Supervisor side: kills a worker that leaves a ping unanswered for `timeout_s`."""
+
+    def __init__(self, timeout_s: float, stopping: Callable[[], bool]) -> None:
+        self.timeout_s, self.stopping = timeout_s, stopping
+        self.interval_s = min(5.0, timeout_s / 3)
+        self._ours: set[socket.socket] = set()  # the supervisor's ends, open while their worker lives
+
+    def channel(self) -> tuple[socket.socket, socket.socket]:
+        """A new (supervisor's end, worker's end) pair, made before the worker is forked."""
+        ours, theirs = socket.socketpair()
+        self._ours.add(ours)
+        return ours, theirs
+
+    def watch(self, pid: int, ours: socket.socket) -> None:
+        """Ping the worker `pid` (just forked) over our end of its pair until it ends."""
+        pidfd = os.pidfd_open(pid)
+        threading.Thread(target=self._check, args=(ours, pidfd, pid), name="market-health-check",
+                         daemon=True).start()
+
+    def close(self) -> None:
+        """In a forked worker: close the supervisor's ends it inherited."""
+        for sock in self._ours:
+            sock.close()
+
+    def _check(self, ours: socket.socket, pidfd: int, pid: int) -> None:
+        decoder = FrameDecoder()
+        try:
+            ours.settimeout(self.timeout_s)
+            for sent in itertools.count(1):
+                ours.sendall(encode_frame({"op": "ping", "id": sent}))
+                while decoder.next_message() is None:
+                    data = ours.recv(65536)
+                    if not data:
+                        return  # the worker ended
+                    decoder.feed(data)
+                time.sleep(self.interval_s)
+        except TimeoutError:
+            if not self.stopping():  # a stopping worker reads nothing more, rightly
+                log.error("worker %d did not answer a health check within %.0f s; killing it",
+                          pid, self.timeout_s)
+                with contextlib.suppress(ProcessLookupError):  # SIGTERM would wait for a stuck one
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:  # the worker ended (its end closed)
+            pass
+        finally:
+            self._ours.discard(ours)
+            ours.close()
+            os.close(pidfd)
 
 
 class WorkerFailed(Exception):
@@ -42,7 +99,7 @@ class Supervisor:
         self.workers: dict[int, float] = {}  # pid: when it started
         self.stopping = False
         self.ended_before_stop: set[int] = set()
-        self.pause_s = _FIRST_PAUSE_S
+        self.pause_s = FIRST_PAUSE_S
         self.failed_starts = 0  # in a row
         self.health = HealthWatch(worker_timeout_s, lambda: self.stopping)
 
@@ -62,7 +119,10 @@ class Supervisor:
                 print(f"listening on {host}:{port}", flush=True)
             return self.watch()
         except WorkerFailed:
-            _stop_all(set(self.workers))
+            for pid in self.workers:
+                _terminate(pid)
+            for pid in self.workers:
+                os.waitpid(pid, 0)
             raise
         finally:
             self.listener.close()
@@ -74,13 +134,13 @@ class Supervisor:
             self.ended_before_stop = {pid for pid in self.workers if _has_ended(pid)}
         self.stopping = True
         for pid in self.workers:
-            _signal(pid, signal.SIGTERM)
+            _terminate(pid)
 
     def start_worker(self) -> bool:
         pid, listening = _fork_worker(self.serve, self.health)
         self.workers[pid] = time.monotonic()
         if self.stopping:  # the signal came while it started: it was not among those told
-            _signal(pid, signal.SIGTERM)
+            _terminate(pid)
         return listening
 
     def watch(self) -> int:
@@ -101,7 +161,7 @@ class Supervisor:
     def replace(self, pid: int, status: int, lived: float) -> bool:
         """Start another worker after a pause; False when too many in a row could not listen."""
         if lived >= _HEALTHY_AFTER_S:
-            self.pause_s = _FIRST_PAUSE_S
+            self.pause_s = FIRST_PAUSE_S
         pause, self.pause_s = self.pause_s, min(2 * self.pause_s, _LONGEST_PAUSE_S)
         log.error("worker %d %s after %.1f s; starting another in %.1f s", pid, _how_it_ended(status),
                   lived, pause)
@@ -125,10 +185,8 @@ def _next_ended() -> tuple[int, int]:
 
 
 def _has_ended(pid: int) -> bool:
-    """Whether the child has ended, leaving it to be waited for (WNOWAIT), or is ending: on
-    Linux, its main thread a zombie already while its other threads finish dying (a few ms
-    after a SIGKILL, when no wait finds it yet). A worker's main thread ends last of its
-    threads unless the process dies."""
+    """Whether the child has ended, left to be waited for (WNOWAIT), or is ending: its main thread
+    (which ends last unless the process dies) a zombie while its other threads finish dying."""
     try:
         if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
             return True
@@ -189,8 +247,9 @@ def _run_worker(serve: ServeInWorker, parent: int, ready_w: int, health: socket.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         die_with_parent(parent)
 
-        def ready(server: Server) -> None:
-            _signal_ready(ready_w)
+        def ready(server: Server) -> None:  # tell the supervisor, and answer its health checks
+            os.write(ready_w, b"1")
+            os.close(ready_w)
             server.adopt(health)
 
         serve(stops, ready)
@@ -203,14 +262,6 @@ def _run_worker(serve: ServeInWorker, parent: int, ready_w: int, health: socket.
         os._exit(code)
 
 
-def _stop_all(pids: set[int]) -> None:
-    """SIGTERM these workers and wait for them."""
-    for pid in pids:
-        _signal(pid, signal.SIGTERM)
-    for pid in pids:
-        os.waitpid(pid, 0)
-
-
 def die_with_parent(parent: int) -> None:
     """SIGTERM this process when its parent (the supervisor) dies, even by SIGKILL (Linux prctl)."""
     try:
@@ -221,14 +272,6 @@ def die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def _signal_ready(fd: int) -> None:
-    """Tell the supervisor this worker is listening."""
-    os.write(fd, b"1")
-    os.close(fd)
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
+def _terminate(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)

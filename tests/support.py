@@ -753,7 +753,7 @@ def wait_for_connections(server: Server, count: int, within: float = 5.0) -> Non
 
 def waiting_to_write(server: Server) -> int:
     """Connections whose answer waits for their client to read (the loop's own state)."""
-    return sum(1 for conn in list(server._connections) if conn.writing)
+    return server.waiting_to_write
 
 
 class MariaDBFaults(Relay):

@@ -567,7 +567,7 @@ import os, signal, sys
 from sqlalchemy import text
 from runtime import runner
 
-announce = runner._announce
+announce = runner.announce
 
 def ready(server):
     pragma = server.app.gate.db.run(lambda tx: tx.execute(text("PRAGMA synchronous")).scalar())
@@ -575,7 +575,7 @@ def ready(server):
     announce(server)
     os.kill(os.getpid(), signal.SIGTERM)
 
-runner._announce = ready
+runner.announce = ready
 sys.exit(runner.main("buyer", argv=sys.argv[1:]))
 """
 

@@ -100,13 +100,14 @@ def test_two_housekeepers_racing_delete_every_old_row_once(market: Market, db_ur
     assert _count(market.db, cart_lines) == 0 and _count(market.db, login_failures) == 0
 
 
-def test_the_housekeeping_thread_sweeps_until_closed(market: Market) -> None:
+def test_the_housekeeping_thread_sweeps_until_stopped(market: Market) -> None:
     _many_old_rows(market, 30)
-    keeper = Housekeeper(market.db, POLICY, interval_s=0.05).start()
+    keeper = Housekeeper(market.db, POLICY, interval_s=0.05)
+    keeper.start()
     try:
         deadline = now_ms() + 10_000
         while _count(market.db, login_failures) and now_ms() < deadline:
             threading.Event().wait(0.05)
     finally:
-        keeper.close()
+        keeper.stop()
     assert _count(market.db, login_failures) == 0 and _count(market.db, cart_lines) == 0

@@ -24,6 +24,7 @@ from runtime.signals import StopRequested, StopSignals
 from wire import Connection, OpSpec, framing, values
 from wire.app import App
 from wire.framing import FrameDecoder, decode_body, encode_frame
+from wire.observer import ServerObserver
 
 
 @pytest.fixture
@@ -366,13 +367,17 @@ def test_one_thread_serves_every_connection_in_turn(serve: Any) -> None:
         assert [r["id"] for r in read_messages(sock, 3)] == [n * 10, n * 10 + 1, n * 10 + 2]
 
 
+class LeaderBreaks(ServerObserver):
+    """An observer failing where the leader calls it: a bug in the loop itself."""
+
+    def connection_opened(self, address: str) -> None:
+        raise RuntimeError("the loop broke")
+
+
 def test_a_failure_of_the_loop_itself_stops_the_server_and_is_raised() -> None:
-    server = Server(tiny_app(), limits=ServerLimits(threads=2))
+    server = Server(tiny_app(), limits=ServerLimits(threads=2), observer=LeaderBreaks())
     address = server.address
     failures: list[BaseException] = []
-
-    def sweep_fails() -> None:
-        raise RuntimeError("the sweep broke")
 
     def serve() -> None:
         try:
@@ -380,12 +385,13 @@ def test_a_failure_of_the_loop_itself_stops_the_server_and_is_raised() -> None:
         except RuntimeError as exc:
             failures.append(exc)
 
-    server._sweep_timeouts = sweep_fails  # type: ignore[method-assign]
     thread = threading.Thread(target=serve)
     thread.start()
+    client = socket.create_connection(address, timeout=1)  # admitted by the leader, which breaks
     thread.join(10)
+    client.close()
     assert not thread.is_alive(), "serve_forever did not return"
-    assert [str(f) for f in failures] == ["the sweep broke"]
+    assert [str(f) for f in failures] == ["the loop broke"]
     with pytest.raises(OSError):
         socket.create_connection(address, timeout=1)
 

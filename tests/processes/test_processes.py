@@ -435,7 +435,7 @@ import os, sys
 from buyer_server.ops import build_app as buyer_app
 from runtime import runner, supervisor
 
-supervisor._FIRST_PAUSE_S = {first_pause}
+supervisor.FIRST_PAUSE_S = {first_pause}
 
 def build_app(settings, database):
     if os.path.exists({marker!r}):
@@ -494,7 +494,7 @@ import os, sys, time
 from buyer_server.ops import build_app as buyer_app
 from runtime import runner, supervisor
 
-supervisor._FIRST_PAUSE_S = 0.1
+supervisor.FIRST_PAUSE_S = 0.1
 
 def build_app(settings, database):
     if os.path.exists({hold!r}):  # a replacement: it starts once the test lets it

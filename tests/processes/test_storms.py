@@ -189,7 +189,7 @@ def test_requests_read_and_not_answered_are_bounded(serve: Any, limit_mib: int,
 
     def watch() -> None:
         while not watching.is_set():
-            peak[0] = max(peak[0], server._queued.total)
+            peak[0] = max(peak[0], server.queued_bytes)
             time.sleep(0.0005)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -210,7 +210,7 @@ def test_requests_read_and_not_answered_are_bounded(serve: Any, limit_mib: int,
     else:
         assert peak[0] <= bound_mib << 20
         assert refusals(name, "memory") > 0  # connections left unread a while are counted
-    assert server._queued.total == 0
+    assert server.queued_bytes == 0
     close_all(socks)
 
 
