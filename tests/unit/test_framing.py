@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -151,40 +149,16 @@ def test_nesting_is_measured_in_objects_too() -> None:
         decode_body(json.dumps({"k": deep}).encode())
 
 
-def test_a_request_of_too_many_objects_is_a_bad_frame_before_it_is_parsed_strictly() -> None:
-    """A 1 MiB frame of empty objects: refused after a fast parse, not the strict one (which
-    took a third of a second and 30 times the frame's size in memory)."""
-    many = ('{"op": "ping", "x": [' + ",".join(["{}"] * (MAX_CONTAINERS * 30)) + "]}").encode()
-    with pytest.raises(BadFrameError, match="more than 10,000 JSON objects and arrays"):
-        decode_body(many)
-    started = time.process_time()
-    for _ in range(3):
-        with pytest.raises(BadFrameError):
-            decode_body(many)
-    assert time.process_time() - started < 0.6  # the strict parser alone: about 1 s for three
-
-
-def test_a_frame_of_tiny_objects_is_refused_without_parsing_it() -> None:
-    """The big-frames storm's 1 MiB of empty objects (and of one-key objects): refused in
-    milliseconds of CPU. Parsed first (orjson), each took about 30 ms here, and 1,000 of them at
-    once kept the last senders waiting past 30 s."""
+def test_a_request_of_too_many_objects_is_a_bad_frame_before_it_is_parsed() -> None:
+    """The big-frames storm's 1 MiB of empty objects (and of one-key objects) is refused by
+    counting brackets, before any parser builds it: parsed first, each took about 30 ms and 30
+    times its size in memory, and 1,000 at once kept the last senders waiting past 30 s. Cut
+    short and ended in a byte that is not UTF-8, a frame gets the same answer: nothing parsed it."""
     frames = [('{"op": "ping", "x": [' + ",".join(["{}"] * 340_000) + "]}").encode(),
               json.dumps({"op": "ping", "x": [{"a": 1}] * 120_000}).encode()]
-    refusing, parsing = [], []  # CPU seconds of ten refusals, of ten parses, taking turns
-    for _ in range(3):
-        started = time.process_time()
-        for _ in range(10):
-            for frame in frames:
-                with pytest.raises(BadFrameError, match="more than 10,000 JSON objects and arrays"):
-                    decode_body(frame)
-        refusing.append(time.process_time() - started)
-        started = time.process_time()
-        for _ in range(10):
-            for frame in frames:
-                orjson.loads(frame)
-        parsing.append(time.process_time() - started)
-    # here: 0.15 s against 0.5-0.6 s; compared, not bounded, so that a busy machine cannot fail it
-    assert min(refusing) < min(parsing) / 2
+    for frame in frames + [frame[:-2] + b"\xff" for frame in frames]:
+        with pytest.raises(BadFrameError, match="more than 10,000 JSON objects and arrays"):
+            decode_body(frame)
 
 
 def test_braces_in_strings_and_escaped_quotes_are_not_counted() -> None:
