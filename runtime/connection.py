@@ -40,25 +40,33 @@ class Outbox:
 
     def flush_nowait(self, sock: socket.socket) -> bool:
         """Send what is queued without waiting; False if the socket would not take it all."""
-        if not self._sending.acquire(blocking=False):
-            return True  # another thread is sending: it will send this too
-        try:
-            while True:
-                with self._state:
-                    chunk = bytes(self._outbox)
-                    self._outbox.clear()
-                if not chunk:
-                    return True
-                try:
-                    sent = sock.send(chunk, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    sent = 0
-                if sent < len(chunk):
-                    with self._state:
-                        self._outbox[:0] = chunk[sent:]
+        while self._sending.acquire(blocking=False):
+            try:
+                if not self._send_queued(sock):
                     return False
-        finally:
-            self._sending.release()
+            finally:
+                self._sending.release()
+            with self._state:  # queued while it sent, by a thread that left it to this one?
+                if not self._outbox:
+                    return True
+        return True  # another thread is sending: it looks again once it has let go
+
+    def _send_queued(self, sock: socket.socket) -> bool:
+        """Send the outbox (holding `_sending`); False if the socket would not take it all."""
+        while True:
+            with self._state:
+                chunk = bytes(self._outbox)
+                self._outbox.clear()
+            if not chunk:
+                return True
+            try:
+                sent = sock.send(chunk, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(chunk):
+                with self._state:
+                    self._outbox[:0] = chunk[sent:]
+                return False
 
 
 class Connection:
