@@ -134,6 +134,7 @@ def test_catalogue_against_a_baseline_gives_each_reads_ratio_per_pass(tmp_path: 
         within, shown_as_two = sum(ratio < 2 for ratio in ratios), sum(ratio == 2 for ratio in ratios)
         counted, of = cells[5].rstrip(" |").split(" of ")
         assert of == "2" and within <= int(counted) <= within + shown_as_two, op  # "2.00x": either side
+        assert float(cells[6].rstrip(" |x")) > 0, op  # the median of the p50 ratios
 
 
 def test_catalogue_says_so_when_the_baseline_is_empty(tmp_path: Path, capsys: Any) -> None:
