@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -122,17 +123,35 @@ def test_the_remote_database_study_delays_the_database_and_leaves_nothing_runnin
     assert not list(Path("/tmp").glob("market-remote-db-*"))
 
 
+def other_checkout(folder: Path) -> Path:
+    """A checkout whose own interpreter stands in for its market-sim: it records its arguments
+    and writes the results.csv of a run at 500 calls/s."""
+    (folder / "simulation").mkdir(parents=True)
+    python = folder / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\n'
+                      'echo "$@" >> calls\n'
+                      'while [ "$1" != --out ]; do shift; done\n'
+                      'mkdir -p "$2"\n'
+                      'printf "users,op,ops_per_s,p50_ms,p99_ms,errors\\n1,ALL,500,1,2,0\\n" \\\n'
+                      '  > "$2/results.csv"\n')
+    python.chmod(0o755)
+    return folder
+
+
 @pytest.mark.slow
 def test_two_checkouts_take_turns_and_their_ratio_is_reported(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[2]  # this checkout as the other one too
-    done = _study("checkouts", str(root), "--rounds", "2", "--out", str(tmp_path), "--", "-n", "1", "-k", "3",
-                  "-r", "1")
+    other = other_checkout(tmp_path / "other")
+    done = _study("checkouts", str(other), "--rounds", "2", "--out", str(tmp_path / "out"), "--", "-n", "1",
+                  "-k", "3", "-r", "1")
     assert done.returncode == 0, done.stderr[-2000:]
     order = [line.split(",")[1].strip() for line in done.stdout.splitlines() if line.startswith("round ")]
     assert order == ["this", "other", "other", "this"]
-    assert "1 + 1: the other checkout's calls/s, median of 2 rounds: " in done.stdout
-    assert all((tmp_path / f"{side}_round{n}" / "results.csv").exists() for side in ("this", "other")
-               for n in (1, 2))
+    assert re.search(r"^1 \+ 1: the other checkout's calls/s, median of 2 rounds: [\d.]+x this one's "
+                     r"\([\d.]+, [\d.]+\)$", done.stdout, re.MULTILINE), done.stdout
+    calls = (other / "calls").read_text().splitlines()  # its own interpreter, with the arguments given
+    assert [call.split(" --out ")[0] for call in calls] == ["-m simulation -n 1 -k 3 -r 1 --no-progress"] * 2
+    assert all((tmp_path / "out" / f"this_round{n}" / "results.csv").exists() for n in (1, 2))
 
 
 def test_a_folder_that_is_no_checkout_is_refused(tmp_path: Path) -> None:
