@@ -20,12 +20,6 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
-try:  # mysql-connector-python
-    from mysql.connector.constants import ClientFlag
-    _MULTI_STATEMENTS = [ClientFlag.MULTI_STATEMENTS]
-except ImportError:  # pragma: no cover - then MySQL URLs fail at connect with a clear error
-    _MULTI_STATEMENTS = []
-
 # How long a statement waits for a lock another transaction holds, on either database,
 # before the call is answered BUSY: well inside the client's 30 s, so the answer arrives.
 LOCK_WAIT_S = 15
@@ -190,6 +184,8 @@ def _truncate_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
 
 
 def _mysql_engine(url: Any, pool_size: int) -> Engine:
+    from mysql.connector.constants import ClientFlag  # here: a SQLite server never loads the driver
+
     engine = create_engine(
         url,
         pool_size=pool_size, max_overflow=pool_size, pool_timeout=10, pool_recycle=RECYCLE_S,
@@ -208,7 +204,7 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
         # checks). The flags given as a list replace SQLAlchemy's FOUND_ROWS: an UPDATE's
         # rowcount is the rows it changed.
         connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin",
-                      "connection_timeout": CONNECT_TIMEOUT_S, "client_flags": _MULTI_STATEMENTS},
+                      "connection_timeout": CONNECT_TIMEOUT_S, "client_flags": [ClientFlag.MULTI_STATEMENTS]},
     )
     event.listen(engine, "connect", _on_mysql_connect)
     event.listen(engine, "begin", _on_mysql_begin)
