@@ -16,7 +16,8 @@ Entry points, one command each:
 - `python -m simulation.idle_cost`: what those idle connections cost the busy ones.
 - `python -m simulation.scaleout`: server processes behind HAProxy, one MariaDB against Galera.
 - `python -m simulation.tail`: where each call's time went, from per-request timestamps.
-- `python -m simulation.opcost`: each op's CPU per call, in-process; the driver's API against its C API.
+- `python -m simulation.opcost`: each op's CPU per call, in-process, on one thread.
+- `python -m simulation.loop_cost`: the server loop's CPU per request, of one checkout or several.
 - `python -m simulation.studies.threads`: server threads against clients.
 - `python -m simulation.studies.remote_db`: a database a network hop away.
 - `python -m simulation.studies.delay_proxy`: the delaying TCP proxy that study runs.

@@ -17,7 +17,7 @@ from support import Market, fresh_mysql_database
 
 from db import Database
 from operate.seed import seed
-from simulation import catalogue, idle, idle_cost, opcost, targets
+from simulation import catalogue, idle, idle_cost, loop_cost, opcost, targets
 from simulation.mixes import DEFAULT
 from simulation.scaleout import admin_url
 
@@ -351,3 +351,13 @@ def test_opcost_reads_a_local_mariadbs_cpu(mysql_server: str, tmp_path: Path, ca
     assert len(rows) == 13
     assert all(row.split(" | ")[3].rstrip(" |").replace(",", "").isdigit() for row in rows)
     assert f"on {where}, one thread" in capsys.readouterr().out
+
+
+def test_loop_cost_reports_the_servers_cpu_per_request_of_a_checkout(capsys: Any) -> None:
+    assert loop_cost.main(["-n", "2", "-k", "20"]) == 0
+    line = capsys.readouterr().out.strip()
+    match = re.search(r": 40 requests, [\d,]+/s, server CPU (\d+) µs a request "
+                      r"\(user (\d+), system (\d+)\)$", line)
+    assert match, line
+    total, user, system = map(int, match.groups())
+    assert abs(total - user - system) <= 1

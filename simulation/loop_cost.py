@@ -1,0 +1,93 @@
+"""The server loop's own cost: a buyer server started from a checkout (this one by default, or
+another given by path, run with its own .venv) on an empty SQLite file, N clients sending K
+requests each that are answered before any database work (an op the server does not have), and
+the server's CPU per request read from /proc (Linux), user and system apart.
+
+    python -m simulation.loop_cost [--checkout ../other] [-n 100] [-k 200]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from wire.framing import encode_frame
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def _cpu_s(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU seconds so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _client(port: int, k: int, start: threading.Barrier) -> None:
+    frame = encode_frame({"id": 1, "op": "no_such_op", "args": {}})
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        start.wait()
+        for _ in range(k):
+            sock.sendall(frame)
+            size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
+            sock.recv(size, socket.MSG_WAITALL)
+
+
+def measure(checkout: Path, n: int, k: int) -> str:
+    """One line: requests, requests a second, the server's CPU a request (user, system)."""
+    python = checkout / ".venv" / "bin" / "python"
+    env = {**os.environ, "MARKET_MAX_CONNECTIONS_PER_ADDRESS": str(n + 10),
+           "MARKET_NEW_CONNECTIONS_PER_S_PER_ADDRESS": "10000"}
+    with tempfile.TemporaryDirectory() as state:
+        url = f"sqlite:///{state}/m.db"  # made current first: an older checkout refuses an empty one
+        subprocess.run([str(checkout / ".venv" / "bin" / "market"), "db", "upgrade", "--db-url", url],
+                       cwd=checkout, check=True, capture_output=True, timeout=120)
+        server = subprocess.Popen(
+            [str(python), "-m", "buyer_server", "--port", "0", "--db-url", url],
+            cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert server.stdout is not None
+            line = ""
+            while "listening on" not in line:
+                line = server.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"the server of {checkout} did not start")
+            port = int(line.strip().rsplit(":", 1)[1])
+            start = threading.Barrier(n + 1)
+            clients = [threading.Thread(target=_client, args=(port, k, start)) for _ in range(n)]
+            for client in clients:
+                client.start()
+            start.wait()
+            (user0, sys0), began = _cpu_s(server.pid), os.times().elapsed
+            for client in clients:
+                client.join()
+            (user1, sys1), took = _cpu_s(server.pid), os.times().elapsed - began
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    calls = n * k
+    return (f"{checkout}: {calls} requests, {calls / took:,.0f}/s, server CPU "
+            f"{1e6 * (user1 - user0 + sys1 - sys0) / calls:.0f} µs a request "
+            f"(user {1e6 * (user1 - user0) / calls:.0f}, system {1e6 * (sys1 - sys0) / calls:.0f})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulation.loop_cost",
+                                     description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--checkout", type=Path, action="append",
+                        help="a checkout with its .venv (repeat to take turns; default: this one)")
+    parser.add_argument("-n", type=int, default=100, help="clients (default 100)")
+    parser.add_argument("-k", type=int, default=200, help="requests per client (default 200)")
+    args = parser.parse_args(argv)
+    for checkout in args.checkout or [HERE]:
+        print(measure(checkout.resolve(), args.n, args.k), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
