@@ -72,7 +72,6 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-
 def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
     engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_timeout=30,
                            paramstyle="named",  # :name, as db.unit_of_work passes a dict of values

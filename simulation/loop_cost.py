@@ -18,14 +18,10 @@ from pathlib import Path
 
 from wire.framing import encode_frame
 
+from .servers import start_server, stop_process
+from .stats import process_cpu_s
+
 HERE = Path(__file__).resolve().parent.parent
-
-
-def _cpu_s(pid: int) -> tuple[float, float]:
-    """The process's user and system CPU seconds so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _client(port: int, k: int, start: threading.Barrier) -> None:
@@ -40,36 +36,26 @@ def _client(port: int, k: int, start: threading.Barrier) -> None:
 
 def measure(checkout: Path, n: int, k: int) -> str:
     """One line: requests, requests a second, the server's CPU a request (user, system)."""
-    python = checkout / ".venv" / "bin" / "python"
     env = {**os.environ, "MARKET_MAX_CONNECTIONS_PER_ADDRESS": str(n + 10),
            "MARKET_NEW_CONNECTIONS_PER_S_PER_ADDRESS": "10000"}
     with tempfile.TemporaryDirectory() as state:
         url = f"sqlite:///{state}/m.db"  # made current first: an older checkout refuses an empty one
         subprocess.run([str(checkout / ".venv" / "bin" / "market"), "db", "upgrade", "--db-url", url],
                        cwd=checkout, check=True, capture_output=True, timeout=120)
-        server = subprocess.Popen(
-            [str(python), "-m", "buyer_server", "--port", "0", "--db-url", url],
-            cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        server, (_, port) = start_server("buyer", url, Path(state) / "buyer_server.log", env=env,
+                                         checkout=checkout)
         try:
-            assert server.stdout is not None
-            line = ""
-            while "listening on" not in line:
-                line = server.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"the server of {checkout} did not start")
-            port = int(line.strip().rsplit(":", 1)[1])
             start = threading.Barrier(n + 1)
             clients = [threading.Thread(target=_client, args=(port, k, start)) for _ in range(n)]
             for client in clients:
                 client.start()
             start.wait()
-            (user0, sys0), began = _cpu_s(server.pid), os.times().elapsed
+            (user0, sys0), began = process_cpu_s(server.pid), os.times().elapsed
             for client in clients:
                 client.join()
-            (user1, sys1), took = _cpu_s(server.pid), os.times().elapsed - began
+            (user1, sys1), took = process_cpu_s(server.pid), os.times().elapsed - began
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            stop_process(server)
     calls = n * k
     return (f"{checkout}: {calls} requests, {calls / took:,.0f}/s, server CPU "
             f"{1e6 * (user1 - user0 + sys1 - sys0) / calls:.0f} µs a request "

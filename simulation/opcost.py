@@ -16,7 +16,6 @@ the database cannot be used (one line saying why).
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -40,6 +39,7 @@ from wire.app import App
 
 from .behaviour import CARD, KEYWORDS, LOAD_TEST_PREFIX, new_item
 from .mixes import DEFAULT
+from .stats import process_cpu_s
 
 STOCK = 1_000_000  # units of each listed item: no run buys them all
 CART_LINES = 3  # lines in the cart that display_cart shows and make_purchase buys
@@ -132,7 +132,6 @@ class DatabaseClock:
 
     def __init__(self, db: Database) -> None:
         self.pid: int | None = None
-        self._tick = os.sysconf("SC_CLK_TCK")
         if db.is_sqlite or make_url(db.url).host not in ("127.0.0.1", "localhost"):
             return
         with db.engine.connect() as conn:
@@ -145,10 +144,7 @@ class DatabaseClock:
 
     def seconds(self) -> float:
         """The process's user + system CPU so far."""
-        if self.pid is None:
-            return 0.0
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / self._tick
+        return 0.0 if self.pid is None else sum(process_cpu_s(self.pid))
 
 
 def measure(market: Market, op: str, plan: Plan, calls: int, clock: DatabaseClock,

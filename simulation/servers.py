@@ -77,20 +77,23 @@ def running_server_processes(db_url: str, log_dir: Path,
 
 
 def start_server(role: str, db_url: str, log_path: Path, port: int = 0,
-                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], Address]:
-    """One server process, once it listens, and its address; its log appended to `log_path`."""
-    process = _spawn(role, db_url, log_path, (), port, env)
+                 env: dict[str, str] | None = None,
+                 checkout: Path | None = None) -> tuple[subprocess.Popen[str], Address]:
+    """One server process, once it listens, and its address; its log appended to `log_path`.
+    `checkout`: another checkout's server, run by its own .venv's python inside it."""
+    process = _spawn(role, db_url, log_path, (), port, env, checkout)
     return process, _wait_listening(process, role, log_path)
 
 
 def _spawn(role: str, db_url: str, log_path: Path, extra_args: tuple[str, ...], port: int = 0,
-           env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+           env: dict[str, str] | None = None, checkout: Path | None = None) -> subprocess.Popen[str]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    python = str(checkout / ".venv" / "bin" / "python") if checkout else sys.executable
     with log_path.open("a") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", f"{role}_server", "--port", str(port), "--db-url", db_url,
+            [python, "-m", f"{role}_server", "--port", str(port), "--db-url", db_url,
              "--log-level", "WARNING", *extra_args],
-            stdout=subprocess.PIPE, stderr=log, text=True,
+            stdout=subprocess.PIPE, stderr=log, text=True, cwd=checkout,
             # every simulated user signs up from this one address: no limit on sign-ups
             env={**(os.environ if env is None else env), "MARKET_SIGNUPS_PER_ADDRESS_HOUR": "0"})
 

@@ -7,9 +7,11 @@ runs, and its median. The op "ALL" pools every call of a run.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .scenario import OpLog, RunResult
 
@@ -34,6 +36,13 @@ class OpSummary:
     ops_per_s: float
     ops_per_s_sd: float
     ops_per_s_median: float
+
+
+def process_cpu_s(pid: int) -> tuple[float, float]:
+    """A process's user and system CPU seconds so far (Linux: /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
