@@ -18,14 +18,13 @@ READ_SIZE = 65536
 
 
 class Outbox:
-    """A plaintext channel (runtime.tls's encrypts): what the socket would not take yet, sent in
-    order by one flusher at a time (the answering thread, or the leader once it is writable)."""
+    """A plaintext channel (runtime.tls's encrypts): what the socket would not take yet. One lock
+    orders the bytes; sends never wait (MSG_DONTWAIT), so holding it while sending is brief."""
 
     handshake_done = True
 
     def __init__(self) -> None:
-        self._state = threading.Lock()    # the outbox (and a TLS channel's SSL object)
-        self._sending = threading.Lock()  # one flusher at a time, in outbox order
+        self._state = threading.Lock()  # the outbox (and a TLS channel's SSL object)
         self._outbox = bytearray()
 
     def _encode(self, data: bytes) -> bytes:
@@ -35,38 +34,32 @@ class Outbox:
     def send_nowait(self, sock: socket.socket, data: bytes) -> bool:
         """Send what the socket takes now; False if some is left in the outbox."""
         with self._state:
-            self._outbox += self._encode(data)
-        return self.flush_nowait(sock)
+            data = self._encode(data)
+            if not self._outbox:  # the usual case: straight to the socket, no copy
+                try:
+                    sent = sock.send(data, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                if sent == len(data):
+                    return True
+                data = data[sent:]
+            self._outbox += data
+            return self._send_queued(sock)
 
     def flush_nowait(self, sock: socket.socket) -> bool:
         """Send what is queued without waiting; False if the socket would not take it all."""
-        while self._sending.acquire(blocking=False):
-            try:
-                if not self._send_queued(sock):
-                    return False
-            finally:
-                self._sending.release()
-            with self._state:  # queued while it sent, by a thread that left it to this one?
-                if not self._outbox:
-                    return True
-        return True  # another thread is sending: it looks again once it has let go
+        with self._state:
+            return self._send_queued(sock)
 
     def _send_queued(self, sock: socket.socket) -> bool:
-        """Send the outbox (holding `_sending`); False if the socket would not take it all."""
-        while True:
-            with self._state:
-                chunk = bytes(self._outbox)
-                self._outbox.clear()
-            if not chunk:
-                return True
+        """Send the outbox (holding `_state`); False if the socket would not take it all."""
+        while self._outbox:
             try:
-                sent = sock.send(chunk, socket.MSG_DONTWAIT)
+                sent = sock.send(self._outbox, socket.MSG_DONTWAIT)
             except BlockingIOError:
-                sent = 0
-            if sent < len(chunk):
-                with self._state:
-                    self._outbox[:0] = chunk[sent:]
                 return False
+            del self._outbox[:sent]
+        return True
 
 
 class Connection:

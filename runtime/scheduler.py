@@ -1,5 +1,6 @@
 """Whose turn it is: round robin over a ring of addresses, each with its connections that have
-requests waiting, the lead (watching the sockets) one more entry. While clients of several
+requests waiting. The lead (watching the sockets) comes once the connection turns queued before
+it were taken, or when none can be: once a round, not once a request. While clients of several
 addresses are connected, one holds at most threads - 1 threads, so one is always free to lead.
 """
 from __future__ import annotations
@@ -23,55 +24,64 @@ class Scheduler:
         self.threads = threads
         self._addresses = addresses  # how many client addresses are connected now
         self._ring: collections.OrderedDict[str, collections.deque[Any]] = collections.OrderedDict()
-        self._busy: collections.Counter[str] = collections.Counter()
+        self._busy: dict[str, int] = {}
+        self._queued = 0  # connection turns in the ring
+        self._lead_waits = False
+        self._owed = 0  # connection turns to take before the lead's
         self._changed = threading.Condition(threading.Lock())
         self._closed = False
 
-    def put(self, conn: Connection) -> None:
-        """A connection has requests to answer: it waits for its address's turn."""
+    def put(self, *conns: Connection) -> None:
+        """Connections have requests to answer: each waits for its address's turn."""
         with self._changed:
-            waiting = self._ring.get(conn.address)
-            if waiting is None:
-                waiting = self._ring[conn.address] = collections.deque()
-                if conn.address == SUPERVISOR:
-                    self._ring.move_to_end(SUPERVISOR, last=False)
-            waiting.append(conn)
-            self._changed.notify()
+            for conn in conns:
+                self._queue(conn)
+            self._changed.notify(len(conns))
+
+    def _queue(self, conn: Connection) -> None:
+        waiting = self._ring.get(conn.address)
+        if waiting is None:
+            waiting = self._ring[conn.address] = collections.deque()
+            if conn.address == SUPERVISOR:
+                self._ring.move_to_end(SUPERVISOR, last=False)
+        waiting.append(conn)
+        self._queued += 1
 
     def put_lead(self) -> None:
-        """The lead waits at the back of the ring for a thread (at the start, and after each lead)."""
+        """The lead waits for a thread after the turns queued now (at the start, and after each lead)."""
         with self._changed:
-            self._ring[LEAD] = collections.deque()
+            self._lead_waits, self._owed = True, self._queued
             self._changed.notify()
 
     def waiting(self) -> bool:
         """Whether any turn waits for a thread (the lead's too)."""
-        return bool(self._ring)
+        return self._lead_waits or bool(self._ring)
 
     def runnable(self) -> bool:
         """Whether a connection's turn waits that a thread could take now (the leader's, say)."""
         with self._changed:
             cap = self._cap()
-            return any(key != LEAD and (key == SUPERVISOR or self._busy[key] < cap) for key in self._ring)
+            return any(key == SUPERVISOR or self._busy.get(key, 0) < cap for key in self._ring)
 
-    def take(self) -> Any:
-        """The next turn this thread may take (LEAD or a connection), waiting for one; None once closed."""
+    def take(self, finished: Connection | None = None, again: bool = False) -> Any:
+        """The next turn this thread may take (LEAD or a connection), waiting for one; None once
+        closed. `finished`: the connection whose turn this thread just ended (its address holds
+        one thread fewer), queued `again` if it has more to answer."""
         with self._changed:
+            if finished is not None:
+                busy = self._busy.pop(finished.address) - 1
+                if busy:
+                    self._busy[finished.address] = busy
+                if again:
+                    self._queue(finished)
             while not self._closed:
                 turn = self._next()
                 if turn is not None:
+                    if self._ring:  # a turn the address cap held back may go now on another thread
+                        self._changed.notify()
                     return turn
                 self._changed.wait()
             return None
-
-    def done(self, conn: Connection) -> None:
-        """A connection's turn ended: its address holds one thread fewer."""
-        with self._changed:
-            self._busy[conn.address] -= 1
-            if not self._busy[conn.address]:
-                del self._busy[conn.address]
-            if self._ring:  # a turn held back by its address's cap may go now
-                self._changed.notify()
 
     def close(self) -> None:
         """Hand out no more turns; threads waiting for one end."""
@@ -84,19 +94,24 @@ class Scheduler:
         return self.threads - 1 if self.threads > 1 and self._addresses() > 1 else self.threads
 
     def _next(self) -> Any:
+        if self._lead_waits and self._owed <= 0:
+            self._lead_waits = False
+            return LEAD
         cap = self._cap()
         for key, waiting in self._ring.items():
-            if key == LEAD:
-                del self._ring[LEAD]
-                return LEAD
-            if key != SUPERVISOR and self._busy[key] >= cap:
+            busy = self._busy.get(key, 0)
+            if busy >= cap and key != SUPERVISOR:
                 continue
             conn = waiting.popleft()
             if waiting:
                 self._ring.move_to_end(key)
             else:
                 del self._ring[key]
-            self._busy[key] += 1
+            self._busy[key] = busy + 1
+            self._queued -= 1
+            self._owed -= 1
             return conn
+        if self._lead_waits:  # nothing else may go now
+            self._lead_waits = False
+            return LEAD
         return None
-

@@ -154,12 +154,15 @@ class Server(Reader):
     # -- the turns ----------------------------------------------------------------
 
     def _work(self) -> None:
-        while (turn := self._scheduler.take()) is not None:
+        finished, again = None, False
+        while (turn := self._scheduler.take(finished, again)) is not None:
+            finished, again = None, False
             try:
                 if turn is LEAD:
                     self._lead()
                 else:
-                    self._turn(turn)
+                    finished = turn
+                    again = self._turn(turn)
             except Exception:  # a bug costs one turn, never a thread of the pool
                 log.exception("a request thread's turn failed")
 
@@ -173,8 +176,7 @@ class Server(Reader):
                 self._housekeep()
                 if self._ready or runnable:
                     ready, self._ready = self._ready, []
-                    for conn in ready:
-                        self._scheduler.put(conn)
+                    self._scheduler.put(*ready)
                     self._scheduler.put_lead()
                     return
         except BaseException as exc:  # serve_forever raises it once everything is closed
@@ -182,19 +184,18 @@ class Server(Reader):
             self._stopping.set()
         self._lead_ended.set()
 
-    def _turn(self, conn: Connection) -> None:
-        """Answer a connection's next request, or a few while nobody else waits; then, if more
-        wait, it goes to the back of its address's queue."""
+    def _turn(self, conn: Connection) -> bool:
+        """Answer a connection's next request, or a few while nobody else waits; whether it goes
+        to the back of its address's queue (more wait)."""
         self.observer.threads_busy(1)
         try:
             for _ in range(_BATCH):
                 if not self._answer_next(conn):
-                    return
+                    return False
                 if conn.pending and self._scheduler.waiting():
-                    break
-            self._scheduler.put(conn)
+                    return True
+            return True
         finally:
-            self._scheduler.done(conn)
             self.observer.threads_busy(-1)
 
     def _answer_next(self, conn: Connection) -> bool:
