@@ -74,6 +74,7 @@ def is_sqlite(engine: Engine) -> bool:
 
 def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
     engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_timeout=30,
+                           pool_reset_on_return=None,  # as MySQL's (_mysql_engine)
                            paramstyle="named",  # :name, as db.unit_of_work passes a dict of values
                            connect_args={"timeout": 30, "check_same_thread": False})
 

@@ -1,4 +1,4 @@
-"""The server loop's observers: LogObserver (log context, the loop's security events, the
+"""The server loop's observers: LogObserver (the loop's security events, the
 sampled access log, trace records) and MarketObserver, which adds the metrics when served.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from wire.app import op_label
 from wire.observer import SUPERVISOR, ServerObserver
 
 from . import metrics
-from .logs import REQUEST, Bursts, access, security
+from .logs import Bursts, access, security
 from .trace import TraceFile
 
 Message = dict[str, Any] | Exception
@@ -43,13 +43,8 @@ class LogObserver(ServerObserver):
                        }.get(reason, "connection refused")
             security.warning(message, extra={"client": address, "reason": reason, "events": events})
 
-    def answering(self, address: str, message: Message) -> None:
-        if isinstance(message, dict):
-            REQUEST.set((_loggable(message.get("id")), op_label(message, self.ops), address))
-
     def answer_sent(self, address: str, message: Message, response: dict[str, Any],
                     marks: tuple[int, int, int]) -> None:
-        REQUEST.set(None)
         if not isinstance(message, dict):
             if events := self._bursts.due("frame rejected"):
                 error = response.get("error") or {}
@@ -98,7 +93,6 @@ class MarketObserver(LogObserver):
 
     def answering(self, address: str, message: Message) -> None:
         self._queued.dec()
-        super().answering(address, message)
 
     def answer_sent(self, address: str, message: Message, response: dict[str, Any],
                     marks: tuple[int, int, int]) -> None:
