@@ -26,7 +26,6 @@ BUYER.add(replace(COMMON.get("logout"),
                   help="Log out (asking whether to save an unsaved cart; a script drops it "
                        "unless run with --save-on-exit)."))
 
-ITEM_ID, LIMIT = fields.ITEM_ID, fields.LIMIT
 QUANTITY = Arg("quantity", convert=fields.quantity, required=False, default=1,
                hint=fields.QUANTITY_RANGE)
 
@@ -36,10 +35,9 @@ QUANTITY = Arg("quantity", convert=fields.quantity, required=False, default=1,
                Arg("keywords", "--keywords", convert=word_list, required=False, default=[],
                    hint="exact keywords, apart or joined by commas"),
                Arg("category", "--category", convert=fields.category, required=False,
-                   hint=fields.category_list(), choices=fields.CATEGORY_NAMES), LIMIT,
+                   hint=fields.CATEGORY_LIST, choices=fields.CATEGORY_NAMES), fields.LIMIT,
                aliases=("search_items",))
 def search(shell: Shell, args: dict[str, Any]) -> None:
-    """search_items."""
     shell.page("search_items", search_request(args), lambda result: items_table(result["items"]))
 
 
@@ -52,16 +50,14 @@ def search_request(args: dict[str, Any]) -> dict[str, Any]:
     return {"category": args["category"], "limit": args["limit"], **text}
 
 
-@BUYER.command("item", "Show one item.", ITEM_ID, aliases=("get_item",))
+@BUYER.command("item", "Show one item.", fields.ITEM_ID, aliases=("get_item",))
 def item(shell: Shell, args: dict[str, Any]) -> None:
-    """get_item."""
     for line in item_lines(shell.call("get_item", args)):
         shell.out.say(line)
 
 
-@BUYER.command("add", "Put an item in your cart.", ITEM_ID, QUANTITY, aliases=("add_to_cart",))
+@BUYER.command("add", "Put an item in your cart.", fields.ITEM_ID, QUANTITY, aliases=("add_to_cart",))
 def add(shell: Shell, args: dict[str, Any]) -> None:
-    """add_to_cart; says how many of the item are in stock."""
     content = show_cart(shell, "add_to_cart", args)
     line = next((line for line in content["items"] if line["item_id"] == args["item_id"]), None)
     if line is not None:
@@ -70,30 +66,26 @@ def add(shell: Shell, args: dict[str, Any]) -> None:
 
 
 @BUYER.command("remove", "Take an item out of your cart (all of it unless QUANTITY is given).",
-               ITEM_ID, replace(QUANTITY, default=1_000_000),
+               fields.ITEM_ID, replace(QUANTITY, default=1_000_000),
                aliases=("remove_from_cart",))
 def remove(shell: Shell, args: dict[str, Any]) -> None:
-    """remove_from_cart."""
     show_cart(shell, "remove_from_cart", args)
 
 
 @BUYER.command("cart", "Show your cart.", aliases=("display_cart",))
 def cart(shell: Shell, args: dict[str, Any]) -> None:
-    """display_cart."""
     show_cart(shell, "display_cart", changed=False)
 
 
 @BUYER.command("clear", "Empty your cart (the saved cart stays until you save).",
                aliases=("clear_cart",))
 def clear(shell: Shell, args: dict[str, Any]) -> None:
-    """clear_cart."""
     show_cart(shell, "clear_cart")
 
 
 @BUYER.command("save", "Save your cart, so that it is there at your next login.",
                aliases=("save_cart",))
 def save(shell: Shell, args: dict[str, Any]) -> None:
-    """save_cart."""
     shell.save_cart()
 
 
@@ -142,10 +134,9 @@ def buy(shell: Shell, args: dict[str, Any]) -> None:
     shell.out.say(f"Bought: order {receipt['order_id']}, total {money(receipt['total'])}.")
 
 
-@BUYER.command("rate", "Give an item you bought a thumbs up or down.", ITEM_ID,
+@BUYER.command("rate", "Give an item you bought a thumbs up or down.", fields.ITEM_ID,
                Arg("vote", convert=one_of("up", "down")), aliases=("provide_feedback",))
 def rate(shell: Shell, args: dict[str, Any]) -> None:
-    """provide_feedback."""
     shell.call("provide_feedback", args)
     shell.out.say(f"Thanks: thumbs {args['vote']} for item {args['item_id']}.")
 
@@ -153,14 +144,12 @@ def rate(shell: Shell, args: dict[str, Any]) -> None:
 @BUYER.command("rating", "Show a seller's rating.", Arg("seller_id", convert=fields.whole_number),
                aliases=("get_seller_rating",))
 def rating(shell: Shell, args: dict[str, Any]) -> None:
-    """get_seller_rating."""
     shell.out.say(rating_line(shell.call("get_seller_rating", args)))
 
 
-@BUYER.command("history", "Show what you bought, newest first.", LIMIT,
+@BUYER.command("history", "Show what you bought, newest first.", fields.LIMIT,
                aliases=("get_purchase_history",))
 def history(shell: Shell, args: dict[str, Any]) -> None:
-    """get_purchase_history."""
     shell.page("get_purchase_history", args, lambda result: history_table(result["purchases"]))
 
 

@@ -68,7 +68,6 @@ DEVICES = DeviceTokens()
                 replace(PASSWORD, confirm=True, convert=fields.password(), hint="8 to 128 characters"),
                 aliases=("create_account",), login=False)
 def signup(shell: Shell, args: dict[str, Any]) -> None:
-    """create_account, then login."""
     user = shell.call("create_account", args)
     shell.out.say(f"Account {args['username']} created (user {user['user_id']}).")
     login(shell, {"username": args["username"], "password": args["password"]})
@@ -97,7 +96,6 @@ def login(shell: Shell, args: dict[str, Any]) -> None:
 
 @COMMON.command("logout", "Log out.")
 def logout(shell: Shell, args: dict[str, Any]) -> None:
-    """logout, offering first to save an unsaved cart."""
     name = shell.username
     shell.offer_to_save()
     try:
@@ -115,7 +113,6 @@ def logout(shell: Shell, args: dict[str, Any]) -> None:
 @COMMON.command("help", "Show the commands, or how to use one.", Arg("command", required=False),
                 aliases=("?",), login=False)
 def help_(shell: Shell, args: dict[str, Any]) -> None:
-    """The command list, or one command's usage."""
     if args["command"] is None:
         rows = [(c.usage, c.help) for c in shell.registry.unique()]
         shell.out.table(Table("Commands", ("usage", "help"), rows, "No commands."))
@@ -132,7 +129,6 @@ def help_(shell: Shell, args: dict[str, Any]) -> None:
 
 @COMMON.command("more", "Show the next page of the last list.", login=False)
 def more(shell: Shell, args: dict[str, Any]) -> None:
-    """The next page of the last list command."""
     if shell.more is None:
         shell.out.say("Nothing more to show.")
     else:
@@ -141,7 +137,6 @@ def more(shell: Shell, args: dict[str, Any]) -> None:
 
 @COMMON.command("ping", "Check that the server answers.", login=False)
 def ping(shell: Shell, args: dict[str, Any]) -> None:
-    """ping."""
     result = shell.call("ping")
     shell.out.say(f"The {result['server']} server {result['version']} at {shell.address} answers.")
 

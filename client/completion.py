@@ -26,7 +26,7 @@ class LineCompleter(Completer):
         if not words:
             yield from _matching(sorted(self.registry.commands), current)
             return
-        command = self.registry.find(words[0])
+        command = self.registry.commands.get(words[0])
         if command is not None:
             yield from _matching(self._candidates(command, words[1:], current), current)
 

@@ -14,6 +14,7 @@ from wire.errors import BadRequestError
 from .registry import Arg, word_list
 
 CATEGORY_NAMES = values.CATEGORY_NAMES  # the names clients show (PROTOCOL.md); the wire carries the number
+CATEGORY_LIST = ", ".join(CATEGORY_NAMES)  # for help and errors
 
 Convert = Callable[[str], Any]
 
@@ -51,17 +52,12 @@ def category(text: str) -> int:
     exact = [number for number in matches if CATEGORY_NAMES[number].lower() == wanted]
     if len(exact or matches) == 1 and wanted:
         return (exact or matches)[0]
-    raise ValueError(f"{text!r} is not a category; one of {category_list()}")
+    raise ValueError(f"{text!r} is not a category; one of {CATEGORY_LIST}")
 
 
 def category_name(number: int) -> str:
     """The name of a category number (the number itself if the contract names none)."""
     return CATEGORY_NAMES[number] if 0 <= number < len(CATEGORY_NAMES) else str(number)
-
-
-def category_list() -> str:
-    """The categories as `Name` words, for help and errors."""
-    return ", ".join(CATEGORY_NAMES)
 
 
 def card_number(text: str) -> str:

@@ -170,13 +170,9 @@ class Registry:
     def __or__(self, other: Registry) -> Registry:
         return Registry({**self.commands, **other.commands})
 
-    def find(self, name: str) -> Command | None:
-        """The command of a name or alias."""
-        return self.commands.get(name)
-
     def get(self, name: str) -> Command:
         """The command of a name or alias; UsageError if there is none."""
-        command = self.find(name)
+        command = self.commands.get(name)
         if command is None:
             raise UsageError(f"unknown command {name!r}; type `help` for the list")
         return command

@@ -16,13 +16,12 @@ if TYPE_CHECKING:
 
 SELLER = Registry()
 
-ITEM_ID = fields.ITEM_ID
 PRICE = Arg("price", "--price", convert=fields.price, hint=fields.PRICE_RANGE)
 
 
 @SELLER.command("sell", "Put an item on sale.",
                 Arg("name", convert=fields.item_name, hint="1 to 32 characters"),
-                Arg("category", "--category", convert=fields.category, hint=fields.category_list(),
+                Arg("category", "--category", convert=fields.category, hint=fields.CATEGORY_LIST,
                     choices=fields.CATEGORY_NAMES),
                 Arg("keywords", "--keywords", convert=fields.keywords, required=False, default=[],
                     hint="up to 5 words of 1 to 8 characters, apart or joined by commas", asked=True),
@@ -33,25 +32,22 @@ PRICE = Arg("price", "--price", convert=fields.price, hint=fields.PRICE_RANGE)
                     hint=fields.QUANTITY_RANGE),
                 aliases=("put_item",))
 def sell(shell: Shell, args: dict[str, Any]) -> None:
-    """put_item."""
     item_id = shell.call("put_item", args)["item_id"]
     shell.out.say(f"Listed item {item_id}: {args['name']}, {args['quantity']} at "
                   f"{money(args['price'])}.")
 
 
-@SELLER.command("price", "Change the price of one of your items.", ITEM_ID, replace(PRICE, flag=None),
-                aliases=("change_price",))
+@SELLER.command("price", "Change the price of one of your items.", fields.ITEM_ID,
+                replace(PRICE, flag=None), aliases=("change_price",))
 def price(shell: Shell, args: dict[str, Any]) -> None:
-    """change_price."""
     item = shell.call("change_price", args)
     shell.out.say(f"Item {item['item_id']} ({item['name']}) now costs {money(item['price'])}.")
 
 
-@SELLER.command("remove", "Take units of one of your items off sale.", ITEM_ID,
+@SELLER.command("remove", "Take units of one of your items off sale.", fields.ITEM_ID,
                 Arg("quantity", convert=fields.quantity, hint=fields.QUANTITY_RANGE),
                 aliases=("remove_item",))
 def remove(shell: Shell, args: dict[str, Any]) -> None:
-    """remove_item."""
     item = shell.call("remove_item", args)
     shell.out.say(f"Removed {args['quantity']} of item {item['item_id']} ({item['name']}); "
                   f"{item['quantity']} left on sale.")
@@ -59,12 +55,10 @@ def remove(shell: Shell, args: dict[str, Any]) -> None:
 
 @SELLER.command("items", "Show your items on sale.", fields.LIMIT, aliases=("display_items",))
 def items(shell: Shell, args: dict[str, Any]) -> None:
-    """display_items."""
     shell.page("display_items", args,
                lambda result: items_table(result["items"], "You have no items on sale."))
 
 
 @SELLER.command("rating", "Show your rating as a seller.", aliases=("get_seller_rating",))
 def rating(shell: Shell, args: dict[str, Any]) -> None:
-    """get_seller_rating."""
     shell.out.say(rating_line(shell.call("get_seller_rating")))

@@ -176,7 +176,7 @@ class Shell:
 
     def execute(self, words: list[str]) -> bool:
         """Run one command; print any failure as one line saying what to do; False then."""
-        command = self.registry.find(words[0])
+        command = self.registry.commands.get(words[0])
         self.out.begin(words[0])
         try:
             self._dispatch(self.registry.get(words[0]), words[1:])

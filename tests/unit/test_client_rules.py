@@ -75,7 +75,7 @@ def test_a_value_not_valid_is_asked_for_again_with_the_reason() -> None:
     sell = Arg("category", "--category", convert=fields.category)
     command = Command("sell", "", lambda shell, args: None, (sell,))
     assert command.values(["--category", "Kitchen"], ask) == {"category": 2}
-    assert asked == [("category", "'Kitchen' is not a category; one of " + fields.category_list())]
+    assert asked == [("category", "'Kitchen' is not a category; one of " + fields.CATEGORY_LIST)]
     with pytest.raises(BadValueError, match="category: 'Kitchen' is not a category"):
         command.values(["--category", "Kitchen"], None)
 
