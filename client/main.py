@@ -105,12 +105,12 @@ def health(args: argparse.Namespace) -> int:
 
 def seed(args: argparse.Namespace) -> int:
     """Load a large catalogue into a database (for scale measurements)."""
-    from operate.seed import SEED_PASSWORD, timed_seed
+    from operate import seed as seeding
 
     def report(database: Any) -> tuple[str, int]:
         database.create_schema()
-        result = timed_seed(database, args.sellers, args.items)
-        return (f"seeded {result['sellers']} sellers (seed<id>, password {SEED_PASSWORD!r}) and "
+        result = seeding.seed(database, args.sellers, args.items)
+        return (f"seeded {result['sellers']} sellers (seed<id>, password {seeding.SEED_PASSWORD!r}) and "
                 f"{result['items']} items in {result['seconds']} s"), 0
     return _on_database(args.db_url, report, pool_size=2)
 

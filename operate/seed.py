@@ -60,9 +60,6 @@ def seed(db: Database, sellers: int, items_count: int, name: str | None = None) 
             "first_item_id": first_item, "seconds": round(time.perf_counter() - start, 1)}
 
 
-timed_seed = seed  # the name `market seed` and the simulator know it by
-
-
 def _insert_items(conn: Connection, item_rows: list[dict[str, Any]]) -> None:
     """A batch of items with their rows in the search indexes."""
     single_rows: list[dict[str, Any]] = []

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from db import Database, DatabaseUnusable
-from operate.seed import SEED_PASSWORD, VOCABULARY, WORDS, timed_seed
+from operate.seed import SEED_PASSWORD, VOCABULARY, WORDS, seed
 from runtime.config import positive_int
 from wire import Connection
 from wire.values import CATEGORY_NAMES
@@ -87,14 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     return 130 if interrupted else 0
 
 
-def _open(url: str, seed: tuple[int, int] | None, name: str | None = None) -> Catalogue:
+def _open(url: str, size: tuple[int, int] | None, name: str | None = None) -> Catalogue:
     """The database at url, its tables made (and seeded with (sellers, items) if given, each
     item named `name` if given); its index bytes an item on sale printed."""
     database = Database(url, pool_size=2)
     try:
         database.create_schema()
-        if seed is not None:
-            print(f"seeded: {timed_seed(database, *seed, name=name)}", flush=True)
+        if size is not None:
+            print(f"seeded: {seed(database, *size, name=name)}", flush=True)
         print(index_size_line(database), flush=True)
         attack = " ".join(name.split()[:8]) if name else None
         return Catalogue(url, *_bounds(database), attack=attack)
