@@ -120,16 +120,14 @@ def audit(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import DBAPIError
 
     from db import DatabaseUnusable
-    from operate.audit import audit_with_totals, ledger_of, ledger_totals
+    from operate.audit import audit_with_totals, ledger_of
 
     def report(database: Any) -> tuple[str, int]:
         try:  # the ledger where the buyer servers keep it
-            ledger = ledger_of(database, args.payments_url)
-            found, totals = audit_with_totals(database, ledger)
+            found, totals = audit_with_totals(database, ledger_of(database, args.payments_url))
         except (DBAPIError, ProtocolError) as exc:
             reason = " ".join(str(getattr(exc, "orig", None) or exc).split())
             raise DatabaseUnusable(f"cannot audit {database.engine.url!r}: {reason}") from None
-        totals.update(ledger_totals(ledger))
         verdict = "the books balance" if not found else f"{len(found)} violation{'s' * (len(found) != 1)}"
         taken, captured = totals.pop("cents taken"), totals.pop("cents captured")
         counted = ", ".join(f"{count} {name}" for name, count in totals.items())

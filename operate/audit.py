@@ -261,12 +261,12 @@ def _negatives(name: str, row: Any, columns: tuple[str, ...]) -> Iterator[str]:
             yield f"{name}: {column} is negative ({getattr(row, column)})"
 
 
-def audit_with_totals(database: Database, ledger: Iterable[Payment] | None = None
-                      ) -> tuple[list[str], dict[str, int]]:
-    """The violations and what was checked (`book_totals`), read in one transaction; `ledger`
-    as for `audit`."""
-    entries = ledger_of(database) if ledger is None else list(ledger)
-    return database.run(lambda tx: (violations(tx, (), entries), book_totals(tx)), write=False)
+def audit_with_totals(database: Database, ledger: list[Payment]) -> tuple[list[str], dict[str, int]]:
+    """The violations and what was checked, read in one transaction: `book_totals`, then the
+    ledger's entries and the money it captured (in cents)."""
+    found, totals = database.run(lambda tx: (violations(tx, (), ledger), book_totals(tx)), write=False)
+    captured = sum(entry.amount_cents for entry in ledger if entry.state == CAPTURED)
+    return found, {**totals, "payments": len(ledger), "cents captured": captured}
 
 
 def ledger_of(database: Database, payments_url: str | None = None) -> list[Payment]:
@@ -289,10 +289,3 @@ def book_totals(tx: Connection) -> dict[str, int]:
     totals["units sold"] = count(tx, order_lines, column=order_lines.c.quantity)
     totals["cents taken"] = count(tx, orders, is_completed(orders.c.status), column=orders.c.total_cents)
     return totals
-
-
-def ledger_totals(ledger: Iterable[Payment]) -> dict[str, int]:
-    """The ledger's entries and the money it captured (in cents), for the audit's summary."""
-    entries = list(ledger)
-    return {"payments": len(entries),
-            "cents captured": sum(e.amount_cents for e in entries if e.state == CAPTURED)}
