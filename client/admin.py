@@ -21,8 +21,6 @@ from wire.values import format_money, format_time
 from .fields import category_name
 from .render import FORMATS, Output, Table
 
-_TIMES = {"created", "suspended"}
-
 
 @dataclass(frozen=True)
 class Action:
@@ -33,12 +31,6 @@ class Action:
     run: Callable[[Any, argparse.Namespace, Output], None]
     changes: bool = True  # written to the log, with --reason
     flags: tuple[tuple[str, str], ...] = ()  # (--flag, help) options, passed as booleans
-
-
-def _operator(args: argparse.Namespace) -> Any:
-    from operate.admin import Operator
-
-    return Operator.here(args.reason)
 
 
 def _work(work: str, *target: str, show: str = "") -> Callable[[Any, argparse.Namespace, Output], None]:
@@ -53,7 +45,7 @@ def _work(work: str, *target: str, show: str = "") -> Callable[[Any, argparse.Na
             rows = [(label, _cell(label, value)) for label, value in shown.items()]
             out.table(Table(show, ("field", "value"), rows, f"no {show}"))
             return
-        outcome = database.run(lambda tx: function(tx, _operator(args), *values))
+        outcome = database.run(lambda tx: function(tx, admin.Operator.here(args.reason), *values))
         logs.business.info("admin %s: %s", work, outcome, extra={
             "action": work, "target": " ".join(map(str, values)), "reason": args.reason})
         out.say(outcome)
@@ -64,7 +56,7 @@ def _cell(label: str, value: Any) -> str:
     """A field's value as people read it."""
     if value is None:
         return "-"
-    if label in _TIMES:
+    if label in ("created", "suspended"):
         return format_time(value / 1000)
     if label == "price":
         return format_money(value)
@@ -76,13 +68,14 @@ def _cell(label: str, value: Any) -> str:
 
 
 def _purge(database: Any, args: argparse.Namespace, out: Output) -> None:
+    from operate.admin import Operator
     from operate.purge import LOAD_TEST_PREFIX, preview, purge
 
     if not args.yes:
         out.say(f"would remove {preview(database).sentence()} (accounts named {LOAD_TEST_PREFIX}...); "
                 "run again with --yes to do it")
         return
-    out.say(f"removed {purge(database, _operator(args)).sentence()}")
+    out.say(f"removed {purge(database, Operator.here(args.reason)).sentence()}")
 
 
 def _log(database: Any, args: argparse.Namespace, out: Output) -> None:
