@@ -29,7 +29,6 @@ class DeviceTokens:
         self.path = os.path.expanduser(path)
 
     def get(self, key: str) -> str | None:
-        """The token kept for this key, if any."""
         return self._read().get(key)
 
     def put(self, key: str, token: str) -> None:

@@ -19,7 +19,6 @@ class LineCompleter(Completer):
         self.registry, self.seen_ids = registry, seen_ids
 
     def get_completions(self, document: Document, complete_event: CompleteEvent) -> Iterator[Completion]:
-        """The candidates for the word before the cursor."""
         before = document.text_before_cursor.rsplit(";", 1)[-1]
         words = _words(before)
         current = "" if not words or before[-1:].isspace() else words.pop()

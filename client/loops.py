@@ -30,7 +30,6 @@ KEEPALIVE_S = 60.0  # well inside the default idle limits of sessions and connec
 
 
 def add_shell_arguments(parser: argparse.ArgumentParser, role: str) -> None:
-    """The options of `market ROLE`."""
     variable = PORT_SETTINGS[role]
     parser.add_argument("--host", default=env("MARKET_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=port_setting(variable),

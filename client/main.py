@@ -198,7 +198,6 @@ def _on_database(db_url: str, report: Callable[[Any], tuple[str, int]], pool_siz
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `market` argument parser."""
     parser = argparse.ArgumentParser(prog="market", description="The marketplace command.")
     parser.add_argument("--version", action="version",
                         version=f"market {__version__} (protocol {PROTOCOL_VERSION})")
@@ -255,7 +254,6 @@ def _add_operator_parsers(sub: Any, db: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `market`."""
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

@@ -70,7 +70,6 @@ class Command:
 
     @property
     def usage(self) -> str:
-        """The usage line, generated from the arguments."""
         return " ".join([self.name, *(arg.usage() for arg in self.args)])
 
     def parse(self, words: list[str]) -> dict[str, Any]:
@@ -163,7 +162,6 @@ class Registry:
         return register
 
     def add(self, command: Command) -> None:
-        """Register a command under its name and aliases."""
         for key in (command.name, *command.aliases):
             self.commands[key] = command
 

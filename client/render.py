@@ -54,7 +54,6 @@ class Output:
         self._depth = 0  # a command run by another (login again) adds to its document
 
     def begin(self, command: str) -> None:
-        """A command starts."""
         self._depth += 1
         if self.format == "json" and self._depth == 1:
             self.doc = {"command": command, "ok": True}
@@ -162,7 +161,6 @@ _NUMERIC = {"id", "item", "order", "price", "qty", "up", "down", "subtotal",
 
 
 def money(value: str | Decimal) -> str:
-    """Money with two digits."""
     return f"{Decimal(value):.2f}"
 
 
@@ -194,7 +192,6 @@ def cart_table(cart: dict[str, Any]) -> Table:
 
 
 def receipt_table(receipt: dict[str, Any]) -> Table:
-    """The lines of a purchase."""
     rows = [(line["item_id"], line["name"], line["quantity"], money(line["price"]))
             for line in receipt["lines"]]
     return Table(f"Order {receipt['order_id']}", ("item", "name", "qty", "price"), rows,
@@ -210,6 +207,5 @@ def history_table(purchases: list[dict[str, Any]]) -> Table:
 
 
 def rating_line(rating: dict[str, Any]) -> str:
-    """A seller's rating in one sentence."""
     return (f"seller {rating['seller_id']}: {rating['thumbs_up']} thumbs up, "
             f"{rating['thumbs_down']} thumbs down, {rating['items_sold']} items sold")

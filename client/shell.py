@@ -96,7 +96,6 @@ class Shell:
 
     @property
     def address(self) -> str:
-        """HOST:PORT of the server."""
         return f"{self.conn.host}:{self.conn.port}"
 
     def page(self, op: str, args: dict[str, Any], to_table: Callable[[dict[str, Any]], Table]) -> None:
@@ -158,7 +157,6 @@ class Shell:
             self.save_cart()
 
     def save_cart(self) -> None:
-        """save_cart, and say what was saved."""
         saved = self.call("save_cart")["cart"]
         self.cart.seen(saved, unsaved=False)
         self.out.say(f"Cart saved: {len(saved['items'])} item(s), total {saved['total']}.")

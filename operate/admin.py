@@ -149,7 +149,6 @@ def withdraw(tx: Connection, which: Any) -> Sequence[Any]:
 
 
 def take_off_sale(tx: Connection, operator: Operator, item_id: int) -> str:
-    """Take every unit of an item off sale."""
     withdrawn = withdraw(tx, items.c.item_id == item_id)
     if not withdrawn:
         if tx.execute(select(items.c.item_id).where(items.c.item_id == item_id)).first() is None:
@@ -214,5 +213,4 @@ def show_item(tx: Connection, item_id: int) -> dict[str, Any]:
 
 
 def action_log(tx: Connection, limit: int = 50) -> list[Any]:
-    """The last `limit` actions, newest first."""
     return list(tx.execute(select(admin_actions).order_by(admin_actions.c.action_id.desc()).limit(limit)))

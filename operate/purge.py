@@ -38,9 +38,6 @@ from .admin import Operator, count, end_all_sessions, plural, record, withdraw
 LOAD_TEST_PREFIX = "loadtest-"
 
 
-_COUNTED = ("test buyer", "order", "test seller", "item")
-
-
 @dataclass
 class PurgeCounts:
     """What a purge removed (or would remove), and the test sellers it had to keep."""
@@ -49,8 +46,8 @@ class PurgeCounts:
     kept_sellers: list[str] = field(default_factory=list)
 
     def sentence(self) -> str:
-        """The counts in one line."""
-        counted = [plural(self.removed[what], what) for what in _COUNTED if self.removed[what]]
+        counted = [plural(self.removed[what], what) for what in ("test buyer", "order", "test seller", "item")
+                   if self.removed[what]]
         said = ", ".join(counted) or "nothing"
         if self.kept_sellers:
             said += (f"; kept {plural(len(self.kept_sellers), 'test seller')}"
