@@ -120,18 +120,13 @@ def _purge_buyer(tx: Connection, buyer_id: int, ledger_here: bool) -> Counter[st
     _take_back_votes(tx, votes)
     tx.execute(delete(feedback).where(feedback.c.buyer_id == buyer_id))
     tx.execute(delete(order_lines).where(order_lines.c.buyer_id == buyer_id))
-    if ledger_here:
-        _forget_payments(tx, buyer_id)
+    if ledger_here:  # the simulated processor's entries of its orders
+        keys = tx.execute(select(orders.c.payment_key).where(orders.c.buyer_id == buyer_id)).scalars()
+        tx.execute(delete(payments).where(payments.c.payment_key.in_([key for key in keys if key])))
     order_count = tx.execute(delete(orders).where(orders.c.buyer_id == buyer_id)).rowcount
     tx.execute(delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == buyer_id))
     _delete_account(tx, buyer_id)
     return Counter({"test buyer": 1, "order": order_count})
-
-
-def _forget_payments(tx: Connection, buyer_id: int) -> None:
-    """The simulated processor's entries of the buyer's orders (its ledger in this database)."""
-    keys = tx.execute(select(orders.c.payment_key).where(orders.c.buyer_id == buyer_id)).scalars()
-    tx.execute(delete(payments).where(payments.c.payment_key.in_([key for key in keys if key])))
 
 
 def _give_back(tx: Connection, bought: Sequence[Any]) -> None:
