@@ -26,10 +26,10 @@ _KEEPALIVE_OPS = {"buyer": "display_cart", "seller": "get_seller_rating"}  # rea
 
 @dataclass
 class CartMemory:
-    """What the shell knows of the session's cart: its lines as last seen (None: not seen in this
+    """What the shell knows of the session's cart: its lines as last seen (none until seen in this
     session) and whether they differ from the saved cart (leaving offers to save them)."""
 
-    lines: list[dict[str, Any]] | None = None
+    lines: list[dict[str, Any]] = field(default_factory=list)
     total: str | None = None  # as last seen: what `buy` expects to pay
     unsaved: bool = False
 
@@ -42,18 +42,10 @@ class CartMemory:
         """A purchase emptied the cart."""
         self.lines, self.unsaved = [], False
 
-    def forget(self) -> None:
-        """A new session, or none: its cart starts as the saved cart."""
-        self.lines, self.unsaved = None, False
-
     def summary(self) -> str:
         """The lines in a few words: `2 x Desk lamp (item 7), 1 x Mug (item 9)`."""
         return ", ".join(f"{line['quantity']} x {line['name']} (item {line['item_id']})"
-                         for line in self.lines or [])
-
-    def to_restore(self) -> list[tuple[int, int]]:
-        """(item_id, quantity) of each line, to put the cart back in a new session."""
-        return [(line["item_id"], line["quantity"]) for line in self.lines or []]
+                         for line in self.lines)
 
 
 @dataclass
@@ -112,7 +104,7 @@ class Shell:
     def set_session(self, username: str | None = None, token: str | None = None) -> None:
         """Remember a new session, or none: log out (the server side is the caller's business)."""
         self.conn.token, self.username, self.more = token, username, None
-        self.cart.forget()
+        self.cart = CartMemory()  # a new session's cart starts as the saved cart
 
     def ask(self, arg: Arg, problem: str = "") -> str:
         """Ask for an argument until the answer is valid (or empty), saying first why it is asked
@@ -221,7 +213,7 @@ class Shell:
         if self.username is None:
             self.out.error(exc.message)
             return
-        name, lost = self.username, self.cart.to_restore()
+        name, lost = self.username, self.cart.lines
         had = f"; your cart held {self.cart.summary()}" if lost else ""
         self.set_session()
         self.out.error(f"your session has expired or ended{had}; please log in again: login {name}")
@@ -231,8 +223,8 @@ class Shell:
             if self.confirm(f"Log in again as {name} and put the cart back?"):
                 password = self.ask(Arg("password", secret=True), "")
                 if password and self.execute(["login", name, "--password", password]):
-                    for item_id, quantity in lost:
-                        self.execute(["add", str(item_id), str(quantity)])
+                    for line in lost:
+                        self.execute(["add", str(line["item_id"]), str(line["quantity"])])
         except (KeyboardInterrupt, EOFError):
             self.out.error("cancelled")
 
