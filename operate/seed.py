@@ -62,21 +62,18 @@ def seed(db: Database, sellers: int, items_count: int, name: str | None = None) 
 
 def _insert_items(conn: Connection, item_rows: list[dict[str, Any]]) -> None:
     """A batch of items with their rows in the search indexes."""
-    single_rows: list[dict[str, Any]] = []
-    pair_rows: list[dict[str, Any]] = []
-    text_rows: list[dict[str, Any]] = []
+    rows: dict[Table, list[dict[str, Any]]] = {
+        items: item_rows, item_keywords: [], item_keyword_pairs: [], item_words: []}
     for row in item_rows:
         words = json.loads(row["keywords"])
-        single_rows += keyword_rows(row["item_id"], row["category"], words)
-        pair_rows += keyword_pair_rows(row["item_id"], words)
-        text_rows += word_rows(row["item_id"], row["category"], row["name"], words)
-    indexes = ((items, item_rows), (item_keywords, single_rows), (item_keyword_pairs, pair_rows),
-               (item_words, text_rows))
+        rows[item_keywords] += keyword_rows(row["item_id"], row["category"], words)
+        rows[item_keyword_pairs] += keyword_pair_rows(row["item_id"], words)
+        rows[item_words] += word_rows(row["item_id"], row["category"], row["name"], words)
     if conn.dialect.name == "sqlite":
         conn.exec_driver_sql(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
-    for table, rows in indexes:
-        _bulk_insert(conn, table, rows)
-    if new_words := vocabulary_rows({row["word"] for row in text_rows}):
+    for table, table_rows in rows.items():
+        _bulk_insert(conn, table, table_rows)
+    if new_words := vocabulary_rows({row["word"] for row in rows[item_words]}):
         conn.execute(INDEX_VOCABULARY, new_words)
 
 
