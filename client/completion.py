@@ -31,7 +31,7 @@ class LineCompleter(Completer):
 
     def _candidates(self, command: Command, words: list[str], current: str) -> Iterable[str]:
         if current.startswith("-"):
-            return [flag for arg in command.args if arg.flag for flag in (arg.flag, arg.alias) if flag]
+            return [flag for arg in command.args for flag in (arg.flag, arg.alias) if flag]
         option = _option_of(command, words[-1]) if words else None
         if option is not None:
             return self._values(option)

@@ -46,7 +46,7 @@ def whole_number(text: str) -> int:
 def category(text: str) -> int:
     """A category by name (any case, or the start of one name) or by number."""
     if text.strip().isdigit():
-        return int(wire_rule(values.category, "category", whole=True)(text))
+        return wire_rule(values.category, "category", whole=True)(text)
     wanted = text.strip().lower()
     matches = [number for number, name in enumerate(CATEGORY_NAMES) if name.lower().startswith(wanted)]
     exact = [number for number in matches if CATEGORY_NAMES[number].lower() == wanted]

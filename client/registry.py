@@ -118,11 +118,11 @@ class Command:
         return {arg.name: _value(arg, raw[arg.name], ask, asking) for arg in self.args}
 
 
-def _value(arg: Arg, raw: Any, ask: Ask | None, asking: bool = False) -> Any:
+def _value(arg: Arg, raw: Any, ask: Ask | None, asking: bool) -> Any:
     where = ""
     if not raw and arg.env and ask is None and env(arg.env):
         raw, where = env(arg.env), f" (from {arg.env})"
-    if not raw and not arg.required and not (arg.asked and asking and ask):
+    if not raw and not arg.required and not (arg.asked and asking):
         return arg.default
     problem = ""
     while True:
