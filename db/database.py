@@ -134,7 +134,7 @@ class Database:
                 return self._run_once(work, tokened, write, progress, hold)
             except ReplayUnheld:
                 hold = False
-            except _Unanswered as unanswered:
+            except CommitUnanswered as unanswered:
                 asked_until = time.monotonic() + self.away_s  # the question and any answer read again
                 if self._committed(unanswered.token):
                     if isinstance(unanswered.result, Answer) and not unanswered.result.result.filled:
@@ -280,34 +280,21 @@ def _while_away(call: Callable[[], T], gave_up: str, away_s: float, away: Callab
 
 
 def _transaction(tx: UnitOfWork, work: Callable[[Any], T]) -> T:
-    """BEGIN, `work(tx)`, COMMIT; a failure rolls back (a lost COMMIT says which token to ask about)."""
+    """BEGIN, `work(tx)`, COMMIT; a failure rolls back (a lost COMMIT keeps what the work
+    returned, which stands should its token say it committed)."""
     try:
         tx.begin()
         result = work(tx)
         tx.commit()
         return result
-    except CommitUnanswered as lost:
-        _quietly_roll_back(tx)
-        raise _Unanswered(lost.token, result) from lost
-    except BaseException:
-        _quietly_roll_back(tx)
+    except BaseException as failure:
+        try:
+            tx.rollback()
+        except DBAPIError as exc:  # a connection that died meanwhile is the first error's story
+            log.debug("rollback failed: %s", exc.orig)
+        if isinstance(failure, CommitUnanswered):
+            failure.result = result
         raise
-
-
-def _quietly_roll_back(tx: UnitOfWork) -> None:
-    """Roll back after a failure; a connection that died meanwhile is the first error's story."""
-    try:
-        tx.rollback()
-    except DBAPIError as exc:
-        log.debug("rollback failed: %s", exc.orig)
-
-
-class _Unanswered(Exception):
-    """A transaction's COMMIT lost its answer: its token, and what the transaction returned."""
-
-    def __init__(self, token: CommitToken, result: Any) -> None:
-        super().__init__("the connection was lost before the COMMIT was answered")
-        self.token, self.result = token, result
 
 
 def _errno(exc: DBAPIError) -> int | None:

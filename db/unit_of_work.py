@@ -191,6 +191,7 @@ class CommitUnanswered(Exception):
     def __init__(self, token: CommitToken) -> None:
         super().__init__("the connection was lost before the COMMIT was answered")
         self.token = token
+        self.result: Any = None  # what the transaction returned: it stands if it committed
 
 
 class UnitOfWork:
