@@ -29,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from wire.errors import ConflictError, ForbiddenError, ProtocolError, UnauthenticatedError
 
 from . import login_throttle
-from .database import Database, inserted_id, now_ms
+from .database import Database, now_ms
 from .engine import LOCK_WAIT_S
 from .schema import cart_lines, device_tokens, saved_cart_lines, sessions, suspensions, users
 from .unit_of_work import Answer, UnitOfWork
@@ -94,7 +94,7 @@ def add_user(db: Database, role: str, username: str, name: str, password_hash: s
     row = {"role": role, "username": username, "name": name, "password_hash": password_hash,
            "created_ms": now_ms()}
     try:
-        return db.run(lambda tx: inserted_id(tx.execute(insert(users).values(row))))
+        return db.run(lambda tx: int(tx.execute(insert(users).values(row)).lastrowid))
     except IntegrityError:
         raise ConflictError(f"username {username!r} is taken") from None
 
@@ -132,9 +132,9 @@ def open_session(tx: Connection, role: str, username: str, check: LoginCheck, to
     if not check.trusted:
         login_throttle.give_back(tx, role, username)
         _keep_device(tx, check.user_id, device_token, now)
-    session_id = inserted_id(tx.execute(insert(sessions).values(
+    session_id = int(tx.execute(insert(sessions).values(
         token_hash=token_hash(token), user_id=check.user_id, role=role, created_ms=now, last_seen_ms=now,
-    )))
+    )).lastrowid)
     if role == "buyer":  # at most MAX_CART_LINES: a saved cart is a session's cart saved
         tx.execute(insert(cart_lines).from_select(
             ["session_id", "item_id", "quantity"],

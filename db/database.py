@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from sqlalchemy import CursorResult, inspect
+from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -68,13 +68,6 @@ class RetryTransaction(Exception):
 
 class DatabaseUnusable(RuntimeError):
     """The database cannot be used at all (found at start): the message says why, in one line."""
-
-
-def inserted_id(result: CursorResult[Any]) -> int:
-    """The id the database chose for the row an INSERT just made."""
-    key = result.inserted_primary_key
-    assert key is not None
-    return int(key[0])
 
 
 def now_ms() -> int:

@@ -129,15 +129,11 @@ class Result:
         return self._ready()._rowcount
 
     @property
-    def inserted_primary_key(self) -> tuple[int | None]:
-        return (self._ready()._lastrowid,)
-
-    lastrowid = property(lambda self: self.inserted_primary_key[0])
+    def lastrowid(self) -> int | None:
+        return self._ready()._lastrowid
 
     def all(self) -> list[Any]:
         return list(self._ready()._rows)
-
-    fetchall = all
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.all())
@@ -145,8 +141,6 @@ class Result:
     def first(self) -> Any | None:
         rows = self._ready()._rows
         return rows[0] if rows else None
-
-    fetchone = first
 
     def one(self) -> Any:
         rows = self._ready()._rows
