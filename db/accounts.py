@@ -181,13 +181,8 @@ def _end_old_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: 
     live = [row.session_id for row in found if not row.ended]
     over = live[MAX_SESSIONS - 1:]
     candidates = [row.session_id for row in found if row.ended] + over
-    if not candidates:
-        return
-    ids = tx.execute(select(sessions.c.session_id)
-                     .where(sessions.c.session_id.in_(candidates), ended | sessions.c.session_id.in_(over))
-                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
-    if ids:
-        end_sessions(tx, ids)
+    if candidates:
+        end_sessions(tx, sessions.c.session_id.in_(candidates) & (ended | sessions.c.session_id.in_(over)))
 
 
 def ended_long_ago(policy: SessionPolicy, now: int) -> ColumnElement[bool]:
@@ -200,10 +195,15 @@ def ended_long_ago(policy: SessionPolicy, now: int) -> ColumnElement[bool]:
             | (sessions.c.created_ms < now - (policy.max_s * 1000 + CLEANUP_GRACE_MS)))
 
 
-def end_sessions(tx: Connection, ids: Sequence[int]) -> None:
-    """Delete sessions and their cart lines (their rows locked, or SQLite's write lock held)."""
-    tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
-    tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
+def end_sessions(tx: Connection, condition: ColumnElement[bool]) -> int:
+    """Delete the sessions that meet `condition` and their cart lines, their rows locked first
+    in key order; how many there were."""
+    ids = tx.execute(select(sessions.c.session_id).where(condition)
+                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
+    if ids:
+        tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
+        tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
+    return len(ids)
 
 
 def logout(tx: UnitOfWork, session: Session) -> dict[str, Any]:
