@@ -218,10 +218,10 @@ SESSION_COLUMNS = (sessions.c.session_id, sessions.c.user_id.label("session_user
                    sessions.c.created_ms.label("session_created_ms"),
                    sessions.c.last_seen_ms.label("session_last_seen_ms"))
 _TOKEN_MATCHES = (sessions.c.token_hash == bindparam("token_hash")) & (sessions.c.role == bindparam("role"))
-_SESSION_BY_TOKEN = (select(*SESSION_COLUMNS).where(_TOKEN_MATCHES))
-_LOCKED_SESSION_BY_TOKEN = (select(*SESSION_COLUMNS).where(_TOKEN_MATCHES).with_for_update())
+_SESSION_BY_TOKEN = select(*SESSION_COLUMNS).where(_TOKEN_MATCHES)
+_LOCKED_SESSION_BY_TOKEN = _SESSION_BY_TOKEN.with_for_update()
 _TOUCH = (update(sessions).where(sessions.c.session_id == bindparam("id"))
-                  .values(last_seen_ms=bindparam("now")))
+          .values(last_seen_ms=bindparam("now")))
 
 
 def with_session(*columns: Any, joined: FromClause, on: ColumnElement[bool]) -> Select[Any]:
@@ -260,8 +260,7 @@ class Session:
     def require(self) -> LiveSession:
         """The live session, checking the token now if no query has yet; else UNAUTHENTICATED."""
         if self.live is None:
-            self.accept(self._tx.execute(_SESSION_BY_TOKEN, self.check_params).first())
-        assert self.live is not None
+            return self.accept(self._tx.execute(_SESSION_BY_TOKEN, self.check_params).first())
         return self.live
 
     def lock(self) -> LiveSession:
@@ -273,15 +272,11 @@ class Session:
         every write that locks it, before the buyer's row and the items'.
         """
         assert self.live is None, "lock the session before any other use of it"
-        self.accept(self._tx.execute(_LOCKED_SESSION_BY_TOKEN, self.check_params).first())
-        assert self.live is not None
-        return self.live
+        return self.accept(self._tx.execute(_LOCKED_SESSION_BY_TOKEN, self.check_params).first())
 
     def accept_rows(self, rows: Sequence[Any]) -> Sequence[Any]:
-        """The rows of a with_session query, once its session columns passed the check.
-
-        No rows means no such session or no such data: then the token is checked alone.
-        """
+        """The rows of a with_session query, once its session columns passed the check (no rows:
+        no such session or no such data, so the token is checked alone)."""
         if rows:
             self.accept(rows[0])
         else:
@@ -323,14 +318,10 @@ class SessionGate:
 
     def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], Any]) -> Any:
         """`work(tx, session)` for the token's live session, else UNAUTHENTICATED (an op that
-        returns `tx.answer(...)` gets its shaped rows, as from Database.run).
-
-        The token is checked at the op's first use of the session, or folded into its
-        first query (with_session); a write also writes last-seen in its transaction.
-        Either way no answer, error or not, leaves before the token was checked, and a
-        write found unauthenticated rolls back: UNAUTHENTICATED comes before every other
-        error.
-        """
+        returns `tx.answer(...)` gets its shaped rows, as from Database.run). A write also
+        writes last-seen in its transaction. No answer, error or not, leaves before the token
+        was checked, and a write found unauthenticated rolls back: UNAUTHENTICATED comes
+        before every other error."""
         sessions_seen: list[Session] = []
 
         def transaction(tx: UnitOfWork) -> Any:
