@@ -29,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from wire.errors import ConflictError, ForbiddenError, ProtocolError, UnauthenticatedError
 
 from . import login_throttle
-from .database import Database, inserted_id, now_ms
+from .database import Database, now_ms
 from .engine import LOCK_WAIT_S
 from .schema import cart_lines, device_tokens, saved_cart_lines, sessions, suspensions, users
 from .unit_of_work import Answer, UnitOfWork
@@ -94,7 +94,7 @@ def add_user(db: Database, role: str, username: str, name: str, password_hash: s
     row = {"role": role, "username": username, "name": name, "password_hash": password_hash,
            "created_ms": now_ms()}
     try:
-        return db.run(lambda tx: inserted_id(tx.execute(insert(users).values(row))))
+        return db.run(lambda tx: int(tx.execute(insert(users).values(row)).lastrowid))
     except IntegrityError:
         raise ConflictError(f"username {username!r} is taken") from None
 
@@ -132,9 +132,9 @@ def open_session(tx: Connection, role: str, username: str, check: LoginCheck, to
     if not check.trusted:
         login_throttle.give_back(tx, role, username)
         _keep_device(tx, check.user_id, device_token, now)
-    session_id = inserted_id(tx.execute(insert(sessions).values(
+    session_id = int(tx.execute(insert(sessions).values(
         token_hash=token_hash(token), user_id=check.user_id, role=role, created_ms=now, last_seen_ms=now,
-    )))
+    )).lastrowid)
     if role == "buyer":  # at most MAX_CART_LINES: a saved cart is a session's cart saved
         tx.execute(insert(cart_lines).from_select(
             ["session_id", "item_id", "quantity"],
@@ -181,13 +181,8 @@ def _end_old_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: 
     live = [row.session_id for row in found if not row.ended]
     over = live[MAX_SESSIONS - 1:]
     candidates = [row.session_id for row in found if row.ended] + over
-    if not candidates:
-        return
-    ids = tx.execute(select(sessions.c.session_id)
-                     .where(sessions.c.session_id.in_(candidates), ended | sessions.c.session_id.in_(over))
-                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
-    if ids:
-        end_sessions(tx, ids)
+    if candidates:
+        end_sessions(tx, sessions.c.session_id.in_(candidates) & (ended | sessions.c.session_id.in_(over)))
 
 
 def ended_long_ago(policy: SessionPolicy, now: int) -> ColumnElement[bool]:
@@ -200,10 +195,15 @@ def ended_long_ago(policy: SessionPolicy, now: int) -> ColumnElement[bool]:
             | (sessions.c.created_ms < now - (policy.max_s * 1000 + CLEANUP_GRACE_MS)))
 
 
-def end_sessions(tx: Connection, ids: Sequence[int]) -> None:
-    """Delete sessions and their cart lines (their rows locked, or SQLite's write lock held)."""
-    tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
-    tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
+def end_sessions(tx: Connection, condition: ColumnElement[bool]) -> int:
+    """Delete the sessions that meet `condition` and their cart lines, their rows locked first
+    in key order; how many there were."""
+    ids = tx.execute(select(sessions.c.session_id).where(condition)
+                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
+    if ids:
+        tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
+        tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
+    return len(ids)
 
 
 def logout(tx: UnitOfWork, session: Session) -> dict[str, Any]:
@@ -218,10 +218,10 @@ SESSION_COLUMNS = (sessions.c.session_id, sessions.c.user_id.label("session_user
                    sessions.c.created_ms.label("session_created_ms"),
                    sessions.c.last_seen_ms.label("session_last_seen_ms"))
 _TOKEN_MATCHES = (sessions.c.token_hash == bindparam("token_hash")) & (sessions.c.role == bindparam("role"))
-_SESSION_BY_TOKEN = (select(*SESSION_COLUMNS).where(_TOKEN_MATCHES))
-_LOCKED_SESSION_BY_TOKEN = (select(*SESSION_COLUMNS).where(_TOKEN_MATCHES).with_for_update())
+_SESSION_BY_TOKEN = select(*SESSION_COLUMNS).where(_TOKEN_MATCHES)
+_LOCKED_SESSION_BY_TOKEN = _SESSION_BY_TOKEN.with_for_update()
 _TOUCH = (update(sessions).where(sessions.c.session_id == bindparam("id"))
-                  .values(last_seen_ms=bindparam("now")))
+          .values(last_seen_ms=bindparam("now")))
 
 
 def with_session(*columns: Any, joined: FromClause, on: ColumnElement[bool]) -> Select[Any]:
@@ -260,8 +260,7 @@ class Session:
     def require(self) -> LiveSession:
         """The live session, checking the token now if no query has yet; else UNAUTHENTICATED."""
         if self.live is None:
-            self.accept(self._tx.execute(_SESSION_BY_TOKEN, self.check_params).first())
-        assert self.live is not None
+            return self.accept(self._tx.execute(_SESSION_BY_TOKEN, self.check_params).first())
         return self.live
 
     def lock(self) -> LiveSession:
@@ -273,15 +272,11 @@ class Session:
         every write that locks it, before the buyer's row and the items'.
         """
         assert self.live is None, "lock the session before any other use of it"
-        self.accept(self._tx.execute(_LOCKED_SESSION_BY_TOKEN, self.check_params).first())
-        assert self.live is not None
-        return self.live
+        return self.accept(self._tx.execute(_LOCKED_SESSION_BY_TOKEN, self.check_params).first())
 
     def accept_rows(self, rows: Sequence[Any]) -> Sequence[Any]:
-        """The rows of a with_session query, once its session columns passed the check.
-
-        No rows means no such session or no such data: then the token is checked alone.
-        """
+        """The rows of a with_session query, once its session columns passed the check (no rows:
+        no such session or no such data, so the token is checked alone)."""
         if rows:
             self.accept(rows[0])
         else:
@@ -323,14 +318,10 @@ class SessionGate:
 
     def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], Any]) -> Any:
         """`work(tx, session)` for the token's live session, else UNAUTHENTICATED (an op that
-        returns `tx.answer(...)` gets its shaped rows, as from Database.run).
-
-        The token is checked at the op's first use of the session, or folded into its
-        first query (with_session); a write also writes last-seen in its transaction.
-        Either way no answer, error or not, leaves before the token was checked, and a
-        write found unauthenticated rolls back: UNAUTHENTICATED comes before every other
-        error.
-        """
+        returns `tx.answer(...)` gets its shaped rows, as from Database.run). A write also
+        writes last-seen in its transaction. No answer, error or not, leaves before the token
+        was checked, and a write found unauthenticated rolls back: UNAUTHENTICATED comes
+        before every other error."""
         sessions_seen: list[Session] = []
 
         def transaction(tx: UnitOfWork) -> Any:

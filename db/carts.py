@@ -57,7 +57,7 @@ _STOCK_AND_HELD = (
                & (cart_lines.c.item_id == items.c.item_id)).with_for_update())
 
 
-def cart_to_wire(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
+def display_cart(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
     """The session's cart as the protocol's cart object, read last (with the COMMIT)."""
     return tx.answer(_CART, {"session_id": session.session_id}, _cart_object)
 
@@ -83,7 +83,7 @@ def add_to_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
                             " buy or remove some first")
     line = {"session_id": session.session_id, "item_id": item_id, "quantity": held + quantity}
     tx.execute(_SET_LINE if held else _ADD_LINE, line)
-    return cart_to_wire(tx, session)
+    return display_cart(tx, session)
 
 
 def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> Answer[dict[str, Any]]:
@@ -95,12 +95,7 @@ def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: i
         tx.execute(_SET_LINE, line)
     elif held:
         tx.execute(_DROP_LINE, line)
-    return cart_to_wire(tx, session)
-
-
-def display_cart(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
-    """The session's cart."""
-    return cart_to_wire(tx, session)
+    return display_cart(tx, session)
 
 
 def clear_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
@@ -116,4 +111,4 @@ def save_cart(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
     tx.execute(_LOCK_BUYER, who)
     tx.execute(_FORGET_SAVED, who)
     tx.execute(_SAVE, who)
-    return cart_to_wire(tx, session)
+    return display_cart(tx, session)

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from .engine import BATCHES_KEY, begin_immediate
+from .engine import BATCHES_KEY
 
 _CURSOR = "market_cursor"
 # What the driver's cursor fills in: %(name)s, with the quoted value; every other % as written
@@ -62,9 +62,6 @@ class DriverConnection:
                 outcomes.append(([], status["affected_rows"], status["insert_id"]))
             if not cnx.next_result():
                 return outcomes
-
-    def begin_immediate(self) -> None:
-        begin_immediate(self.driver)
 
     @property
     def in_transaction(self) -> bool:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from sqlalchemy import CursorResult, inspect
+from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -70,13 +70,6 @@ class DatabaseUnusable(RuntimeError):
     """The database cannot be used at all (found at start): the message says why, in one line."""
 
 
-def inserted_id(result: CursorResult[Any]) -> int:
-    """The id the database chose for the row an INSERT just made."""
-    key = result.inserted_primary_key
-    assert key is not None
-    return int(key[0])
-
-
 def now_ms() -> int:
     """Current time as integer epoch milliseconds."""
     return int(time.time() * 1000)
@@ -114,17 +107,14 @@ class Database:
         be had) it runs again, for up to `away_s`, then UNAVAILABLE saying that whether it
         was made is not known."""
         if idempotent and not self.is_sqlite:  # SQLite: in the process, nothing to lose on the way
-            returned = self._run_while_away(work, write)
+            returned = _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE, self.away_s,
+                                   away=lambda exc: isinstance(exc, UnavailableError) or (
+                                       isinstance(exc, DBAPIError) and exc.connection_invalidated),
+                                   retrying=lambda: events.transaction_retried("reconnect"))
         else:
             returned = self._run(work, write, tokened=write)
-        return self._answered(returned)  # once committed, outside the retries: nothing runs twice
-
-    def _run_while_away(self, work: Callable[[Any], T], write: bool) -> T:
-        """Idempotent work, run again on a fresh connection while the database is away."""
-        return _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE, self.away_s,
-                           away=lambda exc: isinstance(exc, UnavailableError) or (
-                               isinstance(exc, DBAPIError) and exc.connection_invalidated),
-                           retrying=lambda: events.transaction_retried("reconnect"))
+        # an Answer's rows shaped once committed, outside the retries: nothing runs twice
+        return returned.shape(returned.result.all()) if isinstance(returned, Answer) else returned
 
     def _run(self, work: Callable[[Any], T], write: bool, tokened: bool) -> T:
         hold = True  # the unit of work holds writes back, until one fails (ReplayUnheld)
@@ -134,7 +124,7 @@ class Database:
                 return self._run_once(work, tokened, write, progress, hold)
             except ReplayUnheld:
                 hold = False
-            except _Unanswered as unanswered:
+            except CommitUnanswered as unanswered:
                 asked_until = time.monotonic() + self.away_s  # the question and any answer read again
                 if self._committed(unanswered.token):
                     if isinstance(unanswered.result, Answer) and not unanswered.result.result.filled:
@@ -184,11 +174,6 @@ class Database:
             conn.give_back()
             events.db_connections_in_use(-1)
 
-    @staticmethod
-    def _answered(returned: Any) -> Any:
-        """What the committed transaction returned; for an Answer, its shaped rows."""
-        return returned.shape(returned.result.all()) if isinstance(returned, Answer) else returned
-
     def _read_again(self, answer: Answer[Any], until: float) -> None:
         """Fill an answer whose COMMIT, found made, lost its answer (the rows with it) by making
         its read again, until `until`: the change is made, so should the database stay away,
@@ -198,9 +183,7 @@ class Database:
 
         rows = _while_away(read, _MADE_UNREAD, self.away_s,
                            away=lambda exc: isinstance(exc, ProtocolError | DBAPIError),
-                           noticed=lambda exc: log.warning("could not read the answer of a commit made: %s",
-                                                           getattr(exc, "orig", exc)),
-                           until=until, retryable=False)
+                           noticed="could not read the answer of a commit made", until=until, retryable=False)
         answer.result.fill(rows, len(rows), None)
 
     def _writes_tokens(self) -> bool:
@@ -219,9 +202,7 @@ class Database:
         self.engine.dispose(close=False)  # the lost connection's siblings are suspect too
         return _while_away(lambda: commit_tokens.committed(self.engine, token), _OUTCOME_UNKNOWN, self.away_s,
                            away=lambda exc: isinstance(exc, DBAPIError | PoolTimeoutError),
-                           noticed=lambda exc: log.warning("could not ask whether a commit went through: %s",
-                                                           getattr(exc, "orig", exc)),
-                           retryable=False)
+                           noticed="could not ask whether a commit went through", retryable=False)
 
     def schema_changed(self) -> None:
         """The schema was upgraded: look again for the tables this class uses."""
@@ -240,7 +221,7 @@ class Database:
 
     def unusable_reason(self, exc: DBAPIError) -> str | None:
         """One line on why the database cannot be used at all (at start), or None if it can."""
-        if not _is_unusable(exc):
+        if _errno(exc) not in _UNUSABLE_ERRNOS and _sqlite_error(exc) not in _SQLITE_UNAVAILABLE:
             return None
         reason = " ".join(str(exc.orig).split())
         if _errno(exc) == 2013:
@@ -257,12 +238,12 @@ class Database:
 
 
 def _while_away(call: Callable[[], T], gave_up: str, away_s: float, away: Callable[[Exception], bool],
-                noticed: Callable[[Exception], None] = lambda exc: None,
-                retrying: Callable[[], None] = lambda: None, until: float | None = None,
-                retryable: bool = True) -> T:
+                noticed: str | None = None, retrying: Callable[[], None] = lambda: None,
+                until: float | None = None, retryable: bool = True) -> T:
     """`call()`, made again after pauses (0.1 s, doubling) while it fails as `away` says the
-    database is, for up to `away_s` (or until `until`); then UNAVAILABLE saying `gave_up`
-    (not `retryable` when the change may have been made and making it again would not be safe)."""
+    database is (logged as `noticed`), for up to `away_s` (or until `until`); then UNAVAILABLE
+    saying `gave_up` (not `retryable` when the change may have been made and making it again
+    would not be safe)."""
     deadline = time.monotonic() + away_s if until is None else until
     pause = 0.1
     while True:
@@ -271,7 +252,8 @@ def _while_away(call: Callable[[], T], gave_up: str, away_s: float, away: Callab
         except Exception as exc:
             if not away(exc):
                 raise
-            noticed(exc)
+            if noticed:
+                log.warning("%s: %s", noticed, getattr(exc, "orig", exc))
         if time.monotonic() + pause > deadline:
             raise UnavailableError(gave_up, retryable=retryable) from None
         retrying()
@@ -280,34 +262,21 @@ def _while_away(call: Callable[[], T], gave_up: str, away_s: float, away: Callab
 
 
 def _transaction(tx: UnitOfWork, work: Callable[[Any], T]) -> T:
-    """BEGIN, `work(tx)`, COMMIT; a failure rolls back (a lost COMMIT says which token to ask about)."""
+    """BEGIN, `work(tx)`, COMMIT; a failure rolls back (a lost COMMIT keeps what the work
+    returned, which stands should its token say it committed)."""
     try:
         tx.begin()
         result = work(tx)
         tx.commit()
         return result
-    except CommitUnanswered as lost:
-        _quietly_roll_back(tx)
-        raise _Unanswered(lost.token, result) from lost
-    except BaseException:
-        _quietly_roll_back(tx)
+    except BaseException as failure:
+        try:
+            tx.rollback()
+        except DBAPIError as exc:  # a connection that died meanwhile is the first error's story
+            log.debug("rollback failed: %s", exc.orig)
+        if isinstance(failure, CommitUnanswered):
+            failure.result = result
         raise
-
-
-def _quietly_roll_back(tx: UnitOfWork) -> None:
-    """Roll back after a failure; a connection that died meanwhile is the first error's story."""
-    try:
-        tx.rollback()
-    except DBAPIError as exc:
-        log.debug("rollback failed: %s", exc.orig)
-
-
-class _Unanswered(Exception):
-    """A transaction's COMMIT lost its answer: its token, and what the transaction returned."""
-
-    def __init__(self, token: CommitToken, result: Any) -> None:
-        super().__init__("the connection was lost before the COMMIT was answered")
-        self.token, self.result = token, result
 
 
 def _errno(exc: DBAPIError) -> int | None:
@@ -327,10 +296,6 @@ def _sqlite_error(exc: DBAPIError) -> int | None:
     """SQLite's primary result code (SQLITE_IOERR for all its extended ones), if SQLite's."""
     code = getattr(exc.orig, "sqlite_errorcode", None)
     return None if code is None else code & 0xFF
-
-
-def _is_unusable(exc: DBAPIError) -> bool:
-    return _errno(exc) in _UNUSABLE_ERRNOS or _sqlite_error(exc) in _SQLITE_UNAVAILABLE
 
 
 def _is_unavailable(exc: DBAPIError) -> bool:

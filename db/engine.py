@@ -157,30 +157,26 @@ class WalKeeper:
                 self._conn.close()
 
     def _checkpoint_if_long(self) -> bool:
-        """False if the log was long and could not be emptied (a reader held on)."""
+        """False if the log was long and could not be emptied (a reader held on). The checkpoint
+        is asked again every 0.1-1 ms for up to 2 s while writers or readers are in its way (as
+        begin_immediate: with the busy handler it lost to writers)."""
         try:
             if os.path.getsize(self._wal) < WAL_CHECKPOINT_BYTES:  # OSError: no log (yet)
                 return True
             if self._conn is None:
                 self._conn = sqlite3.connect(self._path, timeout=0, isolation_level=None)
-            busy, frames, copied = _truncate_checkpoint(self._conn)
+            pause, deadline = 0.0001, time.monotonic() + 2.0
+            while True:
+                busy, frames, copied = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                if not busy or time.monotonic() >= deadline:
+                    break
+                time.sleep(pause * random.uniform(0.5, 1.5))
+                pause = min(2 * pause, 0.001)
         except (OSError, sqlite3.Error) as exc:  # no log yet, say: the next look will do
             log.debug("no checkpoint this time: %s", exc)
             return True
         log.debug("checkpoint: busy %d, %d frames in the log, %d copied", busy, frames, copied)
         return not busy
-
-
-def _truncate_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
-    """wal_checkpoint(TRUNCATE), asked again every 0.1-1 ms for up to 2 s while writers or
-    readers are in its way (as begin_immediate: with the busy handler it lost to writers)."""
-    pause, deadline = 0.0001, time.monotonic() + 2.0
-    while True:
-        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        if not busy or time.monotonic() >= deadline:
-            return busy, frames, copied
-        time.sleep(pause * random.uniform(0.5, 1.5))
-        pause = min(2 * pause, 0.001)
 
 
 def _mysql_engine(url: Any, pool_size: int) -> Engine:

@@ -31,13 +31,7 @@ def end_expired_sessions(tx: Connection, policy: SessionPolicy, batch: int = BAT
     # commits first, and at READ COMMITTED its new last-seen is what the condition sees
     found = tx.execute(select(sessions.c.session_id).where(ended).order_by(sessions.c.session_id)
                        .limit(batch)).scalars().all()
-    if not found:
-        return 0
-    ids = tx.execute(select(sessions.c.session_id).where(sessions.c.session_id.in_(found), ended)
-                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
-    if ids:
-        end_sessions(tx, ids)
-    return len(ids)
+    return end_sessions(tx, sessions.c.session_id.in_(found) & ended) if found else 0
 
 
 def forget_old_failures(tx: Connection, batch: int = BATCH) -> int:

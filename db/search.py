@@ -33,7 +33,7 @@ from sqlalchemy import (
 from wire.values import TYPO_LENGTH, decode_cursor, encode_cursor, one_edit_apart, stem
 
 from .accounts import Session, with_session
-from .catalog import ITEM_COLUMNS, ItemRow, item_to_wire, split_page
+from .catalog import ITEM_COLUMNS, item_to_wire, split_page
 from .schema import item_keyword_pairs, item_keywords, item_words, items, keyword_pairs, vocabulary
 from .unit_of_work import UnitOfWork
 
@@ -63,17 +63,10 @@ def search_items(tx: UnitOfWork, session: Session, category: int | None, keyword
     else:
         params["after"] = decode_cursor(cursor, 1)[0] if cursor else 0
         statement = _plain_search(category is not None)
-    cursor_of = _rank_cursor if terms else _id_cursor
+    cursor_of = ((lambda r: encode_cursor(r.matches, r.item_id)) if terms
+                 else (lambda r: encode_cursor(r.item_id)))
     rows, next_cursor = split_page(session.accept_rows(tx.execute(statement, params).all()), limit, cursor_of)
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
-
-
-def _id_cursor(row: ItemRow) -> str:
-    return encode_cursor(row.item_id)
-
-
-def _rank_cursor(row: ItemRow) -> str:
-    return encode_cursor(row.matches, row.item_id)
 
 
 @functools.cache
@@ -83,7 +76,7 @@ def _plain_search(by_category: bool) -> Select[Any]:
     if by_category:
         on &= items.c.category == bindparam("category")
     query = with_session(*ITEM_COLUMNS, joined=items, on=on)
-    return (query.order_by(items.c.item_id).limit(bindparam("limit", type_=Integer)))
+    return query.order_by(items.c.item_id).limit(bindparam("limit", type_=Integer))
 
 
 _AFTER_EVERYTHING = 2**63 - 1  # past the largest BIGINT: a cursor below rank 1 has nothing after it
@@ -208,7 +201,7 @@ def _page_with_items(ranked: Select[Any] | CompoundSelect) -> Select[Any]:
     page = ranked.limit(bindparam("limit", type_=Integer)).subquery()
     found = page.join(items, items.c.item_id == page.c.item_id)
     query = with_session(*ITEM_COLUMNS, page.c.matches, joined=found, on=items.c.quantity > 0)
-    return (query.order_by(desc(page.c.matches), page.c.item_id))
+    return query.order_by(desc(page.c.matches), page.c.item_id)
 
 
 # Search by text. A query word's terms are the words of item_words it matches, each with a

@@ -7,16 +7,16 @@ them). A write (INSERT, UPDATE, DELETE) is held and answered with a pending Resu
 held is sent before the next read, at COMMIT, or when a held write's result is read. On
 MySQL/MariaDB what is held travels in the query of the statement that follows it (START
 TRANSACTION and COMMIT too: the driver's multi-statement support), so a write op costs one or
-two round trips. A transaction whose
-answer is a read made last (`answer`) sends that read with its COMMIT.
+two round trips. A transaction whose answer is a read made last (`answer`) sends that read
+with its COMMIT.
 """
 from __future__ import annotations
 
 import re
-import weakref
-from collections import namedtuple
+from collections import defaultdict, namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, cast
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import Dialect, Insert, Select, bindparam, insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -24,6 +24,7 @@ from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from .commit_tokens import WRITE_TOKEN, CommitToken
+from .engine import begin_immediate
 
 T = TypeVar("T")
 ROW_CHUNK = 20  # rows per INSERT of many rows
@@ -88,16 +89,16 @@ class _Bare(Statement):
 
 
 _START, _COMMIT, _ROLLBACK = _Bare("START TRANSACTION"), _Bare("COMMIT"), _Bare("ROLLBACK")
-_COMPILED: dict[str, weakref.WeakKeyDictionary[Any, Statement]] = {}  # by dialect, by statement
+_AFTER_ANSWER = "nothing runs in a transaction after its answer (UnitOfWork.answer)"
+# by dialect, by statement (two threads making a dialect's at once: one is kept, no harm)
+_COMPILED: defaultdict[str, WeakKeyDictionary[Any, Statement]] = defaultdict(WeakKeyDictionary)
 
 
 def compiled(statement: ClauseElement, dialect: Dialect) -> Statement:
     """The statement compiled for the dialect: a module's statement once; one made per call
     (its values in it) per call, and freed with it."""
     key = f"{dialect.name}:{dialect.paramstyle}"  # the SQL's placeholders depend on both
-    by_statement = _COMPILED.get(key)
-    if by_statement is None:
-        by_statement = _COMPILED.setdefault(key, weakref.WeakKeyDictionary())
+    by_statement = _COMPILED[key]
     found = by_statement.get(statement)
     if found is None:
         found = by_statement[statement] = Statement(statement, dialect)
@@ -129,15 +130,11 @@ class Result:
         return self._ready()._rowcount
 
     @property
-    def inserted_primary_key(self) -> tuple[int | None]:
-        return (self._ready()._lastrowid,)
-
-    lastrowid = property(lambda self: self.inserted_primary_key[0])
+    def lastrowid(self) -> int | None:
+        return self._ready()._lastrowid
 
     def all(self) -> list[Any]:
         return list(self._ready()._rows)
-
-    fetchall = all
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.all())
@@ -145,8 +142,6 @@ class Result:
     def first(self) -> Any | None:
         rows = self._ready()._rows
         return rows[0] if rows else None
-
-    fetchone = first
 
     def one(self) -> Any:
         rows = self._ready()._rows
@@ -191,6 +186,7 @@ class CommitUnanswered(Exception):
     def __init__(self, token: CommitToken) -> None:
         super().__init__("the connection was lost before the COMMIT was answered")
         self.token = token
+        self.result: Any = None  # what the transaction returned: it stands if it committed
 
 
 class UnitOfWork:
@@ -214,7 +210,8 @@ class UnitOfWork:
     def execute(self, statement: Any, params: dict[str, Any] | Sequence[dict[str, Any]] | None = None) -> Any:
         """Run a Core statement: a write is held (see the class notes), a read runs now. A list
         of rows for an INSERT goes as INSERTs of up to ROW_CHUNK rows each."""
-        self._before_answer()
+        if self._answer is not None:
+            raise RuntimeError(_AFTER_ANSWER)
         if isinstance(params, Sequence):  # the rows of a plain INSERT
             if not isinstance(statement, Insert):
                 raise TypeError("a list of rows goes with an INSERT")
@@ -251,13 +248,10 @@ class UnitOfWork:
         back `shape(rows)` once the transaction has committed. The read goes with the COMMIT
         (on MySQL/MariaDB in its query); nothing may run after it. `shape` runs after the
         COMMIT, so it only shapes rows."""
-        self._before_answer()
+        if self._answer is not None:
+            raise RuntimeError(_AFTER_ANSWER)
         self._answer = Answer(statement, params, shape)
         return self._answer
-
-    def _before_answer(self) -> None:
-        if self._answer is not None:
-            raise RuntimeError("nothing runs in a transaction after its answer (UnitOfWork.answer)")
 
     def begin(self) -> None:
         """Open the write transaction (on MySQL with its first statement)."""
@@ -265,7 +259,7 @@ class UnitOfWork:
             return
         self._open = True
         if self._sqlite:
-            self._guarded(lambda: self.conn.begin_immediate(), "BEGIN IMMEDIATE")
+            self._guarded(lambda: begin_immediate(self.conn.driver), "BEGIN IMMEDIATE")
         else:  # even on Galera: nothing can be aborted before the first statement
             self._begin_pending = True
 
@@ -299,8 +293,11 @@ class UnitOfWork:
         MySQL/MariaDB, one by one on SQLite."""
         # the values first: a type's error leaves the transaction as it was (unopened)
         values = [s.values(p) for s, p, _ in batch]
-        if self._begin_pending:
-            opening = self._opening()
+        if self._begin_pending:  # START TRANSACTION, and the commit token if there is one
+            opening: list[Held] = [(_START, {}, None)]
+            if self.token is not None:
+                opening.append((compiled(WRITE_TOKEN, self.dialect), self.token.params, None))
+                self._token_sent = True
             batch, self._begin_pending = opening + batch, False
             values[:0] = [s.values(p) for s, p, _ in opening]
         if self._sqlite:
@@ -318,13 +315,6 @@ class UnitOfWork:
                 result.fill(statement.rows(rows), rowcount, lastrowid)
         self.sent += len(batch)
 
-    def _opening(self) -> list[Held]:
-        """START TRANSACTION, and the commit token if there is one."""
-        if self.token is None:
-            return [(_START, {}, None)]
-        self._token_sent = True
-        return [(_START, {}, None), (compiled(WRITE_TOKEN, self.dialect), self.token.params, None)]
-
     def _guarded(self, send: Callable[[], T], sql: str) -> T:
         """Run `send`; a driver error raised as SQLAlchemy raises it (IntegrityError ...)."""
         try:
@@ -337,25 +327,18 @@ class UnitOfWork:
             raise error from exc
 
 
+_ROWS: dict[tuple[Any, tuple[str, ...], int], Insert] = {}  # an INSERT by table, columns, rows
+
+
 def _row_chunks(statement: Insert, rows: Sequence[dict[str, Any]]) -> Iterator[tuple[Insert, dict[str, Any]]]:
-    """INSERTs of up to ROW_CHUNK rows each, and their values (parameters `column_n`)."""
-    if not rows:
-        return
-    columns = tuple(rows[0])
+    """INSERTs of up to ROW_CHUNK rows each in one VALUES list, and their values (parameters
+    `column_n`)."""
+    columns = tuple(rows[0]) if rows else ()
     for start in range(0, len(rows), ROW_CHUNK):
         part = rows[start:start + ROW_CHUNK]
-        yield (_rows_insert(statement, columns, len(part)),
-               {f"{c}_{n}": row[c] for n, row in enumerate(part) for c in columns})
-
-
-_ROWS: dict[tuple[Any, tuple[str, ...], int], Insert] = {}
-
-
-def _rows_insert(statement: Insert, columns: tuple[str, ...], count: int) -> Insert:
-    """An INSERT of `count` rows in one VALUES list (parameters `column_n`)."""
-    key = (statement.table, columns, count)
-    found = _ROWS.get(key)
-    if found is None:
-        values: list[dict[str, Any]] = [{c: bindparam(f"{c}_{n}") for c in columns} for n in range(count)]
-        found = _ROWS[key] = insert(statement.table).values(values)  # type: ignore[arg-type]
-    return found
+        key = (statement.table, columns, len(part))
+        if key not in _ROWS:
+            values: list[dict[str, Any]] = [{c: bindparam(f"{c}_{n}") for c in columns}
+                                            for n in range(len(part))]
+            _ROWS[key] = insert(statement.table).values(values)  # type: ignore[arg-type]
+        yield _ROWS[key], {f"{c}_{n}": row[c] for n, row in enumerate(part) for c in columns}

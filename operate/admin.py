@@ -77,11 +77,7 @@ def _name(user: Any) -> str:
 
 def end_all_sessions(tx: Connection, user_id: int) -> int:
     """End every session of the user, live or not; how many there were."""
-    ids = tx.execute(select(sessions.c.session_id).where(sessions.c.user_id == user_id)
-                     .order_by(sessions.c.session_id).with_for_update()).scalars().all()
-    if ids:
-        end_sessions(tx, ids)
-    return len(ids)
+    return end_sessions(tx, sessions.c.user_id == user_id)
 
 
 def plural(count: int, what: str) -> str:
