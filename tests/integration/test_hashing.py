@@ -85,7 +85,8 @@ def test_other_calls_keep_their_latency_under_a_hashing_flood(database: Database
     assert len(flood.hashed) >= 10 and flood.busy, (len(flood.hashed), len(flood.busy))
     hashing = statistics.median(flood.hashed)
     assert statistics.median(calls) < hashing / 2, (statistics.median(calls), hashing)
-    assert statistics.quantiles(calls, n=10)[-1] < hashing, (sorted(calls)[-5:], hashing)
+    # a place in the queue took about ten hashes; a busy machine's tail may reach a few
+    assert statistics.quantiles(calls, n=10)[-1] < 3 * hashing, (sorted(calls)[-5:], hashing)
 
 
 def test_a_full_hashing_queue_answers_busy_at_once(database: Database) -> None:
