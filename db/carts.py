@@ -23,6 +23,11 @@ _CART = (select(cart_lines.c.item_id, items.c.name, items.c.price_cents, cart_li
                 items.c.quantity.label("available"))
          .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
          .where(_SESSION).order_by(cart_lines.c.item_id))
+# The same with the token check folded in (no rows: an empty cart, or no such session)
+_CART_OF_TOKEN = (with_session(*_CART.selected_columns,
+                               joined=cart_lines.join(items, items.c.item_id == cart_lines.c.item_id),
+                               on=cart_lines.c.session_id == sessions.c.session_id)
+                  .order_by(cart_lines.c.item_id))
 # How many of the item the cart holds, with the token check (no rows: none, or no session).
 # FOR UPDATE here and below: the session's row stays locked to the COMMIT, so requests of one
 # session on several connections change its cart one after the other (else two read the
@@ -57,8 +62,14 @@ _STOCK_AND_HELD = (
                & (cart_lines.c.item_id == items.c.item_id)).with_for_update())
 
 
-def display_cart(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
-    """The session's cart as the protocol's cart object, read last (with the COMMIT)."""
+def display_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
+    """The session's cart as the protocol's cart object, read with the token check: one
+    round trip (an empty cart's token is then checked alone)."""
+    return _cart_object(list(session.accept_rows(tx.execute(_CART_OF_TOKEN, session.check_params).all())))
+
+
+def _cart_answer(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
+    """The cart a write leaves, read last (with the COMMIT)."""
     return tx.answer(_CART, {"session_id": session.session_id}, _cart_object)
 
 
@@ -83,7 +94,7 @@ def add_to_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
                             " buy or remove some first")
     line = {"session_id": session.session_id, "item_id": item_id, "quantity": held + quantity}
     tx.execute(_SET_LINE if held else _ADD_LINE, line)
-    return display_cart(tx, session)
+    return _cart_answer(tx, session)
 
 
 def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> Answer[dict[str, Any]]:
@@ -95,7 +106,7 @@ def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: i
         tx.execute(_SET_LINE, line)
     elif held:
         tx.execute(_DROP_LINE, line)
-    return display_cart(tx, session)
+    return _cart_answer(tx, session)
 
 
 def clear_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
@@ -111,4 +122,4 @@ def save_cart(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
     tx.execute(_LOCK_BUYER, who)
     tx.execute(_FORGET_SAVED, who)
     tx.execute(_SAVE, who)
-    return display_cart(tx, session)
+    return _cart_answer(tx, session)

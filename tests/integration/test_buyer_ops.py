@@ -553,6 +553,8 @@ def test_cart_writes_and_votes_carry_their_commit(market: Market, round_trips: l
     assert count == 2 and result["cart"]["items"][0]["quantity"] == 1
     count, result = queries_of("save_cart", {})
     assert count == 2 and result["cart"]["items"][0]["quantity"] == 1
+    count, result = queries_of("display_cart", {})  # the token checked in the cart's read
+    assert count == 1 and result["cart"]["items"][0]["quantity"] == 1
     buyer.call("make_purchase", CARD)
     # the item and the token; the vote if bought; the counters with the COMMIT
     assert queries_of("provide_feedback", {"item_id": item_id, "vote": "up"})[0] == 3
