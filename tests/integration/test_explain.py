@@ -14,7 +14,7 @@ from support import fresh_mysql_database
 
 from db import Database
 from db.accounts import _SESSION_BY_TOKEN
-from db.carts import _CART, _IN_CART, _STOCK_AND_HELD
+from db.carts import _CART, _CART_OF_TOKEN, _IN_CART, _STOCK_AND_HELD
 from db.catalog import (
     _ITEM_FOR_SESSION,
     _ITEM_FOR_SESSION_LOCKED,
@@ -75,7 +75,7 @@ STATEMENTS = {
     "search five keywords, next page": (_ranked_search(5, False, True, keywords=True), KEYWORDS),
     "search keywords+category": (_ranked_search(2, True, False, keywords=True), KEYWORDS),
     "search keywords+category, next page": (_ranked_search(2, True, True, keywords=True), KEYWORDS),
-    "display_cart": _CART,
+    "display_cart": _CART_OF_TOKEN, "the cart a cart write answers": _CART,
     "search by text, one word": (_ranked_search(3, False, False), TEXT),
     "search by text, one word+category": (_ranked_search(3, True, False), TEXT),
     "search by text, eight words": (_ranked_search(len(TERMS), False, False), TEXT),
