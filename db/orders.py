@@ -13,11 +13,11 @@ from sqlalchemy.exc import IntegrityError
 from wire.errors import ConflictError, ForbiddenError
 from wire.values import decode_cursor, encode_cursor, format_money, format_time
 
-from .accounts import Session
+from .accounts import Session, with_session
 from .catalog import item_for_session, split_page
 from .database import now_ms
 from .purchases import is_completed
-from .schema import feedback, items, order_lines, orders, users
+from .schema import feedback, items, order_lines, orders, sessions, users
 from .unit_of_work import UnitOfWork
 
 # The vote, if the buyer bought the item (no row inserted otherwise): the check and the
@@ -35,13 +35,15 @@ _COUNT_VOTE = {
            update(users).where(users.c.user_id == bindparam("seller_id")).values({c: users.c[c] + 1}))
     for vote, c in (("up", "thumbs_up"), ("down", "thumbs_down"))}
 _FIRST_PAGE = (2**62, 0)  # a cursor before every (order_id, item_id)
+# The buyer's lines with the token check folded in (no rows: none, or no such session)
 _HISTORY = (
-    select(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
-           order_lines.c.price_cents, orders.c.created_ms, feedback.c.vote)
-    .join_from(order_lines, orders, orders.c.order_id == order_lines.c.order_id)
-    .outerjoin(feedback, and_(feedback.c.buyer_id == order_lines.c.buyer_id,
-                              feedback.c.item_id == order_lines.c.item_id))
-    .where(order_lines.c.buyer_id == bindparam("buyer_id"), is_completed(orders.c.status),
+    with_session(order_lines.c.order_id, order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
+                 order_lines.c.price_cents, orders.c.created_ms, feedback.c.vote,
+                 joined=order_lines.join(orders, orders.c.order_id == order_lines.c.order_id)
+                 .outerjoin(feedback, and_(feedback.c.buyer_id == order_lines.c.buyer_id,
+                                           feedback.c.item_id == order_lines.c.item_id)),
+                 on=order_lines.c.buyer_id == sessions.c.user_id)
+    .where(is_completed(orders.c.status),
            (order_lines.c.order_id < bindparam("last_order"))
            | ((order_lines.c.order_id == bindparam("last_order"))
               & (order_lines.c.item_id > bindparam("last_item"))))
@@ -70,11 +72,11 @@ def provide_feedback(tx: UnitOfWork, session: Session, item_id: int, vote: str) 
 
 def get_purchase_history(tx: UnitOfWork, session: Session, limit: int,
                          cursor: str | None) -> dict[str, Any]:
-    """The buyer's purchased lines, newest order first."""
+    """The buyer's purchased lines, newest order first, read with the token check."""
     last_order, last_item = decode_cursor(cursor, 2) if cursor else _FIRST_PAGE
-    rows = tx.execute(_HISTORY, {"buyer_id": session.user_id, "last_order": last_order,
-                                 "last_item": last_item, "limit": limit + 1}).all()
-    rows, next_cursor = split_page(rows, limit, lambda r: encode_cursor(r.order_id, r.item_id))
+    params = {**session.check_params, "last_order": last_order, "last_item": last_item, "limit": limit + 1}
+    rows, next_cursor = split_page(session.accept_rows(tx.execute(_HISTORY, params).all()), limit,
+                                   lambda r: encode_cursor(r.order_id, r.item_id))
     lines = [{"order_id": r.order_id, "item_id": r.item_id, "name": r.name, "quantity": r.quantity,
               "price": format_money(r.price_cents), "purchased_at": format_time(r.created_ms / 1000),
               "feedback": r.vote} for r in rows]

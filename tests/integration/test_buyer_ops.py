@@ -556,6 +556,8 @@ def test_cart_writes_and_votes_carry_their_commit(market: Market, round_trips: l
     count, result = queries_of("display_cart", {})  # the token checked in the cart's read
     assert count == 1 and result["cart"]["items"][0]["quantity"] == 1
     buyer.call("make_purchase", CARD)
+    count, result = queries_of("get_purchase_history", {})  # the token checked in the read
+    assert count == 1 and result["purchases"][0]["item_id"] == item_id
     # the item and the token; the vote if bought; the counters with the COMMIT
     assert queries_of("provide_feedback", {"item_id": item_id, "vote": "up"})[0] == 3
     item = buyer.call("get_item", {"item_id": item_id})
