@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -17,6 +16,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
+
+from wire.values import not_text
 
 from .fields import category_name
 
@@ -141,18 +142,8 @@ def _rich(table: Table) -> RichTable:
 
 
 def printable(text: str) -> str:
-    """Text safe to show: controls, surrogates, line and paragraph separators and invisible format
-    characters (bidirectional overrides; not the two joiners names may hold) become `?`."""
-    return "".join("?" if _unsafe(char) else char for char in text)
-
-
-def _unsafe(char: str) -> bool:
-    kind = unicodedata.category(char)
-    return kind in _NOT_TEXT or (kind == "Cf" and char not in _JOINERS)
-
-
-_NOT_TEXT = frozenset({"Cc", "Cs", "Zl", "Zp"})
-_JOINERS = frozenset("\u200c\u200d")
+    """Text safe to show: each character that is not text (wire.values.not_text) becomes `?`."""
+    return "".join("?" if not_text(char) else char for char in text)
 
 
 _WORDS = {"category", "condition", "feedback", "bought at"}

@@ -54,15 +54,21 @@ def text(low: int, high: int, *, printable: bool = False, pattern: re.Pattern[st
     return check
 
 
+def not_text(char: str) -> bool:
+    """Whether a character is none a person writes: a control, surrogate, line or paragraph
+    separator, or an invisible format character (a bidirectional override, say) but the two
+    joiners names may hold."""
+    kind = unicodedata.category(char)
+    return kind in _NOT_TEXT or (kind == "Cf" and char not in _JOINERS)
+
+
 def _unprintable(value: str) -> str | None:
-    """Why `value` is not text a person would write (a control, separator or format character
-    but the two joiners, or nothing visible), or None if it is."""
-    visible = False
+    """Why `value` is not text a person would write (a not_text character, or nothing
+    visible), or None if it is."""
     for at, char in enumerate(value, 1):
-        kind = unicodedata.category(char)
-        if kind in _NOT_TEXT or (kind == "Cf" and char not in _JOINERS):
+        if not_text(char):
             return f"without U+{ord(char):04X} (character {at})"
-        visible = visible or kind not in ("Zs", "Cf")
+    visible = any(unicodedata.category(char) not in ("Zs", "Cf") for char in value)
     return None if visible else "not only spaces"
 
 
