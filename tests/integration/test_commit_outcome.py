@@ -60,13 +60,42 @@ class CommitCutter(Relay):
         return (b"" if mode == "unsent" else data), mode in ("unsent", "running")
 
     def _answer(self, data: bytes, link: Link) -> tuple[bytes, bool]:
-        return (b"", True) if link.get("cutting") else (data, False)
+        """A cut answer is dropped whole: the link is cut once its last packet arrived, so the
+        server ran every statement of the query (it may not, if it saw the cut midway)."""
+        if not link.get("cutting"):
+            return data, False
+        link["answer"] = link.get("answer", b"") + data
+        return b"", _answered_whole(link["answer"])
 
     def _take_mode(self) -> str:
         with self._lock:
             mode, self.mode = self.mode, ""
             self.cuts += bool(mode)
             return mode
+
+
+_MORE_RESULTS = 0x0008  # a status flag of MySQL's protocol: another result follows
+
+
+def _answered_whole(answer: bytes) -> bool:
+    """Whether `answer` (MySQL protocol packets) ends with its query's last packet: an error,
+    or an OK or EOF packet whose status does not say that more results follow."""
+    while len(answer) >= 4 and len(answer) >= 4 + (size := int.from_bytes(answer[:3], "little")):
+        payload, answer = answer[4:4 + size], answer[4 + size:]
+        if payload[:1] == b"\xff":
+            return True
+        if payload[:1] == b"\xfe" and size == 5:  # EOF: warnings, then status
+            status = int.from_bytes(payload[3:5], "little")
+        elif payload[:1] in (b"\x00", b"\xfe") and size < 0xFFFFFF:  # OK: two numbers, then status
+            at = 1
+            for _ in range(2):
+                at += {0xFC: 3, 0xFD: 4, 0xFE: 9}.get(payload[at], 1)
+            status = int.from_bytes(payload[at:at + 2], "little")
+        else:
+            continue
+        if not status & _MORE_RESULTS and not answer:
+            return True
+    return False
 
 
 @pytest.fixture
