@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .idle import open_idle
 from .servers import Address, ServerStartError, running_servers
-from .targets import Figures, run_market_sim
+from .targets import Figures, round_order, run_market_sim
 
 TARGET_COST = 0.10  # at most this share of the throughput
 
@@ -58,7 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def measure_round(args: argparse.Namespace, db_url: str, servers: dict[str, Address], number: int) -> Round:
     """Both runs of a round, without the idle connections first in odd rounds."""
-    kinds = ("without", "with") if number % 2 else ("with", "without")
+    kinds = round_order(("without", "with"), number)
     figures: dict[str, Figures | None] = {}
     codes: dict[str, int] = {}
     for kind in kinds:
@@ -85,7 +85,7 @@ def report(args: argparse.Namespace, rounds: list[Round], argv: list[str]) -> st
     lines = [f"| round | without: ops/s (p99 ms) | with {args.count:,} idle: ops/s (p99 ms) | with/without |",
              "|---:|---:|---:|---:|"]
     for one in rounds:
-        first = "without first" if one.number % 2 else "with first"
+        first = round_order(("without", "with"), one.number)[0] + " first"
         ratio = f"{one.ratio:.3f}" if one.ratio is not None else "-"
         lines.append(f"| {one.number} ({first}) | {_cell(one.without)} | {_cell(one.with_idle)} | {ratio} |")
     ratios = [one.ratio for one in rounds if one.ratio is not None]

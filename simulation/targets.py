@@ -109,9 +109,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def round_order(databases: Sequence[str], round_number: int) -> list[str]:
-    """The databases in the order of one round: as given in odd rounds, reversed in even ones."""
-    return list(databases) if round_number % 2 else list(reversed(databases))
+def round_order(runs: Sequence[str], round_number: int) -> list[str]:
+    """The runs of one round in their order: as given in odd rounds, reversed in even ones."""
+    return list(runs) if round_number % 2 else list(reversed(runs))
 
 
 def read_totals(results_csv: Path) -> dict[int, Figures]:

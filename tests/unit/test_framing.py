@@ -41,7 +41,7 @@ def decode_all(data: bytes, cuts: list[int], max_frame: int = 1 << 20) -> list[d
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(messages, min_size=1, max_size=5), st.data())
 def test_any_message_survives_any_chunking(batch: list[dict], data: st.DataObject) -> None:
     stream = b"".join(encode_frame(m) for m in batch)
