@@ -136,47 +136,63 @@ def add_admin_parser(sub: Any, db: argparse.ArgumentParser) -> None:
 
 def run_admin(args: argparse.Namespace) -> int:
     """Run one `market admin` action; 0 done, 1 refused (a bad name or id), 2 database unusable."""
-    from sqlalchemy.exc import DBAPIError
-
-    from db import Database
-
-    if missing_sqlite_file(args.db_url):
-        print(f"market admin: no such database file: {args.db_url}", file=sys.stderr)
-        return 2
     if not logging.getLogger().handlers:  # a process of its own (not a host that logs already)
         logs.configure_leniently("admin", str(env("MARKET_LOG_LEVEL", "INFO")),
                                  str(env("MARKET_LOG_FORMAT", "text")))
         logging.getLogger("alembic").setLevel(logging.WARNING)  # its schema check says each step
     out = Output(args.format, say_to_stdout=True)
-    database = Database(args.db_url, pool_size=1)
-    try:
-        problem = _schema_problem(database)
-        if problem:
-            print(f"market admin: {problem}", file=sys.stderr)
-            return 2
+
+    def act(database: Any) -> tuple[str, int]:
+        check_schema(database)
         args.admin_action.run(database, args, out)
-    except ProtocolError as exc:
-        print(f"market admin: {exc}", file=sys.stderr)
-        return 1
-    except DBAPIError as exc:
-        print(f"market admin: cannot use the database: {' '.join(str(exc.orig).split())}", file=sys.stderr)
-        return 2
-    finally:
-        database.close()
-    return 0
+        return "", 0
+    return on_database(args.db_url, act, who="market admin", must_exist=(args.db_url,))
 
 
-def _schema_problem(database: Any) -> str | None:
-    """Why this database cannot take the operator's commands, or None."""
+def check_schema(database: Any) -> None:
+    """DatabaseUnusable, saying what to run, if this database cannot take the operator's commands."""
+    from db import DatabaseUnusable
     from db.migrations import revision_of
 
     revision = revision_of(database)
     if revision.current is None:
-        return "not a marketplace database (no schema revision); run `market db upgrade` on it first"
+        raise DatabaseUnusable("not a marketplace database (no schema revision); "
+                               "run `market db upgrade` on it first")
     if not revision.is_head:
-        return (f"the database is at revision {revision.current}, this code's is {revision.head}: "
-                f"run `market db upgrade --db-url URL` first")
-    return None
+        raise DatabaseUnusable(f"the database is at revision {revision.current}, this code's is "
+                               f"{revision.head}: run `market db upgrade --db-url URL` first")
+
+
+def on_database(db_url: str, report: Callable[[Any], tuple[str, int]], who: str = "error",
+                pool_size: int = 1, must_exist: tuple[str | None, ...] = ()) -> int:
+    """Print report(database)'s lines and return its status; one line `who: ...` and status 1
+    on an action refused, 2 on a database it cannot use or on a SQLite file of `must_exist`
+    that is not there."""
+    from sqlalchemy.exc import DBAPIError
+
+    from db import Database, DatabaseUnusable
+
+    missing = next((url for url in must_exist if url and missing_sqlite_file(url)), None)
+    if missing:
+        print(f"{who}: no such database file: {missing}", file=sys.stderr)
+        return 2
+    database = Database(db_url, pool_size=pool_size)
+    try:
+        text, status = report(database)
+        if text:
+            print(text)
+        return status
+    except ProtocolError as exc:
+        print(f"{who}: {exc}", file=sys.stderr)
+        return 1
+    except DBAPIError as exc:
+        print(f"{who}: cannot use the database: {' '.join(str(exc.orig).split())}", file=sys.stderr)
+        return 2
+    except DatabaseUnusable as exc:
+        print(f"{who}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        database.close()
 
 
 def missing_sqlite_file(db_url: str) -> bool:

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from wire.errors import UnauthenticatedError
 from wire.tls import optional_client_context
 from wire.values import format_money
 
-from .admin import add_admin_parser, missing_sqlite_file
+from .admin import add_admin_parser, on_database
 from .loops import PORT_SETTINGS, add_shell_arguments
 
 log = logging.getLogger("market.serve")
@@ -100,7 +99,7 @@ def seed(args: argparse.Namespace) -> int:
         result = seeding.seed(database, args.sellers, args.items)
         return (f"seeded {result['sellers']} sellers (seed<id>, password {seeding.SEED_PASSWORD!r}) and "
                 f"{result['items']} items in {result['seconds']} s"), 0
-    return _on_database(args.db_url, report, pool_size=2)
+    return on_database(args.db_url, report, pool_size=2)
 
 
 def audit(args: argparse.Namespace) -> int:
@@ -121,7 +120,7 @@ def audit(args: argparse.Namespace) -> int:
         counted = ", ".join(f"{count} {name}" for name, count in totals.items())
         return "\n".join([*found, f"audit: {verdict}; checked {counted}, {format_money(taken)} taken, "
                                    f"{format_money(captured)} captured"]), int(bool(found))
-    return _on_database(args.db_url, report, must_exist=(args.db_url, args.payments_url))
+    return on_database(args.db_url, report, must_exist=(args.db_url, args.payments_url))
 
 
 def backup_or_restore(args: argparse.Namespace) -> int:
@@ -147,7 +146,7 @@ def db_upgrade(args: argparse.Namespace) -> int:
             return f"the database {database.where} is at revision {after.current} (head): nothing to do", 0
         return (f"upgraded the database {database.where} from revision "
                 f"{before.current or 'none (empty)'} to {after.current} (head)"), 0
-    return _on_database(args.db_url, report)
+    return on_database(args.db_url, report)
 
 
 def db_current(args: argparse.Namespace) -> int:
@@ -160,29 +159,7 @@ def db_current(args: argparse.Namespace) -> int:
         if revision.is_newer:
             state = f"newer than this code's head {revision.head}"
         return f"{revision.current or 'none (empty database)'} ({state})", int(not revision.is_head)
-    return _on_database(args.db_url, report, must_exist=(args.db_url,))
-
-
-def _on_database(db_url: str, report: Callable[[Any], tuple[str, int]], pool_size: int = 1,
-                 must_exist: tuple[str | None, ...] = ()) -> int:
-    """Print report(database)'s lines and return its status; one line and exit 2 on a database
-    it cannot use, or on a SQLite file of `must_exist` that is not there."""
-    from db import Database, DatabaseUnusable
-
-    missing = next((url for url in must_exist if url and missing_sqlite_file(url)), None)
-    if missing:
-        print(f"error: no such database file: {missing}", file=sys.stderr)
-        return 2
-    database = Database(db_url, pool_size=pool_size)
-    try:
-        text, status = report(database)
-        print(text)
-        return status
-    except DatabaseUnusable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        database.close()
+    return on_database(args.db_url, report, must_exist=(args.db_url,))
 
 
 def build_parser() -> argparse.ArgumentParser:
