@@ -75,11 +75,6 @@ def _name(user: Any) -> str:
     return f"{user.role} {user.username} (user {user.user_id})"
 
 
-def end_all_sessions(tx: Connection, user_id: int) -> int:
-    """End every session of the user, live or not; how many there were."""
-    return end_sessions(tx, sessions.c.user_id == user_id)
-
-
 def plural(count: int, what: str) -> str:
     return f"{count} {what}{'s' * (count != 1)}"
 
@@ -90,14 +85,14 @@ def suspend(tx: Connection, operator: Operator, role: str, username: str, off_sa
     Locks in the order every write keeps: sessions, items, user. Sessions are ended again
     once the user's row is held: a login holds it shared while opening its session."""
     user = find_user(tx, role, username)
-    ended = end_all_sessions(tx, user.user_id)
+    ended = end_sessions(tx, sessions.c.user_id == user.user_id)
     withdrawn = withdraw(tx, items.c.seller_id == user.user_id) if off_sale else []
     user = find_user(tx, role, username, lock=True)
     if tx.execute(select(suspensions.c.user_id).where(suspensions.c.user_id == user.user_id)).first():
         raise ConflictError(f"{_name(user)} is suspended already")
     tx.execute(insert(suspensions), {"user_id": user.user_id, "suspended_ms": now_ms(),
                                      "reason": operator.reason})
-    ended += end_all_sessions(tx, user.user_id)
+    ended += end_sessions(tx, sessions.c.user_id == user.user_id)
     outcome = f"suspended {_name(user)}; ended {plural(ended, 'session')}"
     if off_sale:
         outcome += f"; took {plural(len(withdrawn), 'item')} off sale"
@@ -115,7 +110,7 @@ def reinstate(tx: Connection, operator: Operator, role: str, username: str) -> s
 def end_user_sessions(tx: Connection, operator: Operator, role: str, username: str) -> str:
     """End every session of an account (its carts go with them; the saved cart stays)."""
     user = find_user(tx, role, username)
-    ended = end_all_sessions(tx, user.user_id)
+    ended = end_sessions(tx, sessions.c.user_id == user.user_id)
     return record(tx, operator, "end-sessions", _name(user),
                    f"ended {plural(ended, 'session')} of {_name(user)}")
 
