@@ -5,7 +5,6 @@ what it changed is printed in one line and written to the audit table `market ad
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -16,9 +15,8 @@ from typing import Any
 from observe import logs
 from runtime.config import env, positive_int
 from wire import ProtocolError
-from wire.values import format_money, format_time
+from wire.values import format_time
 
-from .fields import category_name
 from .render import FORMATS, Output, Table
 
 
@@ -42,7 +40,7 @@ def _work(work: str, *target: str, show: str = "") -> Callable[[Any, argparse.Na
         values, function = [getattr(args, name) for name in target], getattr(admin, work)
         if show:
             shown = database.run(lambda tx: function(tx, *values), write=False)
-            rows = [(label, _cell(label, value)) for label, value in shown.items()]
+            rows = [(label, "-" if value is None else str(value)) for label, value in shown.items()]
             out.table(Table(show, ("field", "value"), rows, f"no {show}"))
             return
         outcome = database.run(lambda tx: function(tx, admin.Operator.here(args.reason), *values))
@@ -50,21 +48,6 @@ def _work(work: str, *target: str, show: str = "") -> Callable[[Any, argparse.Na
             "action": work, "target": " ".join(map(str, values)), "reason": args.reason})
         out.say(outcome)
     return run
-
-
-def _cell(label: str, value: Any) -> str:
-    """A field's value as people read it."""
-    if value is None:
-        return "-"
-    if label in ("created", "suspended"):
-        return format_time(value / 1000)
-    if label == "price":
-        return format_money(value)
-    if label == "category":
-        return f"{value} {category_name(value)}"
-    if label == "keywords":
-        return ", ".join(json.loads(value)) or "-"
-    return str(value)
 
 
 def _purge(database: Any, args: argparse.Namespace, out: Output) -> None:

@@ -5,6 +5,7 @@ and username; a bad name is NOT_FOUND.
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import socket
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from db.schema import (
     users,
 )
 from wire.errors import ConflictError, NotFoundError
+from wire.values import CATEGORY_NAMES, format_money, format_time
 
 
 @dataclass(frozen=True)
@@ -157,14 +159,14 @@ def count(tx: Connection, table: Any, *where: Any, column: Any = None) -> int:
 
 
 def show_user(tx: Connection, role: str, username: str) -> dict[str, Any]:
-    """A user's account, state and counters, by label."""
+    """A user's account, state and counters, by label, as people read them."""
     user = find_user(tx, role, username)
     suspended = tx.execute(select(suspensions).where(suspensions.c.user_id == user.user_id)).first()
     shown: dict[str, Any] = {
         "user id": user.user_id, "role": user.role, "username": user.username, "name": user.name,
-        "created": user.created_ms,
+        "created": format_time(user.created_ms / 1000),
         "state": "suspended" if suspended else "active",
-        "suspended": suspended.suspended_ms if suspended else None,
+        "suspended": format_time(suspended.suspended_ms / 1000) if suspended else None,
         "suspension reason": suspended.reason if suspended else None,
         "sessions": count(tx, sessions, sessions.c.user_id == user.user_id),
         "failed logins": count(tx, login_failures, login_failures.c.role == role,
@@ -185,7 +187,7 @@ def show_user(tx: Connection, role: str, username: str) -> dict[str, Any]:
 
 
 def show_item(tx: Connection, item_id: int) -> dict[str, Any]:
-    """An item with its counters and its seller, by label."""
+    """An item with its counters and its seller, by label, as people read them."""
     row = tx.execute(select(items, users.c.username, suspensions.c.user_id.label("suspended"))
                      .join(users, users.c.user_id == items.c.seller_id)
                      .outerjoin(suspensions, suspensions.c.user_id == items.c.seller_id)
@@ -194,10 +196,12 @@ def show_item(tx: Connection, item_id: int) -> dict[str, Any]:
         raise NotFoundError(f"no item {item_id}")
     seller = f"{row.username} (user {row.seller_id}{', suspended' if row.suspended else ''})"
     return {
-        "item id": row.item_id, "name": row.name, "seller": seller, "category": row.category,
-        "keywords": row.keywords, "condition": row.item_condition, "price": row.price_cents,
-        "on sale": row.quantity, "listed": row.listed, "sold": row.sold, "removed": row.removed,
-        "thumbs up": row.thumbs_up, "thumbs down": row.thumbs_down, "created": row.created_ms,
+        "item id": row.item_id, "name": row.name, "seller": seller,
+        "category": f"{row.category} {CATEGORY_NAMES[row.category]}",
+        "keywords": ", ".join(json.loads(row.keywords)) or "-", "condition": row.item_condition,
+        "price": format_money(row.price_cents), "on sale": row.quantity, "listed": row.listed,
+        "sold": row.sold, "removed": row.removed, "thumbs up": row.thumbs_up,
+        "thumbs down": row.thumbs_down, "created": format_time(row.created_ms / 1000),
         "in carts": count(tx, cart_lines, cart_lines.c.item_id == item_id),
         "in saved carts": count(tx, saved_cart_lines, saved_cart_lines.c.item_id == item_id),
     }
