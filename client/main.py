@@ -107,11 +107,13 @@ def audit(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import DBAPIError
 
     from db import DatabaseUnusable
-    from operate.audit import audit_with_totals, ledger_of
+    from operate.audit import book_totals, ledger_of, violations
 
     def report(database: Any) -> tuple[str, int]:
-        try:  # the ledger where the buyer servers keep it
-            found, totals = audit_with_totals(database, ledger_of(database, args.payments_url))
+        try:  # the ledger where the buyer servers keep it; the books read in one transaction
+            ledger = ledger_of(database, args.payments_url)
+            found, totals = database.run(lambda tx: (violations(tx, (), ledger), book_totals(tx, ledger)),
+                                         write=False)
         except (DBAPIError, ProtocolError) as exc:
             reason = " ".join(str(getattr(exc, "orig", None) or exc).split())
             raise DatabaseUnusable(f"cannot audit {database.engine.url!r}: {reason}") from None
