@@ -5,7 +5,6 @@ what it changed is printed in one line and written to the audit table `market ad
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -16,9 +15,8 @@ from typing import Any
 from observe import logs
 from runtime.config import env, positive_int
 from wire import ProtocolError
-from wire.values import format_money, format_time
+from wire.values import format_time
 
-from .fields import category_name
 from .render import FORMATS, Output, Table
 
 
@@ -42,7 +40,7 @@ def _work(work: str, *target: str, show: str = "") -> Callable[[Any, argparse.Na
         values, function = [getattr(args, name) for name in target], getattr(admin, work)
         if show:
             shown = database.run(lambda tx: function(tx, *values), write=False)
-            rows = [(label, _cell(label, value)) for label, value in shown.items()]
+            rows = [(label, "-" if value is None else str(value)) for label, value in shown.items()]
             out.table(Table(show, ("field", "value"), rows, f"no {show}"))
             return
         outcome = database.run(lambda tx: function(tx, admin.Operator.here(args.reason), *values))
@@ -50,21 +48,6 @@ def _work(work: str, *target: str, show: str = "") -> Callable[[Any, argparse.Na
             "action": work, "target": " ".join(map(str, values)), "reason": args.reason})
         out.say(outcome)
     return run
-
-
-def _cell(label: str, value: Any) -> str:
-    """A field's value as people read it."""
-    if value is None:
-        return "-"
-    if label in ("created", "suspended"):
-        return format_time(value / 1000)
-    if label == "price":
-        return format_money(value)
-    if label == "category":
-        return f"{value} {category_name(value)}"
-    if label == "keywords":
-        return ", ".join(json.loads(value)) or "-"
-    return str(value)
 
 
 def _purge(database: Any, args: argparse.Namespace, out: Output) -> None:
@@ -136,47 +119,63 @@ def add_admin_parser(sub: Any, db: argparse.ArgumentParser) -> None:
 
 def run_admin(args: argparse.Namespace) -> int:
     """Run one `market admin` action; 0 done, 1 refused (a bad name or id), 2 database unusable."""
-    from sqlalchemy.exc import DBAPIError
-
-    from db import Database
-
-    if missing_sqlite_file(args.db_url):
-        print(f"market admin: no such database file: {args.db_url}", file=sys.stderr)
-        return 2
     if not logging.getLogger().handlers:  # a process of its own (not a host that logs already)
         logs.configure_leniently("admin", str(env("MARKET_LOG_LEVEL", "INFO")),
                                  str(env("MARKET_LOG_FORMAT", "text")))
         logging.getLogger("alembic").setLevel(logging.WARNING)  # its schema check says each step
     out = Output(args.format, say_to_stdout=True)
-    database = Database(args.db_url, pool_size=1)
-    try:
-        problem = _schema_problem(database)
-        if problem:
-            print(f"market admin: {problem}", file=sys.stderr)
-            return 2
+
+    def act(database: Any) -> tuple[str, int]:
+        check_schema(database)
         args.admin_action.run(database, args, out)
-    except ProtocolError as exc:
-        print(f"market admin: {exc}", file=sys.stderr)
-        return 1
-    except DBAPIError as exc:
-        print(f"market admin: cannot use the database: {' '.join(str(exc.orig).split())}", file=sys.stderr)
-        return 2
-    finally:
-        database.close()
-    return 0
+        return "", 0
+    return on_database(args.db_url, act, who="market admin", must_exist=(args.db_url,))
 
 
-def _schema_problem(database: Any) -> str | None:
-    """Why this database cannot take the operator's commands, or None."""
+def check_schema(database: Any) -> None:
+    """DatabaseUnusable, saying what to run, if this database cannot take the operator's commands."""
+    from db import DatabaseUnusable
     from db.migrations import revision_of
 
     revision = revision_of(database)
     if revision.current is None:
-        return "not a marketplace database (no schema revision); run `market db upgrade` on it first"
+        raise DatabaseUnusable("not a marketplace database (no schema revision); "
+                               "run `market db upgrade` on it first")
     if not revision.is_head:
-        return (f"the database is at revision {revision.current}, this code's is {revision.head}: "
-                f"run `market db upgrade --db-url URL` first")
-    return None
+        raise DatabaseUnusable(f"the database is at revision {revision.current}, this code's is "
+                               f"{revision.head}: run `market db upgrade --db-url URL` first")
+
+
+def on_database(db_url: str, report: Callable[[Any], tuple[str, int]], who: str = "error",
+                pool_size: int = 1, must_exist: tuple[str | None, ...] = ()) -> int:
+    """Print report(database)'s lines and return its status; one line `who: ...` and status 1
+    on an action refused, 2 on a database it cannot use or on a SQLite file of `must_exist`
+    that is not there."""
+    from sqlalchemy.exc import DBAPIError
+
+    from db import Database, DatabaseUnusable
+
+    missing = next((url for url in must_exist if url and missing_sqlite_file(url)), None)
+    if missing:
+        print(f"{who}: no such database file: {missing}", file=sys.stderr)
+        return 2
+    database = Database(db_url, pool_size=pool_size)
+    try:
+        text, status = report(database)
+        if text:
+            print(text)
+        return status
+    except ProtocolError as exc:
+        print(f"{who}: {exc}", file=sys.stderr)
+        return 1
+    except DBAPIError as exc:
+        print(f"{who}: cannot use the database: {' '.join(str(exc.orig).split())}", file=sys.stderr)
+        return 2
+    except DatabaseUnusable as exc:
+        print(f"{who}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        database.close()
 
 
 def missing_sqlite_file(db_url: str) -> bool:

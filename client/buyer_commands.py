@@ -12,7 +12,7 @@ from wire.errors import ConflictError
 
 from . import fields
 from .common_commands import COMMON
-from .registry import Arg, RefusedError, Registry, UsageError, one_of, word_list
+from .registry import Arg, Command, RefusedError, Registry, UsageError, one_of, saying, word_list
 from .render import cart_table, history_table, item_lines, items_table, money, rating_line, receipt_table
 
 if TYPE_CHECKING:
@@ -21,10 +21,9 @@ if TYPE_CHECKING:
 BUYER = Registry()
 
 # A buyer's login and logout are the common ones, with what they do to the cart in their help.
-BUYER.add(replace(COMMON.get("login"), help="Log in (your session's cart starts as your saved cart)."))
-BUYER.add(replace(COMMON.get("logout"),
-                  help="Log out (asking whether to save an unsaved cart; a script drops it "
-                       "unless run with --save-on-exit)."))
+BUYER.add(replace(COMMON.get("login"), help="Log in (your session's cart starts as your saved cart)."),
+          replace(COMMON.get("logout"), help="Log out (asking whether to save an unsaved cart; a script "
+                                             "drops it unless run with --save-on-exit)."))
 
 QUANTITY = Arg("quantity", convert=fields.quantity, required=False, default=1,
                hint=fields.QUANTITY_RANGE)
@@ -65,28 +64,17 @@ def add(shell: Shell, args: dict[str, Any]) -> None:
                       f"{line['quantity']} in your cart.")
 
 
-@BUYER.command("remove", "Take an item out of your cart (all of it unless QUANTITY is given).",
-               fields.ITEM_ID, replace(QUANTITY, default=1_000_000),
-               aliases=("remove_from_cart",))
-def remove(shell: Shell, args: dict[str, Any]) -> None:
-    show_cart(shell, "remove_from_cart", args)
-
-
-@BUYER.command("cart", "Show your cart.", aliases=("display_cart",))
-def cart(shell: Shell, args: dict[str, Any]) -> None:
-    show_cart(shell, "display_cart", changed=False)
-
-
-@BUYER.command("clear", "Empty your cart (the saved cart stays until you save).",
-               aliases=("clear_cart",))
-def clear(shell: Shell, args: dict[str, Any]) -> None:
-    show_cart(shell, "clear_cart")
-
-
-@BUYER.command("save", "Save your cart, so that it is there at your next login.",
-               aliases=("save_cart",))
-def save(shell: Shell, args: dict[str, Any]) -> None:
-    shell.save_cart()
+BUYER.add(
+    Command("remove", "Take an item out of your cart (all of it unless QUANTITY is given).",
+            args=(fields.ITEM_ID, replace(QUANTITY, default=1_000_000)), aliases=("remove_from_cart",),
+            handler=lambda shell, args: show_cart(shell, "remove_from_cart", args)),
+    Command("cart", "Show your cart.", aliases=("display_cart",),
+            handler=lambda shell, args: show_cart(shell, "display_cart", changed=False)),
+    Command("clear", "Empty your cart (the saved cart stays until you save).", aliases=("clear_cart",),
+            handler=lambda shell, args: show_cart(shell, "clear_cart")),
+    Command("save", "Save your cart, so that it is there at your next login.", aliases=("save_cart",),
+            handler=lambda shell, args: shell.save_cart()),
+)
 
 
 def cart_can_be_bought(shell: Shell) -> None:
@@ -134,23 +122,19 @@ def buy(shell: Shell, args: dict[str, Any]) -> None:
     shell.out.say(f"Bought: order {receipt['order_id']}, total {money(receipt['total'])}.")
 
 
-@BUYER.command("rate", "Give an item you bought a thumbs up or down.", fields.ITEM_ID,
-               Arg("vote", convert=one_of("up", "down")), aliases=("provide_feedback",))
-def rate(shell: Shell, args: dict[str, Any]) -> None:
-    shell.call("provide_feedback", args)
-    shell.out.say(f"Thanks: thumbs {args['vote']} for item {args['item_id']}.")
-
-
-@BUYER.command("rating", "Show a seller's rating.", Arg("seller_id", convert=fields.whole_number),
-               aliases=("get_seller_rating",))
-def rating(shell: Shell, args: dict[str, Any]) -> None:
-    shell.out.say(rating_line(shell.call("get_seller_rating", args)))
-
-
-@BUYER.command("history", "Show what you bought, newest first.", fields.LIMIT,
-               aliases=("get_purchase_history",))
-def history(shell: Shell, args: dict[str, Any]) -> None:
-    shell.page("get_purchase_history", args, lambda result: history_table(result["purchases"]))
+BUYER.add(
+    Command("rate", "Give an item you bought a thumbs up or down.",
+            args=(fields.ITEM_ID, Arg("vote", convert=one_of("up", "down"))), aliases=("provide_feedback",),
+            handler=saying("provide_feedback", lambda args, answer: f"Thanks: thumbs {args['vote']} "
+                           f"for item {args['item_id']}.")),
+    Command("rating", "Show a seller's rating.", args=(Arg("seller_id", convert=fields.whole_number),),
+            aliases=("get_seller_rating",),
+            handler=saying("get_seller_rating", lambda args, answer: rating_line(answer))),
+    Command("history", "Show what you bought, newest first.", args=(fields.LIMIT,),
+            aliases=("get_purchase_history",),
+            handler=lambda shell, args: shell.page("get_purchase_history", args, lambda answer: (
+                history_table(answer["purchases"])))),
+)
 
 
 def show_cart(shell: Shell, op: str, args: dict[str, Any] | None = None,

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from wire.errors import UnauthenticatedError
 from wire.tls import optional_client_context
 from wire.values import format_money
 
-from .admin import add_admin_parser, missing_sqlite_file
+from .admin import add_admin_parser, on_database
 from .loops import PORT_SETTINGS, add_shell_arguments
 
 log = logging.getLogger("market.serve")
@@ -45,9 +44,9 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)  # before any server starts: a Ctrl-C meanwhile stops them all
     signal.signal(signal.SIGINT, stop)
-    metrics = dict(zip(("buyer", "seller"), args.metrics_port or (), strict=False))
     for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port)):
-        own = ["--metrics-port", str(metrics[role])] if role in metrics else []
+        metrics = args.metrics_port + (role == "seller") if args.metrics_port else None  # the seller's: +1
+        own = ["--metrics-port", str(metrics)] if metrics else []
         procs[role] = subprocess.Popen(  # stopped by the kernel should this process die
             [sys.executable, "-m", f"{role}_server", "--db-url", args.db_url, "--host", args.host,
              "--port", str(port), *own], preexec_fn=lambda: die_with_parent(parent))
@@ -63,18 +62,6 @@ def serve(args: argparse.Namespace) -> int:
         stop(signal.SIGTERM, None)
     codes = [proc.wait() for proc in procs.values()]
     return next((code if code > 0 else 1 for code in codes if code != 0), int(on_its_own))
-
-
-def metrics_ports(text: str) -> tuple[int, int]:
-    """An argparse type: the buyer's and the seller's /metrics ports, "BUYER,SELLER", or
-    "PORT" for PORT and PORT+1."""
-    port = port_setting("MARKET_METRICS_PORT")
-    ports = [port(part) for part in text.split(",")]
-    if len(ports) == 1 and ports[0] < 65535:
-        ports.append(ports[0] + 1)
-    if len(ports) != 2 or ports[0] == ports[1]:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected PORT, or two ports BUYER,SELLER")
-    return ports[0], ports[1]
 
 
 # A private read of each server, asked with a token no session has: UNAUTHENTICATED means the
@@ -112,7 +99,7 @@ def seed(args: argparse.Namespace) -> int:
         result = seeding.seed(database, args.sellers, args.items)
         return (f"seeded {result['sellers']} sellers (seed<id>, password {seeding.SEED_PASSWORD!r}) and "
                 f"{result['items']} items in {result['seconds']} s"), 0
-    return _on_database(args.db_url, report, pool_size=2)
+    return on_database(args.db_url, report, pool_size=2)
 
 
 def audit(args: argparse.Namespace) -> int:
@@ -120,11 +107,13 @@ def audit(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import DBAPIError
 
     from db import DatabaseUnusable
-    from operate.audit import audit_with_totals, ledger_of
+    from operate.audit import book_totals, ledger_of, violations
 
     def report(database: Any) -> tuple[str, int]:
-        try:  # the ledger where the buyer servers keep it
-            found, totals = audit_with_totals(database, ledger_of(database, args.payments_url))
+        try:  # the ledger where the buyer servers keep it; the books read in one transaction
+            ledger = ledger_of(database, args.payments_url)
+            found, totals = database.run(lambda tx: (violations(tx, (), ledger), book_totals(tx, ledger)),
+                                         write=False)
         except (DBAPIError, ProtocolError) as exc:
             reason = " ".join(str(getattr(exc, "orig", None) or exc).split())
             raise DatabaseUnusable(f"cannot audit {database.engine.url!r}: {reason}") from None
@@ -133,7 +122,7 @@ def audit(args: argparse.Namespace) -> int:
         counted = ", ".join(f"{count} {name}" for name, count in totals.items())
         return "\n".join([*found, f"audit: {verdict}; checked {counted}, {format_money(taken)} taken, "
                                    f"{format_money(captured)} captured"]), int(bool(found))
-    return _on_database(args.db_url, report, must_exist=(args.db_url, args.payments_url))
+    return on_database(args.db_url, report, must_exist=(args.db_url, args.payments_url))
 
 
 def backup_or_restore(args: argparse.Namespace) -> int:
@@ -159,7 +148,7 @@ def db_upgrade(args: argparse.Namespace) -> int:
             return f"the database {database.where} is at revision {after.current} (head): nothing to do", 0
         return (f"upgraded the database {database.where} from revision "
                 f"{before.current or 'none (empty)'} to {after.current} (head)"), 0
-    return _on_database(args.db_url, report)
+    return on_database(args.db_url, report)
 
 
 def db_current(args: argparse.Namespace) -> int:
@@ -172,29 +161,7 @@ def db_current(args: argparse.Namespace) -> int:
         if revision.is_newer:
             state = f"newer than this code's head {revision.head}"
         return f"{revision.current or 'none (empty database)'} ({state})", int(not revision.is_head)
-    return _on_database(args.db_url, report, must_exist=(args.db_url,))
-
-
-def _on_database(db_url: str, report: Callable[[Any], tuple[str, int]], pool_size: int = 1,
-                 must_exist: tuple[str | None, ...] = ()) -> int:
-    """Print report(database)'s lines and return its status; one line and exit 2 on a database
-    it cannot use, or on a SQLite file of `must_exist` that is not there."""
-    from db import Database, DatabaseUnusable
-
-    missing = next((url for url in must_exist if url and missing_sqlite_file(url)), None)
-    if missing:
-        print(f"error: no such database file: {missing}", file=sys.stderr)
-        return 2
-    database = Database(db_url, pool_size=pool_size)
-    try:
-        text, status = report(database)
-        print(text)
-        return status
-    except DatabaseUnusable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        database.close()
+    return on_database(args.db_url, report, must_exist=(args.db_url,))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,9 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     for role, variable in PORT_SETTINGS.items():
         p.add_argument(f"--{role}-port", type=port_setting(variable, lowest=0),  # 0: a free port
                        default=env(variable, str(DEFAULT_PORTS[role])))
-    p.add_argument("--metrics-port", type=metrics_ports, default=env("MARKET_METRICS_PORT") or None,
-                   metavar="PORT[,PORT]", help="serve the buyer's /metrics on PORT and the seller's "
-                                              "on PORT+1 (or on the second PORT); default: off")
+    p.add_argument("--metrics-port", type=port_setting("MARKET_METRICS_PORT"),
+                   default=env("MARKET_METRICS_PORT") or None, metavar="PORT",
+                   help="serve the buyer's /metrics on PORT and the seller's on PORT+1; default: off")
     p.set_defaults(func=serve)
     _add_operator_parsers(sub, db)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")

@@ -10,7 +10,7 @@ from typing import Any
 
 from runtime.config import env
 
-Handler = Callable[[Any, dict[str, Any]], None]
+Handler = Callable[[Any, dict[str, Any]], object]  # what it returns is not used
 Ask = Callable[["Arg", str], str]  # (argument, why it is asked again or "") -> the answer
 
 
@@ -161,9 +161,10 @@ class Registry:
             return handler
         return register
 
-    def add(self, command: Command) -> None:
-        for key in (command.name, *command.aliases):
-            self.commands[key] = command
+    def add(self, *commands: Command) -> None:
+        for command in commands:
+            for key in (command.name, *command.aliases):
+                self.commands[key] = command
 
     def __or__(self, other: Registry) -> Registry:
         return Registry({**self.commands, **other.commands})
@@ -178,6 +179,14 @@ class Registry:
     def unique(self) -> list[Command]:
         """Each command once, in registration order."""
         return list({id(c): c for c in self.commands.values()}.values())
+
+
+def saying(op: str, said: Callable[[dict[str, Any], dict[str, Any]], str]) -> Handler:
+    """A command's handler that sends `op` with the command's values and says one line made
+    of them and the answer."""
+    def handler(shell: Any, args: dict[str, Any]) -> None:
+        shell.out.say(said(args, shell.call(op, args)))
+    return handler
 
 
 def word_list(text: str | list[str]) -> list[str]:

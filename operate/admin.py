@@ -5,6 +5,7 @@ and username; a bad name is NOT_FOUND.
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import socket
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from db.schema import (
     users,
 )
 from wire.errors import ConflictError, NotFoundError
+from wire.values import CATEGORY_NAMES, format_money, format_time
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,6 @@ def _name(user: Any) -> str:
     return f"{user.role} {user.username} (user {user.user_id})"
 
 
-def end_all_sessions(tx: Connection, user_id: int) -> int:
-    """End every session of the user, live or not; how many there were."""
-    return end_sessions(tx, sessions.c.user_id == user_id)
-
-
 def plural(count: int, what: str) -> str:
     return f"{count} {what}{'s' * (count != 1)}"
 
@@ -90,14 +87,14 @@ def suspend(tx: Connection, operator: Operator, role: str, username: str, off_sa
     Locks in the order every write keeps: sessions, items, user. Sessions are ended again
     once the user's row is held: a login holds it shared while opening its session."""
     user = find_user(tx, role, username)
-    ended = end_all_sessions(tx, user.user_id)
+    ended = end_sessions(tx, sessions.c.user_id == user.user_id)
     withdrawn = withdraw(tx, items.c.seller_id == user.user_id) if off_sale else []
     user = find_user(tx, role, username, lock=True)
     if tx.execute(select(suspensions.c.user_id).where(suspensions.c.user_id == user.user_id)).first():
         raise ConflictError(f"{_name(user)} is suspended already")
     tx.execute(insert(suspensions), {"user_id": user.user_id, "suspended_ms": now_ms(),
                                      "reason": operator.reason})
-    ended += end_all_sessions(tx, user.user_id)
+    ended += end_sessions(tx, sessions.c.user_id == user.user_id)
     outcome = f"suspended {_name(user)}; ended {plural(ended, 'session')}"
     if off_sale:
         outcome += f"; took {plural(len(withdrawn), 'item')} off sale"
@@ -115,7 +112,7 @@ def reinstate(tx: Connection, operator: Operator, role: str, username: str) -> s
 def end_user_sessions(tx: Connection, operator: Operator, role: str, username: str) -> str:
     """End every session of an account (its carts go with them; the saved cart stays)."""
     user = find_user(tx, role, username)
-    ended = end_all_sessions(tx, user.user_id)
+    ended = end_sessions(tx, sessions.c.user_id == user.user_id)
     return record(tx, operator, "end-sessions", _name(user),
                    f"ended {plural(ended, 'session')} of {_name(user)}")
 
@@ -162,14 +159,14 @@ def count(tx: Connection, table: Any, *where: Any, column: Any = None) -> int:
 
 
 def show_user(tx: Connection, role: str, username: str) -> dict[str, Any]:
-    """A user's account, state and counters, by label."""
+    """A user's account, state and counters, by label, as people read them."""
     user = find_user(tx, role, username)
     suspended = tx.execute(select(suspensions).where(suspensions.c.user_id == user.user_id)).first()
     shown: dict[str, Any] = {
         "user id": user.user_id, "role": user.role, "username": user.username, "name": user.name,
-        "created": user.created_ms,
+        "created": format_time(user.created_ms / 1000),
         "state": "suspended" if suspended else "active",
-        "suspended": suspended.suspended_ms if suspended else None,
+        "suspended": format_time(suspended.suspended_ms / 1000) if suspended else None,
         "suspension reason": suspended.reason if suspended else None,
         "sessions": count(tx, sessions, sessions.c.user_id == user.user_id),
         "failed logins": count(tx, login_failures, login_failures.c.role == role,
@@ -190,7 +187,7 @@ def show_user(tx: Connection, role: str, username: str) -> dict[str, Any]:
 
 
 def show_item(tx: Connection, item_id: int) -> dict[str, Any]:
-    """An item with its counters and its seller, by label."""
+    """An item with its counters and its seller, by label, as people read them."""
     row = tx.execute(select(items, users.c.username, suspensions.c.user_id.label("suspended"))
                      .join(users, users.c.user_id == items.c.seller_id)
                      .outerjoin(suspensions, suspensions.c.user_id == items.c.seller_id)
@@ -199,10 +196,12 @@ def show_item(tx: Connection, item_id: int) -> dict[str, Any]:
         raise NotFoundError(f"no item {item_id}")
     seller = f"{row.username} (user {row.seller_id}{', suspended' if row.suspended else ''})"
     return {
-        "item id": row.item_id, "name": row.name, "seller": seller, "category": row.category,
-        "keywords": row.keywords, "condition": row.item_condition, "price": row.price_cents,
-        "on sale": row.quantity, "listed": row.listed, "sold": row.sold, "removed": row.removed,
-        "thumbs up": row.thumbs_up, "thumbs down": row.thumbs_down, "created": row.created_ms,
+        "item id": row.item_id, "name": row.name, "seller": seller,
+        "category": f"{row.category} {CATEGORY_NAMES[row.category]}",
+        "keywords": ", ".join(json.loads(row.keywords)) or "-", "condition": row.item_condition,
+        "price": format_money(row.price_cents), "on sale": row.quantity, "listed": row.listed,
+        "sold": row.sold, "removed": row.removed, "thumbs up": row.thumbs_up,
+        "thumbs down": row.thumbs_down, "created": format_time(row.created_ms / 1000),
         "in carts": count(tx, cart_lines, cart_lines.c.item_id == item_id),
         "in saved carts": count(tx, saved_cart_lines, saved_cart_lines.c.item_id == item_id),
     }

@@ -261,14 +261,6 @@ def _negatives(name: str, row: Any, columns: tuple[str, ...]) -> Iterator[str]:
             yield f"{name}: {column} is negative ({getattr(row, column)})"
 
 
-def audit_with_totals(database: Database, ledger: list[Payment]) -> tuple[list[str], dict[str, int]]:
-    """The violations and what was checked, read in one transaction: `book_totals`, then the
-    ledger's entries and the money it captured (in cents)."""
-    found, totals = database.run(lambda tx: (violations(tx, (), ledger), book_totals(tx)), write=False)
-    captured = sum(entry.amount_cents for entry in ledger if entry.state == CAPTURED)
-    return found, {**totals, "payments": len(ledger), "cents captured": captured}
-
-
 def ledger_of(database: Database, payments_url: str | None = None) -> list[Payment]:
     """The payment ledger's entries: in the database at `payments_url` (MARKET_PAYMENTS_URL)
     when given, else in `database`; none if that database has no payments table."""
@@ -281,11 +273,14 @@ def ledger_of(database: Database, payments_url: str | None = None) -> list[Payme
             apart.close()
 
 
-def book_totals(tx: Connection) -> dict[str, int]:
-    """Rows per table, the units sold and the money the orders took (in cents)."""
+def book_totals(tx: Connection, ledger: list[Payment]) -> dict[str, int]:
+    """Rows per table, the units sold, the money the orders took, the ledger's entries and the
+    money it captured (in cents)."""
     tables = {"users": users, "items": items, "orders": orders, "order lines": order_lines,
               "feedback": feedback}
     totals = {name: count(tx, table) for name, table in tables.items()}
     totals["units sold"] = count(tx, order_lines, column=order_lines.c.quantity)
     totals["cents taken"] = count(tx, orders, is_completed(orders.c.status), column=orders.c.total_cents)
+    totals["payments"] = len(ledger)
+    totals["cents captured"] = sum(entry.amount_cents for entry in ledger if entry.state == CAPTURED)
     return totals

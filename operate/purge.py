@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, inspect, select, update
 
+from db.accounts import end_sessions
 from db.catalog import relist
 from db.database import Database
 from db.ledger import payments
@@ -28,11 +29,12 @@ from db.schema import (
     order_lines,
     orders,
     saved_cart_lines,
+    sessions,
     suspensions,
     users,
 )
 
-from .admin import Operator, count, end_all_sessions, plural, record, withdraw
+from .admin import Operator, count, plural, record, withdraw
 
 # What the load tools (market-sim, locust) name their accounts and items from.
 LOAD_TEST_PREFIX = "loadtest-"
@@ -100,9 +102,9 @@ def purge(database: Database, operator: Operator) -> PurgeCounts:
 def _lock_out(tx: Connection, user_id: int) -> None:
     """End the account's sessions and hold its row to the commit (a login opening a session
     holds it shared, so it either ended here too or finds the account gone)."""
-    end_all_sessions(tx, user_id)
+    end_sessions(tx, sessions.c.user_id == user_id)
     tx.execute(select(users.c.user_id).where(users.c.user_id == user_id).with_for_update())
-    end_all_sessions(tx, user_id)
+    end_sessions(tx, sessions.c.user_id == user_id)
 
 
 def _purge_buyer(tx: Connection, buyer_id: int, ledger_here: bool) -> Counter[str]:
