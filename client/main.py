@@ -44,9 +44,9 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)  # before any server starts: a Ctrl-C meanwhile stops them all
     signal.signal(signal.SIGINT, stop)
+    metrics = dict(zip(("buyer", "seller"), args.metrics_port or (), strict=False))
     for role, port in (("buyer", args.buyer_port), ("seller", args.seller_port)):
-        metrics = args.metrics_port + (role == "seller") if args.metrics_port else None  # the seller's: +1
-        own = ["--metrics-port", str(metrics)] if metrics else []
+        own = ["--metrics-port", str(metrics[role])] if role in metrics else []
         procs[role] = subprocess.Popen(  # stopped by the kernel should this process die
             [sys.executable, "-m", f"{role}_server", "--db-url", args.db_url, "--host", args.host,
              "--port", str(port), *own], preexec_fn=lambda: die_with_parent(parent))
@@ -62,6 +62,18 @@ def serve(args: argparse.Namespace) -> int:
         stop(signal.SIGTERM, None)
     codes = [proc.wait() for proc in procs.values()]
     return next((code if code > 0 else 1 for code in codes if code != 0), int(on_its_own))
+
+
+def metrics_ports(text: str) -> tuple[int, int]:
+    """An argparse type: the buyer's and the seller's /metrics ports, "BUYER,SELLER", or
+    "PORT" for PORT and PORT+1."""
+    port = port_setting("MARKET_METRICS_PORT")
+    ports = [port(part) for part in text.split(",")]
+    if len(ports) == 1 and ports[0] < 65535:
+        ports.append(ports[0] + 1)
+    if len(ports) != 2 or ports[0] == ports[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PORT, or two ports BUYER,SELLER")
+    return ports[0], ports[1]
 
 
 # A private read of each server, asked with a token no session has: UNAUTHENTICATED means the
@@ -179,9 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     for role, variable in PORT_SETTINGS.items():
         p.add_argument(f"--{role}-port", type=port_setting(variable, lowest=0),  # 0: a free port
                        default=env(variable, str(DEFAULT_PORTS[role])))
-    p.add_argument("--metrics-port", type=port_setting("MARKET_METRICS_PORT"),
-                   default=env("MARKET_METRICS_PORT") or None, metavar="PORT",
-                   help="serve the buyer's /metrics on PORT and the seller's on PORT+1; default: off")
+    p.add_argument("--metrics-port", type=metrics_ports, default=env("MARKET_METRICS_PORT") or None,
+                   metavar="PORT[,PORT]", help="serve the buyer's /metrics on PORT and the seller's "
+                                              "on PORT+1 (or on the second PORT); default: off")
     p.set_defaults(func=serve)
     _add_operator_parsers(sub, db)
     p = sub.add_parser("health", help="ping a server; exit non-zero if it does not answer")
