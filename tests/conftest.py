@@ -122,3 +122,15 @@ def round_trips() -> Iterator[RoundTrips]:
     counted = RoundTrips()
     yield counted
     counted.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first (the slow-marked, then those of real processes and deployments),
+    the short ones last: the workers then finish together instead of one running a long test
+    alone at the end."""
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow"):
+            return 0
+        return 1 if "/processes/" in item.nodeid or "/deploy/" in item.nodeid else 2
+
+    items.sort(key=rank)
