@@ -19,10 +19,9 @@ from wire.framing import DEFAULT_MAX_FRAME, encode_frame
 from wire.observer import NO_SERVER_OBSERVER, SUPERVISOR, ServerObserver, now_ns
 
 from .admission import REFUSALS, evictable, listen, refuse_busy
-from .connection import Connection, Outbox
+from .connection import Connection, Outbox, TlsChannel
 from .reader import Reader
 from .scheduler import LEAD, Scheduler
-from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
 _SIGNAL_CHECK_S = 0.2  # how often serve_forever's thread looks for a signal to handle
