@@ -93,7 +93,6 @@ class Server(Reader):
 
     @property
     def connection_count(self) -> int:
-        """Open client connections."""
         return len(self._connections)
 
     @property
@@ -201,8 +200,9 @@ class Server(Reader):
         """Answer the connection's next request; False when its queue is done with for now:
         answered, or an answer waits for its client to read (the leader sends the rest, then
         hands the queue on)."""
+        deadline = self._stop_deadline  # once it passes, queued requests are left unanswered
         with conn.lock:
-            done = not conn.pending or conn.closed or self._past_stop_deadline()
+            done = not conn.pending or conn.closed or deadline is not None and time.monotonic() >= deadline
             if done:
                 conn.busy = False
             else:
@@ -276,11 +276,6 @@ class Server(Reader):
                 self._stop_reading(conn)
         owed = self._ready or any(conn.busy for conn in self._connections)
         return not owed or time.monotonic() >= self._stop_deadline
-
-    def _past_stop_deadline(self) -> bool:
-        """Stopping, and the time for answers owed is up: queued requests are left unanswered."""
-        deadline = self._stop_deadline
-        return deadline is not None and time.monotonic() >= deadline
 
     def _finish(self) -> None:
         if self._stop_deadline is None:  # stopped by a failure, not shutdown()
