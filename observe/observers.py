@@ -109,6 +109,5 @@ class MarketObserver(LogObserver):
 
 
 def _code(response: dict[str, Any]) -> str:
-    """The answer's code: OK or its error's."""
     error = response.get("error")
     return str(error.get("code", "INTERNAL")) if error else "OK"
