@@ -11,8 +11,9 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from wire.app import App
 from wire.envelope import error_response, request_id
 from wire.errors import InternalError, ProtocolError
 from wire.framing import DEFAULT_MAX_FRAME, encode_frame
@@ -26,12 +27,6 @@ from .scheduler import LEAD, Scheduler
 log = logging.getLogger("market.server")
 _SIGNAL_CHECK_S = 0.2  # how often serve_forever's thread looks for a signal to handle
 _BATCH = 8  # requests of one connection answered in a turn while nobody else waits
-
-
-class App(Protocol):
-    """What the loop serves: a message in, a response message out."""
-
-    def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
