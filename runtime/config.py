@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from dotenv import find_dotenv, load_dotenv
 
+from observe.logs import FORMATS
 from runtime.server import ServerLimits
 
 DEFAULT_DB_URL = "sqlite:///market.db"
@@ -149,12 +150,11 @@ def _secret_file(name: str, path: str) -> str:
         sys.exit(f"error: {name}_FILE={path}: {exc.strerror}")
 
 
-# Written again rather than imported: the shells and tools read settings too, and importing
-# db would load SQLAlchemy into each of them.
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_LOG_FORMATS = ("text", "json")  # observe.logs.FORMATS
 _SWITCH = {"on": 1.0, "true": 1.0, "yes": 1.0, "off": 0.0, "false": 0.0, "no": 0.0, "": 0.0}
-_SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS
+# db.engine.SQLITE_SYNCHRONOUS, written again: the shells and tools read settings too, and
+# importing db would load SQLAlchemy into each of them
+_SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 
 
 def _fraction_or_switch(text: str, refuse: Callable[[str], NoReturn]) -> float:
@@ -247,7 +247,7 @@ def _check_choices(args: argparse.Namespace, refuse: Callable[[str], NoReturn]) 
     if bool(args.tls_cert) != bool(args.tls_key):
         refuse("--tls-cert and --tls-key go together")
     for flag, value, choices in (("--log-level", args.log_level, _LOG_LEVELS),
-                                 ("--log-format", args.log_format, _LOG_FORMATS),
+                                 ("--log-format", args.log_format, FORMATS),
                                  ("--sqlite-synchronous", args.sqlite_synchronous, _SQLITE_SYNCHRONOUS)):
         if value.upper() not in choices and value.lower() not in choices:
             refuse(f"{flag} {value}: one of {', '.join(choices)}")
