@@ -30,18 +30,17 @@ log = logging.getLogger("market.runner")
 BuildApp = Callable[[Settings, Any], App]
 
 
-class CannotListen(OSError):
-    """The server's address cannot be bound (in use, or not this machine's): one line for the user."""
+class CannotStart(Exception):
+    """The server cannot start as set up (its database, TLS files or address): one line for the user."""
 
 
 @contextlib.contextmanager
-def _cannot_listen(address: str = "") -> Iterator[None]:
-    """An OSError in the block as CannotListen, naming the address if given."""
+def _cannot_start(what: str = "") -> Iterator[None]:
+    """An OSError in the block as CannotStart, after `what` if given."""
     try:
         yield
     except OSError as exc:
-        raise CannotListen(f"cannot listen on {address}: {exc.strerror or exc}" if address
-                           else str(exc)) from None
+        raise CannotStart(f"{what}: {exc.strerror or exc}" if what else str(exc)) from None
 
 
 def _readiness(settings: Settings, draining: Callable[[], bool]) -> Callable[[], str]:
@@ -82,15 +81,18 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
         logging.getLogger("alembic").setLevel(logging.WARNING)
         if build_app is None:
             build_app = importlib.import_module(f"{role}_server.ops").build_app
-        return _start(role, build_app, settings, stops)
+        return _start(build_app, settings, stops)
     except StopRequested:
         log.info("stopped before serving")
         return 0
+    except (CannotStart, WorkerFailed) as exc:
+        print(f"error: {role} server: {exc}", file=sys.stderr)
+        return 2
     finally:
         serving.stopped()
 
 
-def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignals) -> int:
+def _start(build_app: BuildApp, settings: Settings, stops: StopSignals) -> int:
     from db import Database, DatabaseUnusable
     from db.migrations import check_current, upgrade
 
@@ -101,26 +103,18 @@ def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignal
         else:
             check_current(schema_db)
     except DatabaseUnusable as exc:
-        print(f"error: {role} server: {exc}", file=sys.stderr)
-        return 2
+        raise CannotStart(str(exc)) from None
     finally:
         with stops.held():
             schema_db.close()
-    try:
-        tls = server_context(settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key \
-            else None
-    except OSError as exc:  # ssl.SSLError among them
-        print(f"error: {role} server: cannot use the TLS certificate {settings.tls_cert} and key "
-              f"{settings.tls_key}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    try:
-        if settings.workers <= 1:
-            _serve(settings, build_app, tls, stops, announce)
-            return 0
-        return _supervise(settings, build_app, tls)
-    except (CannotListen, WorkerFailed) as exc:
-        print(f"error: {role} server: {exc}", file=sys.stderr)
-        return 2
+    tls = None
+    if settings.tls_cert and settings.tls_key:
+        with _cannot_start(f"cannot use the TLS certificate {settings.tls_cert} and key {settings.tls_key}"):
+            tls = server_context(settings.tls_cert, settings.tls_key)  # ssl.SSLError is an OSError
+    if settings.workers <= 1:
+        _serve(settings, build_app, tls, stops, announce)
+        return 0
+    return _supervise(settings, build_app, tls)
 
 
 def announce(server: Server) -> None:
@@ -148,10 +142,10 @@ def _serve(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None, 
         observer = serving.observer_for(settings, app)
         limits = ServerLimits(**{f.name: getattr(settings, f.name) for f in fields(ServerLimits)
                                  if hasattr(settings, f.name)})  # the settings of the same names
-        with _cannot_listen(f"{settings.host}:{settings.port}"):
+        with _cannot_start(f"cannot listen on {settings.host}:{settings.port}"):
             server = Server(app, settings.host, settings.port, limits, listener, tls, observer)
         if listener is None:  # one process: it serves its own /metrics (workers: the supervisor)
-            with _cannot_listen():
+            with _cannot_start():
                 serving.serve_metrics(settings, _readiness(settings, lambda: server.stopping))
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
         # long as the process: keep it out of the collector's full passes, which scanned it all.
@@ -172,10 +166,10 @@ def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | No
     """Bind the port, fork the workers that serve it, restart any that dies (runtime.supervisor)."""
     from observe import serving
 
-    with _cannot_listen(f"{settings.host}:{settings.port}"):
+    with _cannot_start(f"cannot listen on {settings.host}:{settings.port}"):
         listener = listen(settings.host, settings.port)
     supervisor = Supervisor(settings.workers, settings.worker_timeout_s, listener,
                             functools.partial(_serve, settings, build_app, tls, listener=listener))
-    with _cannot_listen():
+    with _cannot_start():
         serving.serve_metrics(settings, _readiness(settings, supervisor.draining))
     return supervisor.run()
