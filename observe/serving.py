@@ -71,11 +71,7 @@ def serve_metrics(settings: Any, ready: Callable[[], str]) -> None:
 
     routes = {"/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry)),
               "/healthz": lambda: (200, "text/plain", b"ok\n"), "/readyz": readiness}
-    try:
-        _http = HttpServer(settings.metrics_host, settings.metrics_port, routes, settings.metrics_connections)
-    except OSError as exc:
-        raise OSError(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
-                      f"{exc.strerror or exc}") from None
+    _http = HttpServer(settings.metrics_host, settings.metrics_port, routes, settings.metrics_connections)
     log.info("metrics at http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
 
 

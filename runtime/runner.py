@@ -35,17 +35,20 @@ class CannotStart(Exception):
 
 
 @contextlib.contextmanager
-def _cannot_start(what: str = "") -> Iterator[None]:
-    """An OSError in the block as CannotStart, after `what` if given."""
+def _cannot_start(what: str) -> Iterator[None]:
+    """An OSError in the block as CannotStart, saying `what` could not be done."""
     try:
         yield
     except OSError as exc:
-        raise CannotStart(f"{what}: {exc.strerror or exc}" if what else str(exc)) from None
+        raise CannotStart(f"{what}: {exc.strerror or exc}") from None
 
 
-def _readiness(settings: Settings, draining: Callable[[], bool]) -> Callable[[], str]:
-    """/readyz's question: "" when the process serves and its database answers at the schema
-    this code needs; else why not (a connection of its own per check: no pool to fork)."""
+def _serve_metrics(settings: Settings, draining: Callable[[], bool]) -> None:
+    """The metrics port, if set (observe.serving). /readyz's question: "" when the process serves
+    and its database answers at the schema this code needs; else why not (a connection of its
+    own per check: no pool to fork)."""
+    from observe import serving
+
     def reason() -> str:
         if draining():
             return "draining"
@@ -61,7 +64,8 @@ def _readiness(settings: Settings, draining: Callable[[], bool]) -> Callable[[],
             database.close()
         return ""
 
-    return reason
+    with _cannot_start(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}"):
+        serving.serve_metrics(settings, reason)
 
 
 def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = None) -> int:
@@ -145,8 +149,7 @@ def _serve(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None, 
         with _cannot_start(f"cannot listen on {settings.host}:{settings.port}"):
             server = Server(app, settings.host, settings.port, limits, listener, tls, observer)
         if listener is None:  # one process: it serves its own /metrics (workers: the supervisor)
-            with _cannot_start():
-                serving.serve_metrics(settings, _readiness(settings, lambda: server.stopping))
+            _serve_metrics(settings, lambda: server.stopping)
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
         # long as the process: keep it out of the collector's full passes, which scanned it all.
         gc.freeze()
@@ -164,12 +167,9 @@ def _serve(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None, 
 
 def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None) -> int:
     """Bind the port, fork the workers that serve it, restart any that dies (runtime.supervisor)."""
-    from observe import serving
-
     with _cannot_start(f"cannot listen on {settings.host}:{settings.port}"):
         listener = listen(settings.host, settings.port)
     supervisor = Supervisor(settings.workers, settings.worker_timeout_s, listener,
                             functools.partial(_serve, settings, build_app, tls, listener=listener))
-    with _cannot_start():
-        serving.serve_metrics(settings, _readiness(settings, supervisor.draining))
+    _serve_metrics(settings, supervisor.draining)
     return supervisor.run()
