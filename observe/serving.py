@@ -1,6 +1,6 @@
 """Observing a server process: logging set up first, the loop's observer, and the metrics
 port (/metrics, summed over `--workers N` by prometheus_client's multiprocess mode; /healthz;
-/readyz) on one thread (an asyncio loop), at most `max_connections` open (the oldest gives
+/readyz) on one thread (an asyncio loop), at most MAX_CONNECTIONS open (the oldest gives
 way), TIME_LIMIT_S each, an 8 KiB head, one GET or HEAD per connection.
 
 `prepare` must run before anything imports prometheus_client: the library picks its
@@ -25,6 +25,7 @@ from . import logs
 log = logging.getLogger("market.observe")
 MULTIPROC_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 TIME_LIMIT_S = 5.0
+MAX_CONNECTIONS = 16  # open at once (the oldest gives way)
 _MAX_HEAD = 8192
 Route = Callable[[], tuple[int, str, bytes]]  # status, content type, body
 _made_folder: str | None = None  # the multiprocess folder this process made (removed at stop)
@@ -71,7 +72,7 @@ def serve_metrics(settings: Any, ready: Callable[[], str]) -> None:
 
     routes = {"/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry)),
               "/healthz": lambda: (200, "text/plain", b"ok\n"), "/readyz": readiness}
-    _http = HttpServer(settings.metrics_host, settings.metrics_port, routes, settings.metrics_connections)
+    _http = HttpServer(settings.metrics_host, settings.metrics_port, routes)
     log.info("metrics at http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
 
 
@@ -110,8 +111,8 @@ def observer_for(settings: Any, app: Any) -> Any:
 class HttpServer:
     """Serves `routes` (path -> Route) on host:port from one thread until `close`."""
 
-    def __init__(self, host: str, port: int, routes: dict[str, Route], max_connections: int) -> None:
-        self.routes, self.max_connections = routes, max_connections
+    def __init__(self, host: str, port: int, routes: dict[str, Route]) -> None:
+        self.routes = routes
         self._listener = socket.create_server((host, port), backlog=64)
         self._exchanges: dict[asyncio.Task[None], asyncio.StreamWriter] = {}  # in the order they connected
         self._loop = asyncio.new_event_loop()
@@ -141,7 +142,7 @@ class HttpServer:
         await asyncio.gather(*self._exchanges)
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._exchanges) >= self.max_connections:  # the oldest gives way
+        if len(self._exchanges) >= MAX_CONNECTIONS:  # the oldest gives way
             self._exchanges.pop(next(iter(self._exchanges))).transport.abort()
         task = asyncio.current_task()
         assert task is not None

@@ -79,7 +79,6 @@ class Settings:
     sqlite_synchronous: str = "NORMAL"
     metrics_port: int | None = None  # /metrics served on it when set
     metrics_host: str = "127.0.0.1"
-    metrics_connections: int = 16  # open at once on the metrics port (the oldest gives way)
     log_format: str = "text"
     access_log: float = _number(0.0, 0, 1, "MARKET_ACCESS_LOG")  # the fraction of requests logged
     upgrade_schema: bool = False  # upgrade an older schema at start instead of refusing it
@@ -202,8 +201,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         value, (low, high) = getattr(settings, f.name), f.metadata["range"]
         if not low <= value <= high:
             refuse(f"{f.metadata['source']} {value}: must be from {low:,} to {high:,}")
-    short = descriptor_shortage(settings)
-    if short:
+    if short := descriptor_shortage(settings):
         refuse(short)
     return settings
 
@@ -260,7 +258,9 @@ def descriptor_shortage(settings: Settings) -> str:
     # a socket per connection, per database connection (the pool and its overflow) up to three
     # (SQLite's file, its write-ahead log and shared memory), the metrics port's connections, and
     # a margin for the listener, the selector, logs and the accept that finds the process full
-    needed = settings.max_connections + settings.metrics_connections + 2 * settings.threads * 3 + 64
+    from observe.serving import MAX_CONNECTIONS as metrics_connections
+
+    needed = settings.max_connections + metrics_connections + 2 * settings.threads * 3 + 64
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return ""
