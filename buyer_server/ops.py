@@ -9,7 +9,7 @@ from db import Database, accounts, carts, catalog, orders, search
 from db.ledger import Ledger
 from runtime.config import Settings
 from runtime.logins import ADDRESSED_OPS, AccountGuards, account_handlers
-from wire import BUYER_OPS, __version__
+from wire import BUYER_OPS
 from wire.app import App, Background, Stepwise
 from wire.errors import ProtocolError
 
@@ -35,7 +35,7 @@ def build_app(settings: Settings, db: Database, processor: PaymentProcessor | No
     checkout = Checkout(db, processor, settings.test_kill_at)
     background.append(Settler(checkout, settings.settle_period_s, settings.settle_after_s))
     handlers = {
-        **account_handlers(db, "buyer", policy, __version__, AccountGuards.for_settings(settings)),
+        **account_handlers(db, "buyer", policy, AccountGuards.for_settings(settings)),
         "search_items": search.search_items,
         "get_item": catalog.get_item,
         "add_to_cart": carts.add_to_cart,

@@ -79,7 +79,6 @@ class JsonFormatter(logging.Formatter):
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    """The record's fields of _FIELDS that are set."""
     return {name: value for name in _FIELDS if (value := getattr(record, name, None)) is not None}
 
 

@@ -4,13 +4,10 @@ prometheus_client's multiprocess mode: see observe.serving). docs/operations.md 
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterable
-from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from wire import BUYER_OPS, ERROR_CLASSES, PROTOCOL_VERSION, SELLER_OPS, __version__
-from wire.app import UNKNOWN_OP  # every op name the server does not serve: a client cannot grow the labels
+from wire import PROTOCOL_VERSION, __version__
 
 # Set at start (observe.serving.prepare) when /metrics is served: gauges changed on every
 # call (DB_CONNECTIONS_IN_USE) are kept only then; nobody could read them otherwise.
@@ -67,12 +64,11 @@ LABEL_VALUES = (
     (SIGNUPS_REFUSED, ("address_limit", "busy", "address_busy")),
     (PAYMENTS, ("approved", "declined", "error")),
 )
-ROLE_OPS = {"buyer": BUYER_OPS, "seller": SELLER_OPS}
 
 
 def start(role: str) -> None:
-    """Name this process's server `role` and make every series it reports, at 0: each of the
-    role's ops with each answer code, each reason and outcome."""
+    """Name this process's server `role` and make every series it reports at 0, each reason
+    and outcome (the requests' are made by its observer, observe.observers)."""
     global server
     server = role
     BUILD_INFO.labels(role, __version__, PROTOCOL_VERSION, platform.python_version()).set(1)
@@ -81,12 +77,3 @@ def start(role: str) -> None:
     for metric, values in LABEL_VALUES:
         for value in values:
             metric.labels(role, value)
-    request_series(role, ROLE_OPS.get(role, ()))
-
-
-def request_series(role: str, ops: Iterable[str]) -> tuple[dict[tuple[str, str], Any], dict[str, Any]]:
-    """The REQUESTS series of `role` by (op, answer code) and its DURATION series by op, made at
-    0 for each of `ops`, UNKNOWN_OP and FRAME_ERROR_OP."""
-    labels = [*ops, UNKNOWN_OP, FRAME_ERROR_OP]
-    counts = {(op, code): REQUESTS.labels(role, op, code) for op in labels for code in ("OK", *ERROR_CLASSES)}
-    return counts, {op: DURATION.labels(role, op) for op in labels}

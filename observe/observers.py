@@ -7,7 +7,8 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
-from wire.app import op_label
+from wire import ERROR_CLASSES
+from wire.app import UNKNOWN_OP, op_label
 from wire.observer import SUPERVISOR, ServerObserver
 
 from . import metrics
@@ -61,12 +62,16 @@ class LogObserver(ServerObserver):
 
 
 class MarketObserver(LogObserver):
-    """LogObserver plus the loop's metrics (observe.metrics)."""
+    """LogObserver plus the loop's metrics (observe.metrics), each op's series made at 0 (every
+    op name the server does not serve is UNKNOWN_OP: a client cannot grow the labels)."""
 
     def __init__(self, server: str, ops: Iterable[str], *, access_sample: float = 0.0,
                  trace: TraceFile | None = None) -> None:
         super().__init__(server, ops, access_sample=access_sample, trace=trace)
-        self._counts, self._durations = metrics.request_series(server, self.ops)
+        labels = [*self.ops, UNKNOWN_OP, metrics.FRAME_ERROR_OP]
+        self._counts = {(op, code): metrics.REQUESTS.labels(server, op, code)
+                        for op in labels for code in ("OK", *ERROR_CLASSES)}
+        self._durations = {op: metrics.DURATION.labels(server, op) for op in labels}
         self._open = metrics.CONNECTIONS_OPEN.labels(server)
         self._busy = metrics.THREADS_BUSY.labels(server)
         self._queued = metrics.REQUESTS_QUEUED.labels(server)
@@ -104,6 +109,5 @@ class MarketObserver(LogObserver):
 
 
 def _code(response: dict[str, Any]) -> str:
-    """The answer's code: OK or its error's."""
     error = response.get("error")
     return str(error.get("code", "INTERNAL")) if error else "OK"

@@ -1,6 +1,6 @@
 """Observing a server process: logging set up first, the loop's observer, and the metrics
 port (/metrics, summed over `--workers N` by prometheus_client's multiprocess mode; /healthz;
-/readyz) on one thread and a selector, at most `max_connections` open (the oldest gives
+/readyz) on one thread (an asyncio loop), at most MAX_CONNECTIONS open (the oldest gives
 way), TIME_LIMIT_S each, an 8 KiB head, one GET or HEAD per connection.
 
 `prepare` must run before anything imports prometheus_client: the library picks its
@@ -8,16 +8,14 @@ multiprocess mode once, from PROMETHEUS_MULTIPROC_DIR, at import.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import selectors
 import shutil
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from . import logs
 log = logging.getLogger("market.observe")
 MULTIPROC_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 TIME_LIMIT_S = 5.0
+MAX_CONNECTIONS = 16  # open at once (the oldest gives way)
 _MAX_HEAD = 8192
 Route = Callable[[], tuple[int, str, bytes]]  # status, content type, body
 _made_folder: str | None = None  # the multiprocess folder this process made (removed at stop)
@@ -73,11 +72,7 @@ def serve_metrics(settings: Any, ready: Callable[[], str]) -> None:
 
     routes = {"/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry)),
               "/healthz": lambda: (200, "text/plain", b"ok\n"), "/readyz": readiness}
-    try:
-        _http = HttpServer(settings.metrics_host, settings.metrics_port, routes, settings.metrics_connections)
-    except OSError as exc:
-        raise OSError(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
-                      f"{exc.strerror or exc}") from None
+    _http = HttpServer(settings.metrics_host, settings.metrics_port, routes)
     log.info("metrics at http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
 
 
@@ -113,82 +108,69 @@ def observer_for(settings: Any, app: Any) -> Any:
                 trace=trace_file())
 
 
-@dataclass
-class _Exchange:
-    sock: socket.socket
-    deadline: float
-    received: bytearray = field(default_factory=bytearray)
-    answer: bytes = b""
-
-
 class HttpServer:
     """Serves `routes` (path -> Route) on host:port from one thread until `close`."""
 
-    def __init__(self, host: str, port: int, routes: dict[str, Route], max_connections: int) -> None:
-        self.routes, self.max_connections = routes, max_connections
+    def __init__(self, host: str, port: int, routes: dict[str, Route]) -> None:
+        self.routes = routes
         self._listener = socket.create_server((host, port), backlog=64)
-        self._listener.setblocking(False)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._listener, selectors.EVENT_READ)
-        self._exchanges: dict[socket.socket, _Exchange] = {}  # in the order they connected
-        self._stopping = False
-        self._thread = threading.Thread(target=self._serve, name="market-metrics", daemon=True)
+        self._exchanges: dict[asyncio.Task[None], asyncio.StreamWriter] = {}  # in the order they connected
+        self._loop = asyncio.new_event_loop()
+        self._stopping = asyncio.Event()
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._serve(),),
+                                        name="market-metrics", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
         """Stop serving and close every connection."""
-        self._stopping = True
+        self._loop.call_soon_threadsafe(self._stopping.set)
         self._thread.join()
+        self._loop.close()
 
     def close_in_child(self) -> None:
         """In a forked process: let go of the sockets the parent serves."""
-        for sock in [self._listener, *self._exchanges]:
-            sock.close()
-        self._selector.close()
-
-    def _serve(self) -> None:
-        while not self._stopping:
-            for key, events in self._selector.select(timeout=0.25):
-                if key.fileobj is self._listener:
-                    self._accept()
-                elif events & selectors.EVENT_WRITE:
-                    self._write(self._exchanges[key.fileobj])  # type: ignore[index]
-                else:
-                    self._read(self._exchanges[key.fileobj])  # type: ignore[index]
-            now = time.monotonic()
-            for exchange in [e for e in self._exchanges.values() if e.deadline < now]:
-                self._end(exchange)
-        for exchange in list(self._exchanges.values()):
-            self._end(exchange)
-        self._selector.close()
         self._listener.close()
+        for writer in self._exchanges.values():
+            os.close(writer.get_extra_info("socket").fileno())
 
-    def _accept(self) -> None:
-        try:
-            sock, _ = self._listener.accept()
-        except OSError:  # gone already, or out of descriptors: the client waits in the backlog
-            return
-        if len(self._exchanges) >= self.max_connections:
-            self._end(next(iter(self._exchanges.values())))  # the oldest gives way
-        sock.setblocking(False)
-        self._exchanges[sock] = _Exchange(sock, time.monotonic() + TIME_LIMIT_S)
-        self._selector.register(sock, selectors.EVENT_READ)
+    async def _serve(self) -> None:
+        server = await asyncio.start_server(self._exchange, sock=self._listener, limit=_MAX_HEAD)
+        await self._stopping.wait()
+        server.close()
+        for writer in self._exchanges.values():
+            writer.transport.abort()
+        await asyncio.gather(*self._exchanges)
 
-    def _read(self, exchange: _Exchange) -> None:
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._exchanges) >= MAX_CONNECTIONS:  # the oldest gives way
+            self._exchanges.pop(next(iter(self._exchanges))).transport.abort()
+        task = asyncio.current_task()
+        assert task is not None
+        self._exchanges[task] = writer
         try:
-            data = exchange.sock.recv(4096)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._end(exchange)
-            return
-        exchange.received += data
-        if b"\r\n\r\n" in exchange.received or b"\n\n" in exchange.received:
-            self._answer(exchange, *self._route(bytes(exchange.received)))
-        elif len(exchange.received) > _MAX_HEAD:
-            self._answer(exchange, 431, "text/plain", b"request too large\n")
+            async with asyncio.timeout(TIME_LIMIT_S):
+                status, kind, body = await self._answer(reader)
+                writer.write(f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {kind}\r\n"
+                             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+                writer.transport.set_write_buffer_limits(0)  # drain() waits for all of it
+                await writer.drain()
+        except (TimeoutError, OSError, asyncio.IncompleteReadError):
+            pass  # out of time, gone, or closed before its head ended: no answer
+        finally:
+            self._exchanges.pop(task, None)
+            writer.transport.abort()
+
+    async def _answer(self, reader: asyncio.StreamReader) -> tuple[int, str, bytes]:
+        """Read the head (up to an empty line) and route its request line."""
+        head = b""
+        try:
+            while not head.endswith((b"\n\n", b"\n\r\n")):
+                head += await reader.readuntil(b"\n")
+                if len(head) > _MAX_HEAD:
+                    raise asyncio.LimitOverrunError("the head is too large", len(head))
+        except asyncio.LimitOverrunError:  # the head, or one of its lines, over _MAX_HEAD
+            return 431, "text/plain", b"request too large\n"
+        return self._route(head)
 
     def _route(self, head: bytes) -> tuple[int, str, bytes]:
         parts = head.split(b"\n", 1)[0].split()
@@ -206,26 +188,3 @@ class HttpServer:
             log.exception("serving %s failed", target)
             return 503, "text/plain", b"failed\n"
         return status, kind, b"" if method == b"HEAD" else body
-
-    def _answer(self, exchange: _Exchange, status: int, kind: str, body: bytes) -> None:
-        head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {kind}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-        exchange.answer = head.encode() + body
-        self._selector.modify(exchange.sock, selectors.EVENT_WRITE)
-        self._write(exchange)
-
-    def _write(self, exchange: _Exchange) -> None:
-        try:
-            sent = exchange.sock.send(exchange.answer)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            sent = len(exchange.answer)
-        exchange.answer = exchange.answer[sent:]
-        if not exchange.answer:
-            self._end(exchange)
-
-    def _end(self, exchange: _Exchange) -> None:
-        self._selector.unregister(exchange.sock)
-        del self._exchanges[exchange.sock]
-        exchange.sock.close()

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from dotenv import find_dotenv, load_dotenv
 
+from observe.logs import FORMATS
 from runtime.server import ServerLimits
 
 DEFAULT_DB_URL = "sqlite:///market.db"
@@ -78,7 +79,6 @@ class Settings:
     sqlite_synchronous: str = "NORMAL"
     metrics_port: int | None = None  # /metrics served on it when set
     metrics_host: str = "127.0.0.1"
-    metrics_connections: int = 16  # open at once on the metrics port (the oldest gives way)
     log_format: str = "text"
     access_log: float = _number(0.0, 0, 1, "MARKET_ACCESS_LOG")  # the fraction of requests logged
     upgrade_schema: bool = False  # upgrade an older schema at start instead of refusing it
@@ -149,12 +149,11 @@ def _secret_file(name: str, path: str) -> str:
         sys.exit(f"error: {name}_FILE={path}: {exc.strerror}")
 
 
-# Written again rather than imported: the shells and tools read settings too, and importing
-# db would load SQLAlchemy into each of them.
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_LOG_FORMATS = ("text", "json")  # observe.logs.FORMATS
 _SWITCH = {"on": 1.0, "true": 1.0, "yes": 1.0, "off": 0.0, "false": 0.0, "no": 0.0, "": 0.0}
-_SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")  # db.engine.SQLITE_SYNCHRONOUS
+# db.engine.SQLITE_SYNCHRONOUS, written again: the shells and tools read settings too, and
+# importing db would load SQLAlchemy into each of them
+_SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 
 
 def _fraction_or_switch(text: str, refuse: Callable[[str], NoReturn]) -> float:
@@ -202,8 +201,7 @@ def server_settings(role: str, argv: list[str] | None = None) -> Settings:
         value, (low, high) = getattr(settings, f.name), f.metadata["range"]
         if not low <= value <= high:
             refuse(f"{f.metadata['source']} {value}: must be from {low:,} to {high:,}")
-    short = descriptor_shortage(settings)
-    if short:
+    if short := descriptor_shortage(settings):
         refuse(short)
     return settings
 
@@ -247,7 +245,7 @@ def _check_choices(args: argparse.Namespace, refuse: Callable[[str], NoReturn]) 
     if bool(args.tls_cert) != bool(args.tls_key):
         refuse("--tls-cert and --tls-key go together")
     for flag, value, choices in (("--log-level", args.log_level, _LOG_LEVELS),
-                                 ("--log-format", args.log_format, _LOG_FORMATS),
+                                 ("--log-format", args.log_format, FORMATS),
                                  ("--sqlite-synchronous", args.sqlite_synchronous, _SQLITE_SYNCHRONOUS)):
         if value.upper() not in choices and value.lower() not in choices:
             refuse(f"{flag} {value}: one of {', '.join(choices)}")
@@ -260,7 +258,9 @@ def descriptor_shortage(settings: Settings) -> str:
     # a socket per connection, per database connection (the pool and its overflow) up to three
     # (SQLite's file, its write-ahead log and shared memory), the metrics port's connections, and
     # a margin for the listener, the selector, logs and the accept that finds the process full
-    needed = settings.max_connections + settings.metrics_connections + 2 * settings.threads * 3 + 64
+    from observe.serving import MAX_CONNECTIONS as metrics_connections
+
+    needed = settings.max_connections + metrics_connections + 2 * settings.threads * 3 + 64
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return ""

@@ -1,11 +1,15 @@
 """One client's connection as the server loop keeps it: its socket, decoder, queue of requests
 read and not yet answered, and what its socket would not take yet.
+
+TLS runs over memory buffers (ssl.MemoryBIO): the leader decrypts without blocking, the
+answering thread encrypts; records leave in the order TLS made them, through the outbox.
 """
 from __future__ import annotations
 
 import collections
 import logging
 import socket
+import ssl
 import threading
 import time
 from typing import Any
@@ -18,7 +22,7 @@ READ_SIZE = 65536
 
 
 class Outbox:
-    """A plaintext channel (runtime.tls's encrypts): what the socket would not take yet. One lock
+    """A plaintext channel (TlsChannel encrypts): what the socket would not take yet. One lock
     orders the bytes; sends never wait (MSG_DONTWAIT), so holding it while sending is brief."""
 
     handshake_done = True
@@ -60,6 +64,36 @@ class Outbox:
                 return False
             del self._outbox[:sent]
         return True
+
+
+class TlsChannel(Outbox):
+    """One server-side TLS connection; see the module docstring."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__()
+        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self.handshake_done = False
+
+    def receive(self, data: bytes) -> bytes:
+        """Feed received ciphertext; the plaintext it completes. Raises ssl.SSLError."""
+        chunks = []
+        with self._state:
+            self._incoming.write(data)
+            try:
+                if not self.handshake_done:
+                    self._tls.do_handshake()
+                    self.handshake_done = True
+                while chunk := self._tls.read(65536):
+                    chunks.append(chunk)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):  # wants more, or closed cleanly
+                pass
+            self._outbox += self._outgoing.read()
+        return b"".join(chunks)
+
+    def _encode(self, data: bytes) -> bytes:
+        self._tls.write(data)
+        return self._outgoing.read()
 
 
 class Connection:

@@ -21,7 +21,6 @@ class QueuedBytes:
 
     @property
     def total(self) -> int:
-        """Everything held."""
         return self.complete + self.partial
 
     def add(self, size: int) -> bool:
@@ -40,7 +39,6 @@ class QueuedBytes:
         return self.complete > 0
 
     def over(self) -> bool:
-        """More held than the limit."""
         return self.complete + self.partial > self.limit
 
     def low(self) -> bool:

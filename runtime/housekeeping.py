@@ -13,33 +13,29 @@ from db.housekeeping import sweep
 log = logging.getLogger("market.housekeeping")
 
 
-class Housekeeper:
+class Housekeeper(threading.Thread):
     """A thread sweeping every `interval_s` (give or take a tenth, so processes spread out)."""
 
     def __init__(self, db: Database, policy: SessionPolicy, interval_s: float) -> None:
+        super().__init__(name="market-housekeeping", daemon=True)
         self._db, self._policy, self._interval_s = db, policy, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._keep, name="market-housekeeping", daemon=True)
+        self._stopping = threading.Event()
 
     @classmethod
     def for_settings(cls, db: Database, settings: Any) -> Housekeeper:
         """The housekeeper a server's settings (runtime.config.Settings) ask for."""
         return cls(db, SessionPolicy.from_settings(settings), settings.housekeeping_interval_s)
 
-    def start(self) -> None:
-        """Start sweeping."""
-        self._thread.start()
-
     def stop(self) -> None:
         """Stop after the batch in hand."""
-        self._stop.set()
-        if self._thread.ident is not None:  # started
-            self._thread.join()
+        self._stopping.set()
+        if self.is_alive():
+            self.join()
 
-    def _keep(self) -> None:
-        while not self._stop.wait(self._interval_s * random.uniform(0.9, 1.1)):
+    def run(self) -> None:
+        while not self._stopping.wait(self._interval_s * random.uniform(0.9, 1.1)):
             try:
-                deleted = sweep(self._db, self._policy, stop=self._stop.is_set)
+                deleted = sweep(self._db, self._policy, stop=self._stopping.is_set)
             except Exception:  # a database away for a while: the next sweep tries again
                 log.exception("housekeeping failed; trying again in %.0f s", self._interval_s)
                 continue

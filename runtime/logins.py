@@ -16,6 +16,7 @@ from db import accounts
 from db.database import Database
 from db.login_throttle import COMING_BACK, FAILED, NEW, AccountBucket, ThrottlePolicy
 from observe import events
+from wire import __version__
 from wire.errors import BusyError, UnauthenticatedError
 
 from .admission import Bucket, forget_full
@@ -176,11 +177,11 @@ def login(db: Database, role: str, policy: accounts.SessionPolicy, guards: Accou
             "device_token": device}
 
 
-def account_handlers(db: Database, role: str, policy: accounts.SessionPolicy, version: str,
+def account_handlers(db: Database, role: str, policy: accounts.SessionPolicy,
                      guards: AccountGuards) -> dict[str, Any]:
     """The ops both servers have: ping, create_account, login, logout."""
     return {
-        "ping": lambda: {"server": role, "version": version},
+        "ping": lambda: {"server": role, "version": __version__},
         "create_account": lambda peer, **a: create_account(db, role, guards, peer, **a),
         "login": lambda peer, **a: login(db, role, policy, guards, peer, **a),
         "logout": accounts.logout,

@@ -20,9 +20,8 @@ from wire.errors import ProtocolError
 from wire.observer import ServerObserver, now_ns
 
 from .admission import Admission
-from .connection import READ_SIZE, Connection
+from .connection import READ_SIZE, Connection, TlsChannel
 from .flow import HOLDS_A_LOT, PAUSE_AFTER, QueuedBytes
-from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
 _ACCEPT_PAUSE_S = 0.5  # out of file descriptors: how long the listener is left alone

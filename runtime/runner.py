@@ -30,23 +30,25 @@ log = logging.getLogger("market.runner")
 BuildApp = Callable[[Settings, Any], App]
 
 
-class CannotListen(OSError):
-    """The server's address cannot be bound (in use, or not this machine's): one line for the user."""
+class CannotStart(Exception):
+    """The server cannot start as set up (its database, TLS files or address): one line for the user."""
 
 
 @contextlib.contextmanager
-def _cannot_listen(address: str = "") -> Iterator[None]:
-    """An OSError in the block as CannotListen, naming the address if given."""
+def _cannot_start(what: str) -> Iterator[None]:
+    """An OSError in the block as CannotStart, saying `what` could not be done."""
     try:
         yield
     except OSError as exc:
-        raise CannotListen(f"cannot listen on {address}: {exc.strerror or exc}" if address
-                           else str(exc)) from None
+        raise CannotStart(f"{what}: {exc.strerror or exc}") from None
 
 
-def _readiness(settings: Settings, draining: Callable[[], bool]) -> Callable[[], str]:
-    """/readyz's question: "" when the process serves and its database answers at the schema
-    this code needs; else why not (a connection of its own per check: no pool to fork)."""
+def _serve_metrics(settings: Settings, draining: Callable[[], bool]) -> None:
+    """The metrics port, if set (observe.serving). /readyz's question: "" when the process serves
+    and its database answers at the schema this code needs; else why not (a connection of its
+    own per check: no pool to fork)."""
+    from observe import serving
+
     def reason() -> str:
         if draining():
             return "draining"
@@ -62,7 +64,8 @@ def _readiness(settings: Settings, draining: Callable[[], bool]) -> Callable[[],
             database.close()
         return ""
 
-    return reason
+    with _cannot_start(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}"):
+        serving.serve_metrics(settings, reason)
 
 
 def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = None) -> int:
@@ -82,15 +85,18 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
         logging.getLogger("alembic").setLevel(logging.WARNING)
         if build_app is None:
             build_app = importlib.import_module(f"{role}_server.ops").build_app
-        return _start(role, build_app, settings, stops)
+        return _start(build_app, settings, stops)
     except StopRequested:
         log.info("stopped before serving")
         return 0
+    except (CannotStart, WorkerFailed) as exc:
+        print(f"error: {role} server: {exc}", file=sys.stderr)
+        return 2
     finally:
         serving.stopped()
 
 
-def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignals) -> int:
+def _start(build_app: BuildApp, settings: Settings, stops: StopSignals) -> int:
     from db import Database, DatabaseUnusable
     from db.migrations import check_current, upgrade
 
@@ -101,26 +107,18 @@ def _start(role: str, build_app: BuildApp, settings: Settings, stops: StopSignal
         else:
             check_current(schema_db)
     except DatabaseUnusable as exc:
-        print(f"error: {role} server: {exc}", file=sys.stderr)
-        return 2
+        raise CannotStart(str(exc)) from None
     finally:
         with stops.held():
             schema_db.close()
-    try:
-        tls = server_context(settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key \
-            else None
-    except OSError as exc:  # ssl.SSLError among them
-        print(f"error: {role} server: cannot use the TLS certificate {settings.tls_cert} and key "
-              f"{settings.tls_key}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    try:
-        if settings.workers <= 1:
-            _serve(settings, build_app, tls, stops, announce)
-            return 0
-        return _supervise(settings, build_app, tls)
-    except (CannotListen, WorkerFailed) as exc:
-        print(f"error: {role} server: {exc}", file=sys.stderr)
-        return 2
+    tls = None
+    if settings.tls_cert and settings.tls_key:
+        with _cannot_start(f"cannot use the TLS certificate {settings.tls_cert} and key {settings.tls_key}"):
+            tls = server_context(settings.tls_cert, settings.tls_key)  # ssl.SSLError is an OSError
+    if settings.workers <= 1:
+        _serve(settings, build_app, tls, stops, announce)
+        return 0
+    return _supervise(settings, build_app, tls)
 
 
 def announce(server: Server) -> None:
@@ -148,11 +146,10 @@ def _serve(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None, 
         observer = serving.observer_for(settings, app)
         limits = ServerLimits(**{f.name: getattr(settings, f.name) for f in fields(ServerLimits)
                                  if hasattr(settings, f.name)})  # the settings of the same names
-        with _cannot_listen(f"{settings.host}:{settings.port}"):
+        with _cannot_start(f"cannot listen on {settings.host}:{settings.port}"):
             server = Server(app, settings.host, settings.port, limits, listener, tls, observer)
         if listener is None:  # one process: it serves its own /metrics (workers: the supervisor)
-            with _cannot_listen():
-                serving.serve_metrics(settings, _readiness(settings, lambda: server.stopping))
+            _serve_metrics(settings, lambda: server.stopping)
         # Everything made so far (modules, SQLAlchemy's metadata and engine, the App) lives as
         # long as the process: keep it out of the collector's full passes, which scanned it all.
         gc.freeze()
@@ -170,12 +167,9 @@ def _serve(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None, 
 
 def _supervise(settings: Settings, build_app: BuildApp, tls: ssl.SSLContext | None) -> int:
     """Bind the port, fork the workers that serve it, restart any that dies (runtime.supervisor)."""
-    from observe import serving
-
-    with _cannot_listen(f"{settings.host}:{settings.port}"):
+    with _cannot_start(f"cannot listen on {settings.host}:{settings.port}"):
         listener = listen(settings.host, settings.port)
     supervisor = Supervisor(settings.workers, settings.worker_timeout_s, listener,
                             functools.partial(_serve, settings, build_app, tls, listener=listener))
-    with _cannot_listen():
-        serving.serve_metrics(settings, _readiness(settings, supervisor.draining))
+    _serve_metrics(settings, supervisor.draining)
     return supervisor.run()

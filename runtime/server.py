@@ -11,28 +11,22 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from wire.app import App
 from wire.envelope import error_response, request_id
 from wire.errors import InternalError, ProtocolError
 from wire.framing import DEFAULT_MAX_FRAME, encode_frame
 from wire.observer import NO_SERVER_OBSERVER, SUPERVISOR, ServerObserver, now_ns
 
 from .admission import REFUSALS, evictable, listen, refuse_busy
-from .connection import Connection, Outbox
+from .connection import Connection, Outbox, TlsChannel
 from .reader import Reader
 from .scheduler import LEAD, Scheduler
-from .tls import TlsChannel
 
 log = logging.getLogger("market.server")
 _SIGNAL_CHECK_S = 0.2  # how often serve_forever's thread looks for a signal to handle
 _BATCH = 8  # requests of one connection answered in a turn while nobody else waits
-
-
-class App(Protocol):
-    """What the loop serves: a message in, a response message out."""
-
-    def handle(self, message: dict[str, Any], peer: str | None = None) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -94,7 +88,6 @@ class Server(Reader):
 
     @property
     def connection_count(self) -> int:
-        """Open client connections."""
         return len(self._connections)
 
     @property
@@ -202,8 +195,9 @@ class Server(Reader):
         """Answer the connection's next request; False when its queue is done with for now:
         answered, or an answer waits for its client to read (the leader sends the rest, then
         hands the queue on)."""
+        deadline = self._stop_deadline  # once it passes, queued requests are left unanswered
         with conn.lock:
-            done = not conn.pending or conn.closed or self._past_stop_deadline()
+            done = not conn.pending or conn.closed or deadline is not None and time.monotonic() >= deadline
             if done:
                 conn.busy = False
             else:
@@ -277,11 +271,6 @@ class Server(Reader):
                 self._stop_reading(conn)
         owed = self._ready or any(conn.busy for conn in self._connections)
         return not owed or time.monotonic() >= self._stop_deadline
-
-    def _past_stop_deadline(self) -> bool:
-        """Stopping, and the time for answers owed is up: queued requests are left unanswered."""
-        deadline = self._stop_deadline
-        return deadline is not None and time.monotonic() >= deadline
 
     def _finish(self) -> None:
         if self._stop_deadline is None:  # stopped by a failure, not shutdown()

@@ -6,7 +6,7 @@ import functools
 from db import Database, accounts, catalog
 from runtime.config import Settings
 from runtime.logins import ADDRESSED_OPS, AccountGuards, account_handlers
-from wire import SELLER_OPS, __version__
+from wire import SELLER_OPS
 from wire.app import App
 
 
@@ -14,7 +14,7 @@ def build_app(settings: Settings, db: Database) -> App:
     """The seller server's App over a database."""
     policy = accounts.SessionPolicy.from_settings(settings)
     handlers = {
-        **account_handlers(db, "seller", policy, __version__, AccountGuards.for_settings(settings)),
+        **account_handlers(db, "seller", policy, AccountGuards.for_settings(settings)),
         "get_seller_rating": catalog.get_seller_rating,
         "put_item": functools.partial(catalog.put_item, max_on_sale=settings.max_items_per_seller),
         "change_price": catalog.change_price,

@@ -41,12 +41,10 @@ def request_args(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def ok_response(rid: RequestId, result: dict[str, Any]) -> dict[str, Any]:
-    """A success response."""
     return {"id": rid, "ok": True, "result": result}
 
 
 def error_response(rid: RequestId, error: ProtocolError) -> dict[str, Any]:
-    """A failure response."""
     return {"id": rid, "ok": False, "error": error.to_wire()}
 
 

@@ -125,7 +125,6 @@ class FrameDecoder:
         self._length: int | None = None
 
     def feed(self, data: bytes) -> None:
-        """Add received bytes."""
         self._buffer += data
 
     @property
@@ -168,7 +167,6 @@ class FrameDecoder:
         return body
 
     def messages(self) -> list[dict[str, Any]]:
-        """Every complete message buffered so far."""
         out = []
         while (message := self.next_message()) is not None:
             out.append(message)

@@ -1,5 +1,5 @@
 """TLS contexts: the servers' (a certificate and its key) and the clients' (a CA to trust).
-The server loop's TLS channel is runtime.tls's."""
+The server loop's TLS channel is runtime.connection's."""
 from __future__ import annotations
 
 import ssl

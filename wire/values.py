@@ -73,7 +73,6 @@ def _unprintable(value: str) -> str | None:
 
 
 def choice(*options: str) -> Validator:
-    """One of a few strings."""
     def check(name: str, value: Any) -> str:
         if value not in options or not isinstance(value, str):
             raise BadRequestError(f"{name}: must be one of {', '.join(repr(o) for o in options)}")
