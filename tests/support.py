@@ -500,12 +500,14 @@ _CONNECTION_SETUP = re.compile(
 class RoundTrips(list[int]):
     """The commands MariaDB clients send through this object's relays, one entry per round trip:
     the number of statements it carried (a query's `;`-separated statements; the tests' values
-    hold no `;`), a new connection's set-up left out. `through(url)` is the URL of a relay to
-    `url`'s server that counts them."""
+    hold no `;`), a new connection's set-up left out; `queries` holds the SQL of each query
+    among them, its values in it. `through(url)` is the URL of a relay to `url`'s server that
+    counts them."""
 
     def __init__(self) -> None:
         super().__init__()
         self.relays: list[Relay] = []
+        self.queries: list[str] = []
 
     def through(self, url: str) -> str:
         given = make_url(url)
@@ -519,7 +521,9 @@ class RoundTrips(list[int]):
             size = int.from_bytes(buffer[:3], "little")
             payload = buffer[4:4 + size]
             if buffer[3] == 0 and not _CONNECTION_SETUP.match(payload):  # 0: a command starts
-                self.append(payload.count(b";") + 1 if payload[:1] == b"\x03" else 1)  # 3: COM_QUERY
+                if payload[:1] == b"\x03":  # COM_QUERY
+                    self.queries.append(payload[1:].decode("utf-8", "replace"))
+                self.append(payload.count(b";") + 1 if payload[:1] == b"\x03" else 1)
             buffer = buffer[4 + size:]
         link["buffer"] = buffer
         return data, False
