@@ -465,7 +465,7 @@ class Relay:
 
     def link(self, client: socket.socket, server: socket.socket) -> None:
         """Relays one connection through the hooks (a subclass may read its packets instead)."""
-        state: Link = {}
+        state: Link = {"sockets": (client, server)}
         for source, sink, hook in ((client, server, self.requests), (server, client, self.answers)):
             threading.Thread(target=self._pump, args=(source, sink, hook, state), daemon=True).start()
 

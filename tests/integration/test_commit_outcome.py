@@ -8,6 +8,8 @@ the caller hears success when it was made.
 """
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +21,6 @@ from sqlalchemy import bindparam, create_engine, func, insert, select, text, upd
 from sqlalchemy.engine import make_url
 from support import CARD, Link, Relay, fresh_mysql_database, running_market
 
-import db.database as database_module
 from db import Database
 from db.accounts import SessionPolicy
 from db.commit_tokens import KEEP_MS, CommitToken, committed, forget_old_tokens
@@ -42,11 +43,14 @@ class CommitCutter(Relay):
     """A relay to MariaDB that cuts a connection at the next query carrying COMMIT, once armed:
     "answered" forwards it and drops the server's answer, "unsent" drops the query itself,
     "running" forwards it and cuts at once, before the server can have answered. With
-    `down_after_cut`, every connection after the cut is closed at once (the database away)."""
+    `down_after_cut`, every connection after the cut is closed at once (the database away).
+    With `away_after_check`, the database goes away (every connection cut, new ones refused)
+    once a question whether a commit was made, a commit token written alone, was answered."""
 
     def __init__(self, target: tuple[str, int]) -> None:
-        self.mode, self.cuts, self.down_after_cut = "", 0, False
+        self.mode, self.cuts, self.down_after_cut, self.away_after_check = "", 0, False, False
         self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
         super().__init__(target, self._request, self._answer, lambda: self.down_after_cut and self.cuts > 0)
         self.port = self.address[1]
 
@@ -54,18 +58,35 @@ class CommitCutter(Relay):
         """Cut at the next COMMIT (the next one only)."""
         self.mode = mode
 
+    def link(self, client: socket.socket, server: socket.socket) -> None:
+        self._sockets += [client, server]
+        super().link(client, server)
+
     def _request(self, data: bytes, link: Link) -> tuple[bytes, bool]:
         mode = self._take_mode() if b"COMMIT" in data else ""
         link["cutting"] = link.get("cutting") or mode == "answered"  # set before the answer can come
+        if self.away_after_check and b"INSERT INTO commit_tokens" in data and b"COMMIT" not in data:
+            link["checked"] = True  # the question; away once its transaction ended
+        link["ending"] = link.get("checked") and data[4:5] == b"\x03" and b"ROLLBACK" in data.upper()
         return (b"" if mode == "unsent" else data), mode in ("unsent", "running")
 
     def _answer(self, data: bytes, link: Link) -> tuple[bytes, bool]:
         """A cut answer is dropped whole: the link is cut once its last packet arrived, so the
         server ran every statement of the query (it may not, if it saw the cut midway)."""
+        if link.get("ending"):
+            self.go_away(but=link["sockets"])  # this one cut once its answer went through
+            return data, True
         if not link.get("cutting"):
             return data, False
         link["answer"] = link.get("answer", b"") + data
         return b"", _answered_whole(link["answer"])
+
+    def go_away(self, but: tuple[socket.socket, ...] = ()) -> None:
+        """Every connection cut (`but` these), new ones refused until `down_after_cut` is cleared."""
+        self.away_after_check, self.down_after_cut, self.cuts = False, True, max(self.cuts, 1)
+        for sock in set(self._sockets) - set(but):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _take_mode(self) -> str:
         with self._lock:
@@ -272,21 +293,17 @@ def test_a_commit_unanswered_while_the_database_stays_away_says_so(proxied: Data
         assert _counted(direct) == 1
 
 
-def _away_once_the_token_says_made(monkeypatch: pytest.MonkeyPatch, cutter: CommitCutter,
-                                   back_after_s: float | None = None) -> None:
-    """The database goes away (every connection cut) as soon as the commit token has said the
-    COMMIT was made; back after `back_after_s`, if given."""
-    real = database_module.commit_tokens.committed
-
-    def committed_then_away(engine: Any, token: CommitToken) -> bool:
-        made = real(engine, token)
-        cutter.down_after_cut = True
-        engine.dispose()
-        if back_after_s is not None:
-            threading.Timer(back_after_s, lambda: setattr(cutter, "down_after_cut", False)).start()
-        return made
-
-    monkeypatch.setattr(database_module.commit_tokens, "committed", committed_then_away)
+def _away_once_the_token_says_made(cutter: CommitCutter, back_after_s: float | None = None) -> None:
+    """The database goes away (every connection cut) as soon as the question whether the
+    COMMIT was made was answered; back after `back_after_s`, if given."""
+    cutter.away_after_check = True
+    if back_after_s is not None:
+        def back() -> None:
+            while not cutter.down_after_cut:  # not gone yet
+                time.sleep(0.01)
+            time.sleep(back_after_s)
+            cutter.down_after_cut = False
+        threading.Thread(target=back, daemon=True).start()
 
 
 def _bump_answered_and_cut(cutter: CommitCutter, runs: list[int]) -> Any:
@@ -302,12 +319,12 @@ def _bump_answered_and_cut(cutter: CommitCutter, runs: list[int]) -> Any:
 
 
 def test_an_answer_that_cannot_be_read_again_says_the_change_was_made(
-        proxied: Database, cutter: CommitCutter, mariadb_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        proxied: Database, cutter: CommitCutter, mariadb_url: str) -> None:
     """The answer's read travelled with the COMMIT, whose answer was lost; the token says it
     committed, and then the database goes away before the read is made again: UNAVAILABLE
     saying the change was made, not "nothing was changed", and it is not made again."""
     proxied.away_s = 0.5
-    _away_once_the_token_says_made(monkeypatch, cutter)
+    _away_once_the_token_says_made(cutter)
     runs: list[int] = []
     started = time.monotonic()
     with pytest.raises(UnavailableError, match="^the change was made, but") as made:
@@ -320,10 +337,10 @@ def test_an_answer_that_cannot_be_read_again_says_the_change_was_made(
 
 
 def test_an_answer_read_again_once_the_database_is_back_is_handed_back(
-        proxied: Database, cutter: CommitCutter, monkeypatch: pytest.MonkeyPatch) -> None:
+        proxied: Database, cutter: CommitCutter) -> None:
     """As above, but the database comes back while the read is tried again: the caller gets
     the answer, the change made once."""
-    _away_once_the_token_says_made(monkeypatch, cutter, back_after_s=0.5)
+    _away_once_the_token_says_made(cutter, back_after_s=0.5)
     runs: list[int] = []
     started = time.monotonic()
     assert proxied.run(_bump_answered_and_cut(cutter, runs)) == 1

@@ -196,7 +196,8 @@ def test_idle_cost_runs_a_round_and_reports_its_ratio(tmp_path: Path, capsys: An
 
 def test_idle_cost_reports_the_median_of_rounds_taken_in_turn() -> None:
     args = idle_cost.parse_args(["--count", "20", "-n", "2"])
-    rounds = [idle_cost.Round(n, targets.Figures(100.0, 1.0, 2.0, 0), targets.Figures(speed, 1.0, 2.0, 0), (0, 0))
+    without = targets.Figures(100.0, 1.0, 2.0, 0)
+    rounds = [idle_cost.Round(n, without, targets.Figures(speed, 1.0, 2.0, 0), (0, 0))
               for n, speed in ((1, 95.0), (2, 80.0), (3, 99.0))]
     table = idle_cost.report(args, rounds, [])
     assert "| 2 (with first) | 100.0 (2.0) | 80.0 (2.0) | 0.800 |" in table
@@ -293,8 +294,8 @@ def test_targets_run_each_database_audit_it_and_drop_the_mariadb_one(
     for database in ("sqlite", "mysql"):
         totals = targets.read_totals(tmp_path / f"{database}_round1" / "results.csv")
         assert totals[10].errors == 0
-        assert f"| {database} | 1 | {targets.number(totals[1].p50_ms)} ({targets.number(totals[1].p50_ms)}); met in " \
-            in table
+        p50 = targets.number(totals[1].p50_ms)
+        assert f"| {database} | 1 | {p50} ({p50}); met in " in table
     assert (tmp_path / "sqlite_round1" / "market-sim.db").exists()
     assert "consistency: OK" in (tmp_path / "sqlite_round1.log").read_text()
     engine = create_engine(admin_url(mysql_server))
