@@ -1,14 +1,10 @@
-"""Running transactions: retries on deadlocks and lock timeouts, and database
-errors turned into the protocol's UNAVAILABLE / BUSY in one place.
+"""Running transactions: retries on deadlocks and lock timeouts, and database errors turned
+into the protocol's UNAVAILABLE / BUSY in one place.
 
-A transaction is a plain function of a unit of work (db.unit_of_work: it executes Core
-statements on the driver's connection); `Database.run` calls it inside BEGIN ... COMMIT
-(a read runs statement by statement, without one) and calls it again (a bounded number of
-times) when the database asks for a retry, so the function must do all its work through `tx`.
-A MySQL transaction whose connection is lost at its COMMIT is never simply run again: its
-commit token (db.commit_tokens) says whether it committed (then its answer stands) or not
-(then it runs again). Work that may run twice with the same outcome (`idempotent=True`: the
-payment ledger's calls, each keyed) writes no token and runs again while the database is away.
+A transaction is a function of a unit of work (db.unit_of_work); `Database.run` calls it inside
+BEGIN ... COMMIT (a read runs without one), and again when the database asks for a retry, so
+it must do all its work through `tx`. A MySQL transaction whose connection is lost at its COMMIT
+is never simply run again: its commit token (db.commit_tokens) says whether it committed.
 """
 from __future__ import annotations
 
@@ -82,6 +78,7 @@ class Database:
         self.url = url
         self.away_s = AWAY_S  # how long a call waits out a database that went away (tests shorten it)
         self.engine = make_engine(url, pool_size, sqlite_synchronous)
+        self.is_sqlite = is_sqlite(self.engine)
         self._wal = WalKeeper.for_engine(self.engine)
         self._has_tokens: bool | None = None  # the commit_tokens table exists (None: not looked yet)
 
@@ -98,14 +95,11 @@ class Database:
     def run(self, work: Callable[[Any], T], *, write: bool = True, idempotent: bool = False) -> T: ...
 
     def run(self, work: Callable[[Any], Any], *, write: bool = True, idempotent: bool = False) -> Any:
-        """Run `work(tx)` in one transaction, retrying what the database says to retry.
-
-        `tx` is a UnitOfWork; a function typed for a SQLAlchemy Connection works too (Any).
-        A function that returns `tx.answer(...)` gets back that answer's shaped rows.
-        `idempotent`: running the work twice ends as running it once. It writes no commit
-        token: while the database is away (its connection lost, at the COMMIT too, or none to
-        be had) it runs again, for up to `away_s`, then UNAVAILABLE saying that whether it
-        was made is not known."""
+        """Run `work(tx)` (tx a UnitOfWork) in one transaction, retrying what the database says to
+        retry; a function that returns `tx.answer(...)` gets back that answer's shaped rows.
+        `idempotent`: running the work twice ends as running it once (the payment ledger's
+        calls). It writes no commit token: while the database is away it runs again, for up
+        to `away_s`, then UNAVAILABLE saying that whether it was made is not known."""
         if idempotent and not self.is_sqlite:  # SQLite: in the process, nothing to lose on the way
             returned = _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE, self.away_s,
                                    away=lambda exc: isinstance(exc, UnavailableError) or (
@@ -175,9 +169,8 @@ class Database:
             events.db_connections_in_use(-1)
 
     def _read_again(self, answer: Answer[Any], until: float) -> None:
-        """Fill an answer whose COMMIT, found made, lost its answer (the rows with it) by making
-        its read again, until `until`: the change is made, so should the database stay away,
-        UNAVAILABLE says so (never "nothing was changed")."""
+        """Fill an answer whose COMMIT, found made, lost its rows, by making its read again until
+        `until` (then UNAVAILABLE saying that the change was made)."""
         def read() -> list[Any]:
             return self._run(lambda tx: tx.execute(answer.statement, answer.params).all(), False, False)
 
@@ -187,13 +180,11 @@ class Database:
         answer.result.fill(rows, len(rows), None)
 
     def _writes_tokens(self) -> bool:
-        """Whether write transactions write a commit token: on MySQL/MariaDB, once the
-        database has the table (a database of an older schema, or the ledger's own, has not)."""
-        if self._has_tokens is None and self.is_sqlite:
-            self._has_tokens = False  # in-process: a COMMIT's answer cannot be lost
+        """Whether write transactions write a commit token: on MySQL/MariaDB (SQLite's COMMIT
+        runs in the process), once the database has the table (an older schema's, or the
+        ledger's own database, has not)."""
         if self._has_tokens is None:
-            with self.engine.connect() as conn:
-                self._has_tokens = inspect(conn).has_table(commit_tokens.TABLE)
+            self._has_tokens = not self.is_sqlite and inspect(self.engine).has_table(commit_tokens.TABLE)
         return self._has_tokens
 
     def _committed(self, token: CommitToken) -> bool:
@@ -230,11 +221,6 @@ class Database:
             reason += (f"; create it first: CREATE DATABASE {self.engine.url.database} "
                        "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
         return f"cannot use the database {self.where}: {reason}"
-
-    @property
-    def is_sqlite(self) -> bool:
-        """True for the embedded SQLite database."""
-        return is_sqlite(self.engine)
 
 
 def _while_away(call: Callable[[], T], gave_up: str, away_s: float, away: Callable[[Exception], bool],
