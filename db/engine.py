@@ -1,11 +1,9 @@
 """The engine factory: the one place where SQLite and MySQL/MariaDB differ.
 
-SQLite: WAL, a busy timeout, and transactions begun by us so that writers take the write
-lock up front (BEGIN IMMEDIATE) instead of failing to upgrade half-way. MySQL/MariaDB:
-mysql-connector-python with the multi-statement flag, utf8mb4 with binary collation (text
-comes back exactly as sent), autocommit reads and READ COMMITTED write transactions begun
-by the unit of work, and a pool the size of the worker pool (db.connections). Only public
-APIs: engine events, create_engine options and the driver's documented ones.
+SQLite: WAL, a busy timeout, and writers that take the write lock up front (BEGIN IMMEDIATE)
+instead of failing to upgrade half-way. MySQL/MariaDB: mysql-connector-python with the
+multi-statement flag, utf8mb4 with binary collation (text comes back exactly as sent),
+autocommit reads and READ COMMITTED write transactions begun by the unit of work.
 """
 from __future__ import annotations
 
@@ -51,11 +49,8 @@ def driver_url(url: str) -> URL:
 
 
 def make_engine(url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL") -> Engine:
-    """A pooled engine for an SQLAlchemy URL (mysql:// means mysql-connector).
-
-    `sqlite_synchronous` (SQLite only): NORMAL, a commit survives the process's crash but
-    the last ones may be lost to a power cut or the machine's crash; FULL, it survives both
-    (a flush to disk per commit: about 0.6x the calls at 100 + 100, docs/benchmarks.md)."""
+    """A pooled engine for an SQLAlchemy URL (mysql:// means mysql-connector). SQLite's
+    `sqlite_synchronous`: NORMAL, a commit survives the process's crash; FULL, the machine's too."""
     parsed = driver_url(url)
     if parsed.get_backend_name() == "sqlite":
         if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
@@ -96,10 +91,9 @@ def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
 
 
 def begin_immediate(raw: sqlite3.Connection) -> None:
-    """BEGIN IMMEDIATE, asking again every 0.1-1 ms for POLL_LOCK_S while another writer holds
-    the lock: SQLite's busy handler sleeps 1, 2, 5, 10, 15, 20, 25 ... ms between its tries,
-    so a writer went on sleeping long after the lock came free (at 10 + 10 most of the p99,
-    docs/benchmarks.md). Then the busy handler takes over; its error is the caller's."""
+    """BEGIN IMMEDIATE, asked again every 0.1-1 ms for POLL_LOCK_S while another writer holds the
+    lock (SQLite's busy handler sleeps up to 25 ms between tries, long after the lock came
+    free); then the busy handler takes over, and its error is the caller's."""
     raw.execute("PRAGMA busy_timeout=0")
     try:
         pause, deadline = 0.0001, time.monotonic() + POLL_LOCK_S
@@ -118,14 +112,10 @@ def begin_immediate(raw: sqlite3.Connection) -> None:
 
 
 class WalKeeper:
-    """Keeps an SQLite file's write-ahead log from growing without end.
-
-    SQLite starts the log again from the top only at a moment when no reader is using it,
-    which under steady reads never comes (over one 100 + 100 run the log of a 2.3 MB database
-    grew to 144 MB). A thread looks every 0.5 s and gives a log past WAL_CHECKPOINT_BYTES a
-    TRUNCATE checkpoint, which waits (up to 2 s) for the readers of that moment, then empties
-    it; no request waits for it. Should a reader hold its snapshot longer, it looks again later.
-    """
+    """Keeps an SQLite file's write-ahead log from growing without end: SQLite starts it again
+    from the top only when no reader uses it, which under steady reads never comes. A thread
+    looks every 0.5 s and gives a log past WAL_CHECKPOINT_BYTES a TRUNCATE checkpoint, which
+    waits (up to 2 s) for the readers of that moment, then empties it."""
 
     def __init__(self, database_path: str) -> None:
         self._path, self._wal = database_path, database_path + "-wal"
@@ -158,8 +148,7 @@ class WalKeeper:
 
     def _checkpoint_if_long(self) -> bool:
         """False if the log was long and could not be emptied (a reader held on). The checkpoint
-        is asked again every 0.1-1 ms for up to 2 s while writers or readers are in its way (as
-        begin_immediate: with the busy handler it lost to writers)."""
+        is asked again every 0.1-1 ms for up to 2 s while writers or readers are in its way."""
         try:
             if os.path.getsize(self._wal) < WAL_CHECKPOINT_BYTES:  # OSError: no log (yet)
                 return True
@@ -185,14 +174,12 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
     engine = create_engine(
         url,
         pool_size=pool_size, max_overflow=pool_size, pool_timeout=10, pool_recycle=RECYCLE_S,
-        # No pre-ping: a ping is a round trip per call. A connection found dead by a call's
-        # first statement (nothing has run yet) is retried once on a fresh one (Database.run).
+        # No pre-ping (a round trip per call): a call whose first statement finds its
+        # connection dead runs again on a fresh one (Database.run).
         pool_pre_ping=False,
-        # every transaction ends in COMMIT or ROLLBACK (the unit of work): the pool's own
-        # rollback on return would only be one more round trip
+        # every transaction ends in COMMIT or ROLLBACK: the pool's rollback would be a round trip
         pool_reset_on_return=None,
-        # reads run in autocommit (no COMMIT round trip); the unit of work opens a write's
-        # transaction with START TRANSACTION
+        # reads run in autocommit; the unit of work sends a write's START TRANSACTION
         isolation_level="AUTOCOMMIT",
         # MULTI_STATEMENTS: the unit of work sends held writes, START TRANSACTION and COMMIT
         # in the query of the statement that follows them (one round trip). Nothing puts a
