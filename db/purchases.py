@@ -42,18 +42,6 @@ def is_completed(status: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class OpenOrder:
-    """A pending order: what the later steps need to know of it."""
-
-    order_id: int
-    payment_key: str
-    buyer_id: int
-    session_id: int
-    total_cents: int
-    receipt: dict[str, Any] = field(compare=False)
-
-
-@dataclass(frozen=True)
 class DueOrder:
     """An order a settler has to finish: its status says how."""
 
@@ -71,6 +59,15 @@ class Purchase:
     buyer_id: int
     session_id: int | None
     item_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OpenOrder(Purchase):
+    """A pending order: what the later steps need to know of it."""
+
+    payment_key: str
+    total_cents: int
+    receipt: dict[str, Any] = field(compare=False)
 
 
 class OrderInProgressError(BusyError):
@@ -159,7 +156,7 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
         cart = tx.execute(CART_LINES, ids).all()
         order_id = int(created.lastrowid)
     except IntegrityError:  # the key's order, committed (if it was in progress, after it was)
-        done = replay(tx, live.user_id, idempotency_key) if idempotency_key is not None else None
+        done = _replay(tx, live.user_id, idempotency_key) if idempotency_key is not None else None
         if done is None:
             raise RetryTransaction from None  # undone meanwhile, its key free again: buy
         return done
@@ -173,11 +170,11 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
         raise ConflictError(f"the cart's total is now {format_money(total)}; nothing was bought")
     _take(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
     tx.execute(_SET_TOTAL, {"order_id": order_id, "total": total})
-    return OpenOrder(order_id, payment_key, live.user_id, live.session_id, total,
-                     _receipt(order_id, total, cart))
+    return OpenOrder(order_id, live.user_id, live.session_id, tuple(line.item_id for line in cart),
+                     payment_key, total, _receipt(order_id, total, cart))
 
 
-def replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
+def _replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
     """The receipt of the buyer's paid order with this key; None if there is none;
     OrderInProgressError while it is not settled."""
     order = tx.execute(_ORDER_BY_KEY, {"buyer_id": buyer_id, "key": key}).first()
@@ -187,12 +184,6 @@ def replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
         raise _in_progress(order)
     rows = tx.execute(_LINES_OF_ORDER, {"order_id": order.order_id}).all()
     return _receipt(order.order_id, order.total_cents, rows)
-
-
-def purchase_of(order: OpenOrder) -> Purchase:
-    """What completing the order the purchase's own thread opened changes."""
-    return Purchase(order.order_id, order.buyer_id, order.session_id,
-                    tuple(line["item_id"] for line in order.receipt["lines"]))
 
 
 def complete(tx: UnitOfWork, purchase: Purchase) -> None:

@@ -549,7 +549,7 @@ def test_settlers_racing_each_other_and_the_purchases_act_once(market: Market) -
         except PaymentRefusedError:  # a settler voided it first: its purchase ends there
             return
         paid.append(True)
-        market.db.run(lambda tx: purchases.complete(tx, purchases.purchase_of(order)))
+        market.db.run(lambda tx: purchases.complete(tx, order))
 
     threads = [threading.Thread(target=settle) for _ in range(8)]
     threads += [threading.Thread(target=purchase_goes_on, args=(order,)) for order in opened]
