@@ -1,8 +1,6 @@
-"""Carts: the session's cart and the buyer's saved cart.
-
-The session's cart starts as a copy of the saved cart (at login, in accounts) and
-is gone at logout; `save_cart` copies it back. Lines are shown with the item's
-current name and price and how many are still on sale.
+"""Carts: the session's cart, a copy of the buyer's saved cart at login (db.accounts) gone at
+logout, and the saved cart, which `save_cart` makes of it. Lines show the item's current name
+and price and how many are on sale.
 """
 from __future__ import annotations
 
@@ -63,8 +61,7 @@ _STOCK_AND_HELD = (
 
 
 def display_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
-    """The session's cart as the protocol's cart object, read with the token check: one
-    round trip (an empty cart's token is then checked alone)."""
+    """The session's cart, read with the token check (an empty cart's token is then checked alone)."""
     return _cart_object(list(session.accept_rows(tx.execute(_CART_OF_TOKEN, session.check_params).all())))
 
 

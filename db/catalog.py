@@ -1,11 +1,8 @@
-"""Items and ratings: listing, pricing, removing, displaying, searching.
+"""Items and ratings: listing, pricing, removing, displaying.
 
-Keywords live three times: as the item's JSON list (returned in order, no extra query),
-as rows of item_keywords, the search index, and as rows of item_keyword_pairs, every pair
-of an item's keywords; the words of its name and keywords live in item_words and the
-vocabulary (db.schema). The indexes hold items on sale only: an item's rows go when it
-sells out, and come back only if an operator gives it stock again (relist), so ranking
-runs on them alone (db.search).
+Keywords live as the item's JSON list (returned in order, no extra query) and in the search
+indexes (db.schema), which hold items on sale only: an item's rows go when it sells out, and
+come back only if it is given stock again (relist), so ranking runs on them alone (db.search).
 """
 from __future__ import annotations
 
@@ -102,8 +99,7 @@ def put_item(tx: UnitOfWork, session: Session, name: str, category: int, keyword
 
 
 def _index(tx: UnitOfWork, item_id: int, category: int, name: str, keywords: list[str]) -> None:
-    """An item's rows of the search indexes (held for the COMMIT: nothing reads them back;
-    each list of rows goes as one INSERT of many, compiled once per table)."""
+    """An item's rows of the search indexes (held for the COMMIT: nothing reads them back)."""
     tx.execute(insert(item_keywords), keyword_rows(item_id, category, keywords))
     tx.execute(insert(item_keyword_pairs), keyword_pair_rows(item_id, keywords))
     words = word_rows(item_id, category, name, keywords)  # the category's name at least
@@ -132,8 +128,7 @@ def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
     row = _own_item(tx, session, item_id)
     if row.quantity < quantity:
         raise ConflictError(f"item {item_id}: only {row.quantity} on sale, cannot remove {quantity}")
-    # The row is locked: its quantity is the one read (the UPDATE's condition says so again),
-    # so its row count need not be read, and the UPDATE goes with the COMMIT.
+    # the row is locked: the UPDATE applies (its condition says so again), so it goes with the COMMIT
     tx.execute(_REMOVE, {"item_id": item_id, "n": quantity})
     if row.quantity == quantity:
         unlist(tx, [item_id])
@@ -141,15 +136,14 @@ def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
 
 
 def unlist(tx: UnitOfWork, sold_out: Sequence[int]) -> None:
-    """Take sold-out items out of the search indexes (see the module docstring)."""
+    """Take sold-out items out of the search indexes."""
     for item_id in sold_out:
         for statement in _UNLIST:
             tx.execute(statement, {"item_id": item_id})
 
 
 def relist(tx: UnitOfWork, restocked: Sequence[ItemRow]) -> None:
-    """Put items whose quantity rose from 0 back in the search indexes (rows with item_id,
-    category, name and keywords)."""
+    """Put items whose quantity rose from 0 back in the search indexes."""
     for item in restocked:
         _index(tx, item.item_id, item.category, item.name, json.loads(item.keywords))
 

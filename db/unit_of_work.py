@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, cast
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Dialect, Insert, Select, bindparam, insert
+from sqlalchemy import Dialect, Insert, Select, bindparam, insert, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -74,15 +74,7 @@ class Statement:
         return [self.row(*r) for r in raw]
 
 
-class _Bare(Statement):
-    """A statement without values or rows: START TRANSACTION, COMMIT, ROLLBACK."""
-
-    def __init__(self, sql: str) -> None:  # pylint: disable=super-init-not-called
-        self.sql, self.writes, self.row, self._placed = sql, False, None, {}
-        self.defaults, self.binds, self.results = {}, {}, []
-
-
-_START, _COMMIT, _ROLLBACK = _Bare("START TRANSACTION"), _Bare("COMMIT"), _Bare("ROLLBACK")
+_START, _COMMIT, _ROLLBACK = text("START TRANSACTION"), text("COMMIT"), text("ROLLBACK")
 _AFTER_ANSWER = "nothing runs in a transaction after its answer (UnitOfWork.answer)"
 # by dialect, by statement (two threads making a dialect's at once: one is kept, no harm)
 _COMPILED: defaultdict[str, WeakKeyDictionary[Any, Statement]] = defaultdict(WeakKeyDictionary)
@@ -255,7 +247,7 @@ class UnitOfWork:
             if not (self._open and self._batches):  # a read transaction, or a Galera node
                 self.flush()
         if self._open and not self._begin_pending or self._held:
-            self._held.append((_COMMIT, {}, None))
+            self._held.append((compiled(_COMMIT, self.dialect), {}, None))
             try:
                 self.flush()
             except DBAPIError as exc:
@@ -268,7 +260,7 @@ class UnitOfWork:
         """Forget what is held and end the transaction, if the server has one open."""
         self._held, self._begin_pending, self._answer = [], False, None
         if self._open and self.conn.usable and self.conn.in_transaction:
-            self._send([(_ROLLBACK, {}, None)])
+            self._send([(compiled(_ROLLBACK, self.dialect), {}, None)])
         self._open = False
 
     def _send(self, batch: list[Held]) -> None:
@@ -276,7 +268,7 @@ class UnitOfWork:
         # the values first: a type's error leaves the transaction as it was (unopened)
         values = [s.values(p) for s, p, _ in batch]
         if self._begin_pending:  # START TRANSACTION, and the commit token if there is one
-            opening: list[Held] = [(_START, {}, None)]
+            opening: list[Held] = [(compiled(_START, self.dialect), {}, None)]
             if self.token is not None:
                 opening.append((compiled(WRITE_TOKEN, self.dialect), self.token.params, None))
                 self._token_sent = True
