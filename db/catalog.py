@@ -61,7 +61,6 @@ _NEW_ITEM = (insert(items).values(
 # (the seed and the upgrade write it too: words already there are kept)
 INDEX_VOCABULARY = (insert(vocabulary).prefix_with("OR IGNORE", dialect="sqlite")
                      .prefix_with("IGNORE", dialect="mysql").prefix_with("IGNORE", dialect="mariadb"))
-MAX_ITEMS_PER_SELLER = 10_000  # items on sale at once (MARKET_MAX_ITEMS_PER_SELLER)
 _ON_SALE = select(func.count()).select_from(
     select(items.c.item_id).where(items.c.seller_id == bindparam("seller_id"), items.c.quantity > 0)
     .limit(bindparam("cap", type_=Integer)).subquery())  # ix_items_seller_on_sale: at most `cap` keys
@@ -85,8 +84,7 @@ _RATING_FOR_SESSION = with_session(
 
 
 def put_item(tx: UnitOfWork, session: Session, name: str, category: int, keywords: list[str],
-             condition: str, price: int, quantity: int, *,
-             max_on_sale: int = MAX_ITEMS_PER_SELLER) -> dict[str, Any]:
+             condition: str, price: int, quantity: int, *, max_on_sale: int) -> dict[str, Any]:
     """List a new item for sale, unless the seller has max_on_sale items on sale already."""
     if tx.execute(_ON_SALE, {"seller_id": session.user_id, "cap": max_on_sale}).scalar() >= max_on_sale:
         raise ConflictError(f"you have {max_on_sale:,} items on sale, the most a seller may have on this "

@@ -31,8 +31,8 @@ SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 RECYCLE_S = 1800  # a MySQL connection older than this is replaced (the server's idle limit is far longer)
 CONNECT_TIMEOUT_S = 5  # a MySQL server that does not answer is reported after this long
 log = logging.getLogger("market.db")
-# Connection info, for code using the engine directly (not Database.run): a transaction it
-# begins writes (BEGIN IMMEDIATE on SQLite; False: a plain BEGIN, none on MySQL).
+# Connection info, for code using a MySQL engine directly (not Database.run): False, a transaction
+# it begins is not opened with START TRANSACTION (it opens its own). SQLite's is BEGIN IMMEDIATE.
 WRITE_KEY = "market_write"
 # Connection info: several statements may share one query. Not on a Galera node (wsrep_on):
 # there a replicated write can abort the transaction between two statements of one query,
@@ -82,10 +82,7 @@ def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        if conn.info.get(WRITE_KEY, True):
-            begin_immediate(conn.connection.driver_connection)
-        else:
-            conn.exec_driver_sql("BEGIN")
+        begin_immediate(conn.connection.driver_connection)
 
     return engine
 

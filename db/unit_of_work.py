@@ -182,7 +182,7 @@ class UnitOfWork:
         self.write, self.token = write, token
         self.sent = 0  # statements sent: Database.run retries a call that sent none
         self._batches = hold and conn.batches
-        self._token_sent = self._begin_pending = self._open = False
+        self._begin_pending = self._open = False
         self._held: list[Held] = []
         self._answer: Answer[Any] | None = None
 
@@ -196,14 +196,10 @@ class UnitOfWork:
                 self.execute(part, values)
             return None
         result = Result(self)
-        held = (compiled(statement, self.dialect), params or {}, result)
-        if held[0].writes and self.write and self._batches:
-            self._held.append(held)
-        elif self._held or self._begin_pending:
-            self._held.append(held)
+        prepared = compiled(statement, self.dialect)
+        self._held.append((prepared, params or {}, result))
+        if not (prepared.writes and self.write and self._batches):  # a read: sent now
             self.flush(demanded=result)
-        else:  # most reads: nothing to send before it
-            self._send([held])
         return result
 
     def flush(self, demanded: Result | None = None) -> None:
@@ -251,7 +247,7 @@ class UnitOfWork:
             try:
                 self.flush()
             except DBAPIError as exc:
-                if exc.connection_invalidated and self.token is not None and self._token_sent:
+                if exc.connection_invalidated and self.token is not None:  # the token went first
                     raise CommitUnanswered(self.token) from exc
                 raise
         self._begin_pending = self._open = False
@@ -271,7 +267,6 @@ class UnitOfWork:
             opening: list[Held] = [(compiled(_START, self.dialect), {}, None)]
             if self.token is not None:
                 opening.append((compiled(WRITE_TOKEN, self.dialect), self.token.params, None))
-                self._token_sent = True
             batch, self._begin_pending = opening + batch, False
             values[:0] = [s.values(p) for s, p, _ in opening]
         if self._sqlite:
