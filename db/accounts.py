@@ -52,7 +52,6 @@ class LiveSession:
 
 @dataclass(frozen=True)
 class SessionPolicy:
-    """How long sessions live."""
 
     idle_s: int = 300
     max_s: int = 86400
@@ -69,7 +68,6 @@ class SessionPolicy:
 
 
 def token_hash(token: str) -> str:
-    """What is stored for a token."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -278,7 +276,6 @@ class Session:
 
 
 def touch_session(tx: UnitOfWork, session: LiveSession) -> None:
-    """Record activity on a session."""
     tx.execute(_TOUCH, {"id": session.session_id, "now": now_ms()})
 
 

@@ -113,7 +113,6 @@ def clear_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
 
 
 def save_cart(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
-    """Make the session's cart the buyer's saved cart."""
     live = session.lock()  # a logout in flight cannot empty the cart under the copy
     who = {"buyer_id": live.user_id, "session_id": live.session_id}
     tx.execute(_LOCK_BUYER, who)

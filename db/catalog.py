@@ -40,7 +40,6 @@ ITEM_COLUMNS = (items.c.item_id, items.c.seller_id, items.c.name, items.c.catego
 
 
 def item_to_wire(row: ItemRow) -> dict[str, Any]:
-    """An item row as the protocol's item object."""
     return {"item_id": row.item_id, "seller_id": row.seller_id, "name": row.name,
             "category": row.category, "keywords": orjson.loads(row.keywords),
             "condition": row.item_condition, "price": format_money(row.price_cents),
@@ -115,14 +114,12 @@ def _own_item(tx: UnitOfWork, session: Session, item_id: int) -> ItemRow:
 
 
 def change_price(tx: UnitOfWork, session: Session, item_id: int, price: int) -> dict[str, Any]:
-    """Set a new price on one of the seller's items."""
     row = _own_item(tx, session, item_id)
     tx.execute(_SET_PRICE, {"item_id": item_id, "price": price})
     return {**item_to_wire(row), "price": format_money(price)}  # the row is locked: nothing else moved
 
 
 def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
-    """Take units of one of the seller's items off sale."""
     row = _own_item(tx, session, item_id)
     if row.quantity < quantity:
         raise ConflictError(f"item {item_id}: only {row.quantity} on sale, cannot remove {quantity}")
@@ -134,7 +131,6 @@ def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
 
 
 def unlist(tx: UnitOfWork, sold_out: Sequence[int]) -> None:
-    """Take sold-out items out of the search indexes."""
     for item_id in sold_out:
         for statement in _UNLIST:
             tx.execute(statement, {"item_id": item_id})

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, Integer, bindparam, delete, insert, select
 from sqlalchemy.exc import IntegrityError
@@ -26,22 +25,12 @@ _OLDEST = (select(commit_tokens.c.created_ms).where(commit_tokens.c.created_ms <
 _FORGET = delete(commit_tokens).where(commit_tokens.c.created_ms < bindparam("before"))
 
 
-@dataclass(frozen=True)
-class CommitToken:
-    """One transaction's token: when it began, and 63 random bits."""
+CommitToken = dict[str, int]  # WRITE_TOKEN's values
 
-    created_ms: int
-    nonce: int
 
-    @classmethod
-    def new(cls) -> CommitToken:
-        """A token no other transaction has."""
-        return cls(int(time.time() * 1000), secrets.randbits(63))
-
-    @property
-    def params(self) -> dict[str, int]:
-        """WRITE_TOKEN's parameters."""
-        return {"created_ms": self.created_ms, "nonce": self.nonce}
+def new_token() -> CommitToken:
+    """A transaction's token: when it began, and 63 random bits."""
+    return {"created_ms": int(time.time() * 1000), "nonce": secrets.randbits(63)}
 
 
 def committed(engine: Engine, token: CommitToken) -> bool:
@@ -50,7 +39,7 @@ def committed(engine: Engine, token: CommitToken) -> bool:
     with engine.connect() as conn:
         try:
             with conn.begin():
-                conn.execute(WRITE_TOKEN, token.params)
+                conn.execute(WRITE_TOKEN, token)
         except IntegrityError:
             return True
     return False

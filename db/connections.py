@@ -65,7 +65,6 @@ class DriverConnection:
 
     @property
     def in_transaction(self) -> bool:
-        """Whether the server has a transaction open on this connection."""
         return bool(getattr(self.driver, "in_transaction", False))
 
     def translated(self, exc: Exception, sql: str) -> Exception:

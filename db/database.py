@@ -24,7 +24,7 @@ from observe import events
 from wire.errors import BusyError, ProtocolError, UnavailableError
 
 from . import commit_tokens
-from .commit_tokens import CommitToken
+from .commit_tokens import CommitToken, new_token
 from .connections import DriverConnection
 from .engine import CONNECT_TIMEOUT_S, LOCK_WAIT_S, WalKeeper, is_sqlite, make_engine
 from .unit_of_work import Answer, CommitUnanswered, ReplayUnheld, UnitOfWork
@@ -67,13 +67,10 @@ class DatabaseUnusable(RuntimeError):
 
 
 def now_ms() -> int:
-    """Current time as integer epoch milliseconds."""
     return int(time.time() * 1000)
 
 
 class Database:
-    """An engine plus the transaction runner every data function goes through."""
-
     def __init__(self, url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL") -> None:
         self.url = url
         self.away_s = AWAY_S  # how long a call waits out a database that went away (tests shorten it)
@@ -83,7 +80,6 @@ class Database:
         self._has_tokens: bool | None = None  # the commit_tokens table exists (None: not looked yet)
 
     def close(self) -> None:
-        """Close every pooled connection."""
         if self._wal is not None:
             self._wal.close()
         self.engine.dispose()
@@ -152,7 +148,7 @@ class Database:
 
     def _run_once(self, work: Callable[[Any], T], tokened: bool, write: bool, progress: list[int],
                   hold: bool = True) -> T:
-        token = CommitToken.new() if tokened and self._writes_tokens() else None
+        token = new_token() if tokened and self._writes_tokens() else None
         conn = DriverConnection(self.engine)
         events.db_connections_in_use(1)
         tx = UnitOfWork(conn, write, hold, token)

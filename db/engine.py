@@ -63,7 +63,6 @@ def make_engine(url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL
 
 
 def is_sqlite(engine: Engine) -> bool:
-    """True for the embedded SQLite database."""
     return engine.dialect.name == "sqlite"
 
 

@@ -36,8 +36,6 @@ payments = Table(
 
 @dataclass(frozen=True)
 class Payment:
-    """One key's entry in the ledger."""
-
     payment_key: str
     buyer_id: int
     amount_cents: int
@@ -98,7 +96,6 @@ class Ledger:
         return None if found is None else found.state
 
     def lookup(self, key: str) -> Payment | None:
-        """The key's entry, or None."""
         row = self._run(lambda tx: tx.execute(_BY_KEY, {"key": key}).first(), write=False)
         return None if row is None else Payment(**row._asdict())
 

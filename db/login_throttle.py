@@ -1,12 +1,7 @@
-"""The account's throttle against password guessing from many addresses, kept in the
-database so that every server process sees the same level.
-
-A leaky bucket per (role, username), existing or not (so the answer reveals nothing): each
-login without a valid device token of the account adds one before its password is checked,
-a right password takes it back, and the level drains by one every `step_s`. The last places
-are kept by lane (AccountBucket.kept), so that an owner on a new client, told to wait while
-strangers guess, gets in when he comes back. At most `burst + T / step_s` passwords are
-checked for one account in T seconds.
+"""The account's throttle against password guessing from many addresses (docs/design.md,
+"Passwords and logins"), in the database so that every server process sees the same level: a
+leaky bucket per (role, username), existing or not, which each login without a device token of
+the account fills by one before its password is checked, and a right password empties by one.
 """
 from __future__ import annotations
 

@@ -22,7 +22,6 @@ def _fast() -> bool:
 
 
 def hash_password(password: str) -> str:
-    """An Argon2id hash of the password."""
     return (_FAST if _fast() else _HASHER).hash(password)
 
 

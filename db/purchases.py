@@ -1,15 +1,7 @@
-"""A purchase's transactions, each conditional on the order's status, so that the purchase's
-own thread and any settler racing it can never both act on one order.
-
-    open_order:    the stock taken, the order and its lines written, status pending
-    complete:      pending -> paid once its payment is captured, the bought lines out of the carts
-    undo:          pending -> void (its payment voided) or voiding (to be voided), the stock
-                   and the sellers' counts given back
-    finish:        voiding -> void (voided); capturing -> paid (orders of revision 0006)
-
-No transaction waits on the payment processor: the processor is called between them
-(buyer_server.checkout). The cart's item rows are locked in item_id order, so concurrent
-purchases lock in the same order.
+"""A purchase's transactions (docs/design.md, "Money"): open_order, then complete or undo, and
+a settler's finish. Each is conditional on the order's status, so that the purchase's own thread
+and a settler racing it never both act on one order; none waits on the payment processor, which
+buyer_server.checkout calls between them.
 """
 from __future__ import annotations
 

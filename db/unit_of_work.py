@@ -1,10 +1,7 @@
-"""The unit of work: the transaction object Database.run hands to a transaction function.
-
-It runs Core statements (`tx.execute(statement, params)`) on the driver's own connection
-(db.connections), each compiled once per dialect with SQLAlchemy's public `compile`, its values
-passed as a dict. A write is held and answered with a pending Result, sent before the next read,
-at COMMIT, or when its result is read; on MySQL/MariaDB in the query of the statement that
-follows it (START TRANSACTION and COMMIT too), so a write op costs one or two round trips.
+"""The unit of work: the transaction object Database.run hands to a transaction function
+(docs/design.md, "Data layer"). A write is held and answered with a pending Result, sent before
+the next read, at COMMIT, or when its result is read; on MySQL/MariaDB in the query of the
+statement that follows it (START TRANSACTION and COMMIT too).
 """
 from __future__ import annotations
 
@@ -266,7 +263,7 @@ class UnitOfWork:
         if self._begin_pending:  # START TRANSACTION, and the commit token if there is one
             opening: list[Held] = [(compiled(_START, self.dialect), {}, None)]
             if self.token is not None:
-                opening.append((compiled(WRITE_TOKEN, self.dialect), self.token.params, None))
+                opening.append((compiled(WRITE_TOKEN, self.dialect), self.token, None))
             batch, self._begin_pending = opening + batch, False
             values[:0] = [s.values(p) for s, p, _ in opening]
         if self._sqlite:
