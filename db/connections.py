@@ -32,7 +32,6 @@ class DriverConnection:
                                       connection_invalidated=self.dialect.is_disconnect(exc, None, None),
                                       ) from exc
         self.driver: Any = self.proxied.driver_connection
-        assert self.driver is not None
         self.batches = bool(self.proxied.info.get(BATCHES_KEY, False))
         self.usable = True
 
@@ -63,10 +62,6 @@ class DriverConnection:
             if not cnx.next_result():
                 return outcomes
 
-    @property
-    def in_transaction(self) -> bool:
-        return bool(getattr(self.driver, "in_transaction", False))
-
     def translated(self, exc: Exception, sql: str) -> Exception:
         """A driver error as SQLAlchemy raises it (IntegrityError ...); a lost connection is
         invalidated, and with it every connection of the pool opened before now."""
@@ -89,7 +84,7 @@ class DriverConnection:
     def give_back(self) -> None:
         """Return it to the pool; one that died, or is left in a transaction (a failed COMMIT
         whose ROLLBACK failed too, say: it would keep its locks), is closed instead."""
-        if self.usable and self.in_transaction:
+        if self.usable and self.driver.in_transaction:
             self.usable = False
             self.proxied.invalidate()
         self.proxied.close()

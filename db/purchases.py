@@ -66,12 +66,12 @@ class OrderInProgressError(BusyError):
     """The order with this idempotency key is not settled yet: its purchase is running, or
     was cut off (`order` says where it is, `age_ms` since when)."""
 
-    def __init__(self, order: DueOrder, age_ms: int) -> None:
+    def __init__(self, row: Any) -> None:
         super().__init__("a purchase with this idempotency key is in progress; ask again shortly")
-        self.order, self.age_ms = order, age_ms
+        self.order = DueOrder(row.order_id, row.payment_key, row.status)
+        self.age_ms = now_ms() - row.created_ms
 
 
-# What the steps run, compiled once (the unit of work's idiom: plain Core at module level).
 _NEW_ORDER = insert(orders).values(
     buyer_id=bindparam("buyer_id"), total_cents=0, idempotency_key=bindparam("key"),
     created_ms=bindparam("now"), status=PENDING, payment_key=bindparam("payment_key"),
@@ -156,7 +156,7 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
         raise ConflictError("your cart is empty")
     if cart[0].cut_off:  # its lines may be bought already: settle it before buying them again
         pending = tx.execute(_PENDING_OF_SESSION, ids).first()
-        raise _in_progress(pending) if pending is not None else RetryTransaction  # settled meanwhile
+        raise OrderInProgressError(pending) if pending is not None else RetryTransaction  # settled meanwhile
     total = sum(line.cents * line.quantity for line in cart)
     if expected_total is not None and total != expected_total:
         raise ConflictError(f"the cart's total is now {format_money(total)}; nothing was bought")
@@ -173,7 +173,7 @@ def _replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
     if order is None:
         return None
     if order.status != PAID:  # pending (or capturing: a purchase of revision 0006)
-        raise _in_progress(order)
+        raise OrderInProgressError(order)
     rows = tx.execute(_LINES_OF_ORDER, {"order_id": order.order_id}).all()
     return _receipt(order.order_id, order.total_cents, rows)
 
@@ -226,16 +226,10 @@ def due_orders(tx: UnitOfWork, pending_before_ms: int, limit: int = 100) -> list
     return [DueOrder(r.order_id, r.payment_key, r.status) for r in rows]
 
 
-def _in_progress(order: Any) -> OrderInProgressError:
-    return OrderInProgressError(DueOrder(order.order_id, order.payment_key, order.status),
-                                now_ms() - order.created_ms)
-
-
 def _take(tx: UnitOfWork, buyer_id: int, order_id: int, cart: Sequence[Any]) -> None:
     """Take the cart's units, write the order's lines, count each seller's units sold and
-    unlist what sold out. The cart's read locked the item rows (FOR UPDATE; SQLite has one
-    writer), so `available` is exact and every update applies: all is held for the COMMIT.
-    Each keeps `quantity >= n` all the same: no item goes below zero."""
+    unlist what sold out. The cart's read locked the item rows, so `available` is exact and
+    every update applies: all is held for the COMMIT (each keeps `quantity >= n` all the same)."""
     for line in cart:
         if line.quantity > line.available:
             raise ConflictError(f"item {line.item_id}: only {line.available} left")

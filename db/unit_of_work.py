@@ -200,9 +200,8 @@ class UnitOfWork:
         return result
 
     def flush(self, demanded: Result | None = None) -> None:
-        """Send every held statement now (one query on MySQL/MariaDB). Should one that was
-        held (not `demanded` now) break a constraint, ReplayUnheld: the code that made it may
-        be waiting for that error at the statement."""
+        """Send every held statement now. Should one held before (not `demanded` now) break a
+        constraint, ReplayUnheld: the code that made it may be waiting for that error."""
         if not self._held and not self._begin_pending:
             return
         held, self._held = self._held, []
@@ -252,7 +251,7 @@ class UnitOfWork:
     def rollback(self) -> None:
         """Forget what is held and end the transaction, if the server has one open."""
         self._held, self._begin_pending, self._answer = [], False, None
-        if self._open and self.conn.usable and self.conn.in_transaction:
+        if self._open and self.conn.usable and self.conn.driver.in_transaction:
             self._send([(compiled(_ROLLBACK, self.dialect), {}, None)])
         self._open = False
 
