@@ -27,10 +27,8 @@ _CART_OF_TOKEN = (with_session(*_CART.selected_columns,
                                on=cart_lines.c.session_id == sessions.c.session_id)
                   .order_by(cart_lines.c.item_id))
 # How many of the item the cart holds, with the token check (no rows: none, or no session).
-# FOR UPDATE here and below: the session's row stays locked to the COMMIT, so requests of one
-# session on several connections change its cart one after the other (else two read the
-# same line and one write is lost, or both INSERT it and one fails). SQLite's writers take
-# turns already (BEGIN IMMEDIATE).
+# FOR UPDATE here and below: the session's row stays locked to the COMMIT, so one session's
+# requests on several connections change its cart one after the other (else a write is lost).
 _IN_CART = with_session(cart_lines.c.quantity.label("held"), joined=cart_lines,
                         on=(cart_lines.c.session_id == sessions.c.session_id)
                         & (cart_lines.c.item_id == bindparam("item_id"))).with_for_update()
@@ -47,9 +45,7 @@ _FORGET_SAVED = delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bi
 _SAVE = (insert(saved_cart_lines).from_select(
     ["buyer_id", "item_id", "quantity"],
     select(bindparam("buyer_id"), cart_lines.c.item_id, cart_lines.c.quantity).where(_SESSION)))
-# A cart holds at most this many different items: every cart answer and receipt then stays
-# far under the 1 MiB frame (100 lines of the longest names and prices: about 30 KB).
-MAX_CART_LINES = 100
+MAX_CART_LINES = 100  # different items: a cart or receipt stays far under the 1 MiB frame
 _LINES = cart_lines.alias("lines")
 _STOCK_AND_HELD = (
     with_session(items.c.quantity, cart_lines.c.quantity.label("held"),

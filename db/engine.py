@@ -177,11 +177,10 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
         pool_reset_on_return=None,
         # reads run in autocommit; the unit of work sends a write's START TRANSACTION
         isolation_level="AUTOCOMMIT",
-        # MULTI_STATEMENTS: the unit of work sends held writes, START TRANSACTION and COMMIT
-        # in the query of the statement that follows them (one round trip). Nothing puts a
-        # value into SQL text unquoted, so no injected "; DROP ..." can run (test_engine.py
-        # checks). The flags given as a list replace SQLAlchemy's FOUND_ROWS: an UPDATE's
-        # rowcount is the rows it changed.
+        # MULTI_STATEMENTS: held writes go in the query of the statement that follows them.
+        # Nothing puts a value into SQL text unquoted, so no injected "; DROP ..." can run
+        # (test_engine.py checks). The flags given as a list replace SQLAlchemy's FOUND_ROWS:
+        # an UPDATE's rowcount is the rows it changed.
         connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin",
                       "connection_timeout": CONNECT_TIMEOUT_S, "client_flags": [ClientFlag.MULTI_STATEMENTS]},
     )
