@@ -195,12 +195,6 @@ class Database:
         """The schema was upgraded: look again for the tables this class uses."""
         self._has_tokens = None
 
-    def create_schema(self) -> None:
-        """Make the database current, whatever it held (db.migrations.make_current)."""
-        from .migrations import make_current  # the migrations use this module: imported late
-
-        make_current(self)
-
     @property
     def where(self) -> str:
         """The database's URL as the user wrote it, without its password."""
@@ -223,9 +217,7 @@ def _while_away(call: Callable[[], T], gave_up: str, away_s: float, away: Callab
                 noticed: str | None = None, retrying: Callable[[], None] = lambda: None,
                 until: float | None = None, retryable: bool = True) -> T:
     """`call()`, made again after pauses (0.1 s, doubling) while it fails as `away` says the
-    database is (logged as `noticed`), for up to `away_s` (or until `until`); then UNAVAILABLE
-    saying `gave_up` (not `retryable` when the change may have been made and making it again
-    would not be safe)."""
+    database is, for up to `away_s` (or until `until`); then UNAVAILABLE saying `gave_up`."""
     deadline = time.monotonic() + away_s if until is None else until
     pause = 0.1
     while True:

@@ -23,6 +23,7 @@ from db.catalog import (
     _SELLER_ITEMS,
 )
 from db.login_throttle import _FAILURES
+from db.migrations import make_current
 from db.orders import _HISTORY, _VOTE_OF_BUYER
 from db.purchases import CART_LINES, DUE_ORDERS
 from db.schema import cart_lines, item_keywords, items, login_failures, metadata, sessions
@@ -95,7 +96,7 @@ STATEMENTS = {
 def seeded(mysql_server: str) -> Iterator[Database]:
     for url in fresh_mysql_database(mysql_server, prefix="market_explain"):
         db = Database(url, pool_size=2)
-        db.create_schema()
+        make_current(db)
         seed(db, sellers=50, items_count=3000)
         db.run(lambda tx: tx.execute(sessions.insert(), [
             {"token_hash": "ab" * 32, "user_id": 3, "role": "buyer", "created_ms": 0, "last_seen_ms": 0},
