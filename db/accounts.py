@@ -1,8 +1,6 @@
 """Accounts and sessions: the SQL of sign-up, login and logout, and the token check of every call.
-
-Tokens are `secrets.token_urlsafe(32)` and only their SHA-256 is stored. A session
-ends at logout, after `idle_s` without a request, or `max_s` after login. The
-last-seen time is written at most every `touch_interval` so that reads stay reads.
+Only a token's SHA-256 is stored. A session ends at logout, after `idle_s` without a request, or
+`max_s` after login; its last-seen is written at most every `touch_interval_ms`.
 """
 from __future__ import annotations
 

@@ -89,11 +89,9 @@ CART_LINES = (select(cart_lines.c.item_id, cart_lines.c.quantity, items.c.seller
               .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
               .where(cart_lines.c.session_id == bindparam("session_id"))
               .order_by(cart_lines.c.item_id).with_for_update())
-_TAKE_STOCK = (update(items)
-               .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
-               .values(quantity=items.c.quantity - bindparam("n"), sold=items.c.sold + bindparam("n")))
-_GIVE_STOCK = (update(items).where(items.c.item_id == bindparam("item_id"))
-               .values(quantity=items.c.quantity + bindparam("n"), sold=items.c.sold - bindparam("n")))
+_SELL = (update(items)  # n < 0: given back
+         .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
+         .values(quantity=items.c.quantity - bindparam("n"), sold=items.c.sold + bindparam("n")))
 _ITEMS_SOLD = (update(users).where(users.c.user_id == bindparam("seller_id"))  # n < 0: unsold
                .values(items_sold=users.c.items_sold + bindparam("n")))
 _DROP_LINES = delete(order_lines).where(order_lines.c.order_id == bindparam("order_id"))
@@ -234,7 +232,7 @@ def _take(tx: UnitOfWork, buyer_id: int, order_id: int, cart: Sequence[Any]) -> 
         if line.quantity > line.available:
             raise ConflictError(f"item {line.item_id}: only {line.available} left")
     for line in cart:
-        tx.execute(_TAKE_STOCK, {"item_id": line.item_id, "n": line.quantity})
+        tx.execute(_SELL, {"item_id": line.item_id, "n": line.quantity})
     tx.execute(insert(order_lines), [
         {"order_id": order_id, "item_id": ln.item_id, "buyer_id": buyer_id, "seller_id": ln.seller_id,
          "name": ln.name, "quantity": ln.quantity, "price_cents": ln.cents} for ln in cart])
@@ -256,7 +254,7 @@ def _give_stock_back(tx: UnitOfWork, lines: Sequence[Any]) -> None:
     had sold out goes back into the search indexes."""
     for line in lines:
         item = tx.execute(_LOCK_ITEM, {"item_id": line.item_id}).one()
-        tx.execute(_GIVE_STOCK, {"item_id": line.item_id, "n": line.quantity})
+        tx.execute(_SELL, {"item_id": line.item_id, "n": -line.quantity})
         if item.quantity == 0:
             relist(tx, [item])
 
