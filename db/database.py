@@ -47,9 +47,6 @@ _UNUSABLE_ERRNOS = {1044, 1045, 1049, 1142, 1290, 1698, 2002, 2003, 2005, 2013}
 _SQLITE_UNAVAILABLE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
                        sqlite3.SQLITE_CANTOPEN}
 _LOCK_WAITED = f"waited {LOCK_WAIT_S} s for a lock another request held; nothing was changed; try again"
-# How long a COMMIT whose answer was lost is asked about while the database is away: a
-# restart takes a few seconds, and the answer must reach the client within its 30 s.
-AWAY_S = 6.5
 _OUTCOME_UNKNOWN = ("the database went away while the change was being committed, and has not come back "
                     "to say whether it was made: look before making it again")
 _MADE_UNREAD = ("the change was made, but the database went away before its result could be read: "
@@ -73,10 +70,14 @@ def now_ms() -> int:
 class Database:
     def __init__(self, url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL") -> None:
         self.url = url
-        self.away_s = AWAY_S  # how long a call waits out a database that went away (tests shorten it)
+        # How long a call waits out a database that went away (tests shorten it): a restart
+        # takes a few seconds, and the answer must reach the client within its 30 s.
+        self.away_s = 6.5
         self.engine = make_engine(url, pool_size, sqlite_synchronous)
         self.is_sqlite = is_sqlite(self.engine)
-        self._wal = WalKeeper.for_engine(self.engine)
+        path = self.engine.url.database or ":memory:"  # a WAL keeper for a file named by its plain path
+        plain_file = self.is_sqlite and path != ":memory:" and not path.startswith("file:")
+        self._wal = WalKeeper(path) if plain_file else None
         self._has_tokens: bool | None = None  # the commit_tokens table exists (None: not looked yet)
 
     def close(self) -> None:

@@ -120,14 +120,6 @@ class WalKeeper:
         self._thread = threading.Thread(target=self._keep, name="market-wal", daemon=True)
         self._thread.start()
 
-    @classmethod
-    def for_engine(cls, engine: Engine) -> WalKeeper | None:
-        """A keeper for an SQLite file named by its plain path (not ':memory:' or a URI)."""
-        path = engine.url.database
-        if not is_sqlite(engine) or not path or path == ":memory:" or path.startswith("file:"):
-            return None
-        return cls(path)
-
     def close(self) -> None:
         """Stop looking (the thread's connection closes with it)."""
         self._stop.set()
