@@ -50,7 +50,6 @@ class LiveSession:
 
 @dataclass(frozen=True)
 class SessionPolicy:
-
     idle_s: int = 300
     max_s: int = 86400
 
@@ -178,8 +177,7 @@ def ended_long_ago(policy: SessionPolicy, now: int) -> ColumnElement[bool]:
 
 
 def end_sessions(tx: Connection, condition: ColumnElement[bool]) -> int:
-    """Delete the sessions that meet `condition` and their cart lines, their rows locked first
-    in key order; how many there were."""
+    """Delete the sessions that meet `condition` with their cart lines (locked in key order); how many."""
     ids = tx.execute(select(sessions.c.session_id).where(condition)
                      .order_by(sessions.c.session_id).with_for_update()).scalars().all()
     if ids:

@@ -105,7 +105,7 @@ def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: i
 def clear_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
     """Empty the session's cart (the saved cart stays)."""
     tx.execute(_EMPTY, {"session_id": session.lock().session_id})
-    return {"cart": {"items": [], "total": "0.00"}}
+    return _cart_object([])
 
 
 def save_cart(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:

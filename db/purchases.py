@@ -98,7 +98,7 @@ _DROP_LINES = delete(order_lines).where(order_lines.c.order_id == bindparam("ord
 _SET_TOTAL = (update(orders).where(orders.c.order_id == bindparam("order_id"))
               .values(total_cents=bindparam("total")))
 _ORDER = select(orders.c.order_id, orders.c.total_cents, orders.c.status, orders.c.payment_key,
-                orders.c.created_ms)
+                orders.c.created_ms, orders.c.buyer_id, orders.c.session_id)
 _ORDER_BY_KEY = _ORDER.where(orders.c.buyer_id == bindparam("buyer_id"),
                              orders.c.idempotency_key == bindparam("key"))
 _LINES_OF_ORDER = (select(order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
@@ -118,8 +118,7 @@ _EMPTY_BOUGHT_LINE = delete(cart_lines).where(cart_lines.c.session_id == bindpar
 _EMPTY_SAVED = delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id"),
                                               _MOVED_HERE)
 _PENDING_OF_SESSION = _ORDER.where(_SESSION_PENDING).limit(1)
-_BUYER_AND_SESSION = (select(orders.c.buyer_id, orders.c.session_id)
-                      .where(orders.c.order_id == bindparam("order_id")))
+_ORDER_BY_ID = _ORDER.where(orders.c.order_id == bindparam("order_id"))
 # What the settlers look for, every few seconds: by the index on (status, created_ms).
 DUE_ORDERS = (select(orders.c.order_id, orders.c.payment_key, orders.c.status)
               .where((orders.c.status == CAPTURING) | (orders.c.status == VOIDING)
@@ -178,8 +177,7 @@ def _replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
 
 def complete(tx: UnitOfWork, purchase: Purchase) -> None:
     """Once the payment is captured: pending -> paid, and the bought lines leave the session's
-    cart and the saved cart; nothing if the order was not pending (completed already). Nothing
-    is read: the whole step goes with the COMMIT."""
+    cart and the saved cart; nothing if the order was not pending (completed already)."""
     tx.execute(_MOVE, {"order_id": purchase.order_id, "before": PENDING, "after": _COMPLETING})
     if purchase.session_id is not None:
         for item_id in purchase.item_ids:
@@ -191,15 +189,14 @@ def complete(tx: UnitOfWork, purchase: Purchase) -> None:
 
 def purchase_in(tx: UnitOfWork, order_id: int) -> Purchase:
     """What completing an order changes, read from the database (for a settler)."""
-    order = tx.execute(_BUYER_AND_SESSION, {"order_id": order_id}).one()
+    order = tx.execute(_ORDER_BY_ID, {"order_id": order_id}).one()
     lines = tx.execute(_LINES_OF_ORDER, {"order_id": order_id}).all()
     return Purchase(order_id, order.buyer_id, order.session_id, tuple(line.item_id for line in lines))
 
 
 def undo(tx: UnitOfWork, order_id: int, status: str) -> bool:
-    """pending -> voiding (its payment to be voided next) or void (voided already): the stock,
-    the sellers' counts and the search index as they were, the lines gone, the idempotency
-    key free again. False if the order was no longer pending."""
+    """pending -> voiding (to be voided next) or void (voided): the stock, the sellers' counts and the
+    search index as they were, the lines gone, the key free again; False if it was not pending."""
     moved = tx.execute(_MOVE_FREEING_KEY, {"order_id": order_id, "before": PENDING, "after": status})
     if moved.rowcount != 1:
         return False
@@ -211,8 +208,7 @@ def undo(tx: UnitOfWork, order_id: int, status: str) -> bool:
 
 
 def finish(tx: UnitOfWork, order_id: int, status: str) -> None:
-    """voiding -> void, or capturing -> paid (an order of revision 0006): the processor has
-    done its part (held, sent with the COMMIT)."""
+    """voiding -> void, or capturing -> paid (an order of revision 0006): the processor did its part."""
     before = {PAID: CAPTURING, VOID: VOIDING}[status]
     tx.execute(_MOVE, {"order_id": order_id, "before": before, "after": status})
 
