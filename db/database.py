@@ -112,7 +112,7 @@ class Database:
         for attempt in range(MAX_ATTEMPTS):
             progress = [0]  # statements that reached the database in this attempt
             try:
-                return self._run_once(work, tokened, write, progress, hold)
+                return self._run_once(work, write, tokened, hold, progress)
             except ReplayUnheld:
                 hold = False
             except CommitUnanswered as unanswered:
@@ -147,8 +147,8 @@ class Database:
             time.sleep(random.uniform(0, 0.002 * 2**attempt))
         raise BusyError("the database is too busy to finish this; nothing was changed")
 
-    def _run_once(self, work: Callable[[Any], T], tokened: bool, write: bool, progress: list[int],
-                  hold: bool = True) -> T:
+    def _run_once(self, work: Callable[[Any], T], write: bool, tokened: bool, hold: bool,
+                  sent: list[int]) -> T:
         token = new_token() if tokened and self._writes_tokens() else None
         conn = DriverConnection(self.engine)
         events.db_connections_in_use(1)
@@ -161,7 +161,7 @@ class Database:
                 conn.proxied.invalidate()
             raise
         finally:
-            progress[0] = tx.sent
+            sent[0] = tx.sent
             conn.give_back()
             events.db_connections_in_use(-1)
 

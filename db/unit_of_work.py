@@ -173,7 +173,7 @@ class UnitOfWork:
     """One transaction's statements on one driver connection (db.connections.DriverConnection):
     whatever it holds fails with the statement it was sent with, and the transaction rolls back."""
 
-    def __init__(self, conn: Any, write: bool, hold: bool = True, token: CommitToken | None = None) -> None:
+    def __init__(self, conn: Any, write: bool, hold: bool, token: CommitToken | None) -> None:
         self.conn, self.dialect = conn, conn.dialect
         self._sqlite = self.dialect.name == "sqlite"
         self.write, self.token = write, token
