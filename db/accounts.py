@@ -155,9 +155,8 @@ def _keep_device(tx: Connection, user_id: int, device_token: str, now: int) -> N
 
 
 def _end_old_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: int) -> None:
-    """End the account's sessions that ended long ago, and its oldest past MAX_SESSIONS - 1.
-    Found without locks, then locked by primary key: at READ COMMITTED the condition is checked
-    again on what a request in flight on one commits, so a session just used stays."""
+    """End the account's sessions that ended long ago, and its oldest past MAX_SESSIONS - 1: found
+    without locks, then locked by key and checked again, so a session just used stays."""
     ended = ended_long_ago(policy, now)
     found = tx.execute(select(sessions.c.session_id, ended.label("ended"))
                        .where(sessions.c.user_id == user_id)
@@ -207,10 +206,9 @@ _TOUCH = (update(sessions).where(sessions.c.session_id == bindparam("id"))
 
 
 def with_session(*columns: Any, joined: FromClause, on: ColumnElement[bool]) -> Select[Any]:
-    """SELECT the caller's session and `columns` FROM sessions JOIN `joined` ON `on`: the token
-    check folded into an op's query (run with Session.check_params, its rows to accept_rows).
-    An inner join, so that MariaDB still reads an index in ORDER BY order and stops at the
-    LIMIT (a LEFT JOIN made it sort)."""
+    """SELECT the caller's session and `columns` FROM sessions JOIN `joined` ON `on`: the token check
+    in an op's query (run with Session.check_params, rows to accept_rows). An inner join: with a
+    LEFT JOIN MariaDB sorted instead of reading an index in ORDER BY order up to the LIMIT."""
     return (select(*SESSION_COLUMNS, *columns)
             .select_from(sessions.join(joined, on)).where(_TOKEN_MATCHES))
 
@@ -240,9 +238,8 @@ class Session:
         return self.live
 
     def lock(self) -> LiveSession:
-        """The live session, as require(), its row locked FOR UPDATE to the transaction's end:
-        writes that change the session's cart or end it take turns. The session row comes first
-        in every write that locks it, before the buyer's row and the items'."""
+        """The live session, its row locked to the transaction's end, so that writes that change its
+        cart or end it take turns; locked first, before the buyer's row and the items'."""
         assert self.live is None, "lock the session before any other use of it"
         return self.accept(self._tx.execute(_LOCKED_SESSION_BY_TOKEN, self.check_params).first())
 
@@ -267,12 +264,12 @@ class Session:
         self.stale = idle_ms >= self._policy.touch_interval_ms
         self.live = LiveSession(row.session_id, row.session_user_id)
         if self.stale and self._touch:
-            touch_session(self._tx, self.live)
+            touch_session(self._tx, self.live.session_id)
         return self.live
 
 
-def touch_session(tx: UnitOfWork, session: LiveSession) -> None:
-    tx.execute(_TOUCH, {"id": session.session_id, "now": now_ms()})
+def touch_session(tx: UnitOfWork, session_id: int) -> None:
+    tx.execute(_TOUCH, {"id": session_id, "now": now_ms()})
 
 
 class SessionGate:
@@ -282,9 +279,8 @@ class SessionGate:
         self.db, self.role, self.policy = db, role, policy
 
     def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], Any]) -> Any:
-        """`work(tx, session)` for the token's live session, else UNAUTHENTICATED, which comes
-        before every other error: no answer leaves before the token was checked. A write also
-        writes last-seen in its transaction."""
+        """`work(tx, session)` for the token's live session, else UNAUTHENTICATED, before every other
+        error: no answer leaves before the token was checked. A write also writes last-seen."""
         sessions_seen: list[Session] = []
 
         def transaction(tx: UnitOfWork) -> Any:
@@ -310,11 +306,10 @@ class SessionGate:
     def _touch_if_due(self, sessions_seen: list[Session]) -> None:
         """Write last-seen in a transaction of its own, if due. Best effort: should it fail, the
         request's answer stands, and the session's next request tries again."""
-        session = sessions_seen[-1] if sessions_seen else None
-        if session is None or session.live is None or not session.stale:
+        if not sessions_seen or not sessions_seen[-1].stale:  # stale: its token passed
             return
-        live = session.live
+        session_id = sessions_seen[-1].session_id
         try:
-            self.db.run(lambda tx: touch_session(tx, live))
+            self.db.run(lambda tx: touch_session(tx, session_id))
         except ProtocolError as exc:
             log.warning("could not record a session's activity: %s", exc)

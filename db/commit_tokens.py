@@ -1,10 +1,7 @@
 """Commit tokens: whether a MySQL/MariaDB transaction whose COMMIT lost its answer committed.
-
-The unit of work writes a row of its own (a token) in the query of START TRANSACTION of every
-write transaction. Should the connection be lost in the query carrying the COMMIT, `committed`
-writes the same token again, in a transaction of its own: a duplicate key means it committed;
-if the write goes in, the transaction did not commit, and never can (its own write of the token
-would now fail). Should it still be running, the write waits for its row lock.
+Each write transaction writes a row of its own (a token) first; `committed` writes it again: a
+duplicate key means it committed; if the write goes in, the transaction did not, and never can
+(its own write would now fail). Should it still be running, the write waits for its row lock.
 """
 from __future__ import annotations
 

@@ -45,10 +45,9 @@ class DriverConnection:
         return (cursor.fetchall() if cursor.description else []), cursor.rowcount, cursor.lastrowid
 
     def run_all(self, sql: str, values: dict[str, Any]) -> list[tuple[list[Any], int, int | None]]:
-        """One query of one or more statements (MySQL/MariaDB): each one's rows, rowcount and
-        new id. Through the driver's connection rather than its cursor, which parses the SQL
-        to split it into statements (about a third of a server's CPU per call); the values
-        quoted by the driver. Every result is read, so a later statement's error comes here."""
+        """One query of one or more statements (MySQL/MariaDB): each one's rows, rowcount and new id.
+        Not through the driver's cursor, which parses the SQL to split it (about a third of a
+        server's CPU per call). Every result is read, so a later statement's error comes here."""
         cnx = self.driver
         quoted = cnx.prepare_for_mysql(values)
         cnx.cmd_query(_PARAMETER.sub(lambda m: quoted[m[1]], sql.encode()))

@@ -1,10 +1,7 @@
-"""Running transactions: retries on deadlocks and lock timeouts, and database errors turned
-into the protocol's UNAVAILABLE / BUSY in one place.
-
-A transaction is a function of a unit of work (db.unit_of_work); `Database.run` calls it inside
-BEGIN ... COMMIT (a read runs without one), and again when the database asks for a retry, so
-it must do all its work through `tx`. A MySQL transaction whose connection is lost at its COMMIT
-is never simply run again: its commit token (db.commit_tokens) says whether it committed.
+"""Running transactions: retries on deadlocks and lock timeouts, and database errors turned into
+the protocol's UNAVAILABLE / BUSY in one place. A transaction is a function of a unit of work,
+run again when the database asks for a retry, so it does all its work through `tx`; one whose
+connection is lost at its COMMIT is not simply run again (db.commit_tokens).
 """
 from __future__ import annotations
 
@@ -92,13 +89,13 @@ class Database:
     def run(self, work: Callable[[Any], T], *, write: bool = True, idempotent: bool = False) -> T: ...
 
     def run(self, work: Callable[[Any], Any], *, write: bool = True, idempotent: bool = False) -> Any:
-        """Run `work(tx)` (tx a UnitOfWork) in one transaction, retrying what the database says to
-        retry; a function that returns `tx.answer(...)` gets back that answer's shaped rows.
-        `idempotent`: running the work twice ends as running it once (the payment ledger's
-        calls). It writes no commit token: while the database is away it runs again, for up
+        """Run `work(tx)` (tx a UnitOfWork) in one transaction; a function that returns
+        `tx.answer(...)` gets back that answer's shaped rows. `idempotent` (running it twice ends
+        as running it once): no commit token; while the database is away it runs again, for up
         to `away_s`, then UNAVAILABLE saying that whether it was made is not known."""
         if idempotent and not self.is_sqlite:  # SQLite: in the process, nothing to lose on the way
-            returned = _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE, self.away_s,
+            returned = _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE,
+                                   time.monotonic() + self.away_s,
                                    away=lambda exc: isinstance(exc, UnavailableError) or (
                                        isinstance(exc, DBAPIError) and exc.connection_invalidated),
                                    retrying=lambda: events.transaction_retried("reconnect"))
@@ -117,7 +114,7 @@ class Database:
                 hold = False
             except CommitUnanswered as unanswered:
                 asked_until = time.monotonic() + self.away_s  # the question and any answer read again
-                if self._committed(unanswered.token):
+                if self._committed(unanswered.token, asked_until):
                     if isinstance(unanswered.result, Answer) and not unanswered.result.result.filled:
                         self._read_again(unanswered.result, asked_until)
                     return unanswered.result  # type: ignore[no-any-return]
@@ -171,24 +168,23 @@ class Database:
         def read() -> list[Any]:
             return self._run(lambda tx: tx.execute(answer.statement, answer.params).all(), False, False)
 
-        rows = _while_away(read, _MADE_UNREAD, self.away_s,
+        rows = _while_away(read, _MADE_UNREAD, until,
                            away=lambda exc: isinstance(exc, ProtocolError | DBAPIError),
-                           noticed="could not read the answer of a commit made", until=until, retryable=False)
+                           noticed="could not read the answer of a commit made", retryable=False)
         answer.result.fill(rows, len(rows), None)
 
     def _writes_tokens(self) -> bool:
-        """Whether write transactions write a commit token: on MySQL/MariaDB (SQLite's COMMIT
-        runs in the process), once the database has the table (an older schema's, or the
-        ledger's own database, has not)."""
+        """Whether write transactions write a commit token: on MySQL/MariaDB (SQLite's COMMIT runs
+        in the process), once the database has the table (the ledger's own database has not)."""
         if self._has_tokens is None:
             self._has_tokens = not self.is_sqlite and inspect(self.engine).has_table(commit_tokens.TABLE)
         return self._has_tokens
 
-    def _committed(self, token: CommitToken) -> bool:
-        """Whether the transaction that wrote `token` committed, asked on a fresh connection
-        for a few seconds while the database is away; UNAVAILABLE, saying so, if it stays away."""
+    def _committed(self, token: CommitToken, until: float) -> bool:
+        """Whether the transaction that wrote `token` committed, asked on a fresh connection while
+        the database is away (until `until`); then UNAVAILABLE saying that it is not known."""
         self.engine.dispose(close=False)  # the lost connection's siblings are suspect too
-        return _while_away(lambda: commit_tokens.committed(self.engine, token), _OUTCOME_UNKNOWN, self.away_s,
+        return _while_away(lambda: commit_tokens.committed(self.engine, token), _OUTCOME_UNKNOWN, until,
                            away=lambda exc: isinstance(exc, DBAPIError | PoolTimeoutError),
                            noticed="could not ask whether a commit went through", retryable=False)
 
@@ -214,12 +210,11 @@ class Database:
         return f"cannot use the database {self.where}: {reason}"
 
 
-def _while_away(call: Callable[[], T], gave_up: str, away_s: float, away: Callable[[Exception], bool],
+def _while_away(call: Callable[[], T], gave_up: str, until: float, away: Callable[[Exception], bool],
                 noticed: str | None = None, retrying: Callable[[], None] = lambda: None,
-                until: float | None = None, retryable: bool = True) -> T:
+                retryable: bool = True) -> T:
     """`call()`, made again after pauses (0.1 s, doubling) while it fails as `away` says the
-    database is, for up to `away_s` (or until `until`); then UNAVAILABLE saying `gave_up`."""
-    deadline = time.monotonic() + away_s if until is None else until
+    database is, until `until`; then UNAVAILABLE saying `gave_up`."""
     pause = 0.1
     while True:
         try:
@@ -229,7 +224,7 @@ def _while_away(call: Callable[[], T], gave_up: str, away_s: float, away: Callab
                 raise
             if noticed:
                 log.warning("%s: %s", noticed, getattr(exc, "orig", exc))
-        if time.monotonic() + pause > deadline:
+        if time.monotonic() + pause > until:
             raise UnavailableError(gave_up, retryable=retryable) from None
         retrying()
         time.sleep(pause)

@@ -1,9 +1,7 @@
-"""The engine factory: the one place where SQLite and MySQL/MariaDB differ.
-
-SQLite: WAL, a busy timeout, and writers that take the write lock up front (BEGIN IMMEDIATE)
-instead of failing to upgrade half-way. MySQL/MariaDB: mysql-connector-python with the
-multi-statement flag, utf8mb4 with binary collation (text comes back exactly as sent),
-autocommit reads and READ COMMITTED write transactions begun by the unit of work.
+"""The engine factory: the one place where SQLite and MySQL/MariaDB differ. SQLite: WAL, and
+writers that take the write lock up front (BEGIN IMMEDIATE) instead of failing to upgrade
+half-way. MySQL/MariaDB: mysql-connector-python with multi-statement queries, utf8mb4 with
+binary collation, autocommit reads and READ COMMITTED write transactions.
 """
 from __future__ import annotations
 
@@ -88,8 +86,7 @@ def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
 
 def begin_immediate(raw: sqlite3.Connection) -> None:
     """BEGIN IMMEDIATE, asked again every 0.1-1 ms for POLL_LOCK_S while another writer holds the
-    lock (SQLite's busy handler sleeps up to 25 ms between tries, long after the lock came
-    free); then the busy handler takes over, and its error is the caller's."""
+    lock (SQLite's busy handler sleeps up to 25 ms between tries); then the busy handler's turn."""
     raw.execute("PRAGMA busy_timeout=0")
     try:
         pause, deadline = 0.0001, time.monotonic() + POLL_LOCK_S
@@ -108,10 +105,9 @@ def begin_immediate(raw: sqlite3.Connection) -> None:
 
 
 class WalKeeper:
-    """Keeps an SQLite file's write-ahead log from growing without end: SQLite starts it again
-    from the top only when no reader uses it, which under steady reads never comes. A thread
-    looks every 0.5 s and gives a log past WAL_CHECKPOINT_BYTES a TRUNCATE checkpoint, which
-    waits (up to 2 s) for the readers of that moment, then empties it."""
+    """Keeps an SQLite file's write-ahead log from growing without end (SQLite starts it again only
+    when no reader uses it, which under steady reads never comes): a thread looks every 0.5 s and
+    gives a log past WAL_CHECKPOINT_BYTES a TRUNCATE checkpoint."""
 
     def __init__(self, database_path: str) -> None:
         self._path, self._wal = database_path, database_path + "-wal"

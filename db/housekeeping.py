@@ -1,9 +1,7 @@
-"""Housekeeping's SQL: deleting expired sessions with their cart lines, failed-login counts long
-past and old commit tokens; a thread of each server process sweeps (runtime.housekeeping).
-
-Small batches, one short transaction each: a batch's rows are found without locks, then locked
-or deleted by primary key only if they still qualify, so any number of processes may sweep at
-once and none holds a lock for long. Saved carts stay: they are the buyer's.
+"""Housekeeping's SQL (run by runtime.housekeeping): expired sessions with their cart lines,
+failed-login counts long past and old commit tokens go, in small batches: a batch's rows are
+found without locks, then deleted by key only if they still qualify, so any number of processes
+may sweep at once. Saved carts stay: they are the buyer's.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The simulated payment processor's ledger: one row per payment key, in a table of its own
-that the marketplace's transactions never touch (MARKET_PAYMENTS_URL may move it elsewhere).
-
-Every call is its own committed transaction, so what the processor did survives a kill -9 of
-any server. Calls are idempotent per key and each state change is a conditional UPDATE, so a
-call whose connection is lost, even at its COMMIT, is simply made again (no commit token).
+(MARKET_PAYMENTS_URL may move it elsewhere). Each call is its own committed transaction,
+idempotent per key (each state change a conditional UPDATE), so a call whose connection is
+lost, even at its COMMIT, is simply made again (no commit token).
 """
 from __future__ import annotations
 

@@ -130,9 +130,8 @@ _LOCK_ITEM = (select(items.c.item_id, items.c.quantity, items.c.category, items.
 
 def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
                expected_total: int | None = None) -> OpenOrder | dict[str, Any]:
-    """Step one: the order, pending, with the cart's stock taken; or the receipt of the
-    completed order that has this idempotency key. With `expected_total` (cents), CONFLICT
-    unless the cart's total at its locked prices equals it."""
+    """Step one: the order, pending, with the cart's stock taken, or the receipt of the completed
+    order of this idempotency key; CONFLICT unless the cart's total equals `expected_total`."""
     # The session's row first: a cart change of the session on another connection waits.
     live = session.lock()
     payment_key = secrets.token_urlsafe(32)  # made here, per order: never another order's
