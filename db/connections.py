@@ -1,6 +1,5 @@
-"""A call's driver connection, checked out of the engine's pool (`engine.raw_connection()`,
-SQLAlchemy's public pool API: 6-16 µs a checkout and return) and given back at its end.
-"""
+"""A call's driver connection, checked out of the engine's pool (`engine.raw_connection()`: 6-16 µs
+a checkout and return) and given back at its end."""
 from __future__ import annotations
 
 import re
@@ -36,8 +35,7 @@ class DriverConnection:
         self.usable = True
 
     def run(self, sql: str, values: dict[str, Any]) -> tuple[list[Any], int, int | None]:
-        """One statement (SQLite): its rows, rowcount and new id, on a cursor kept with the
-        driver connection."""
+        """One statement (SQLite): its rows, rowcount and new id, on a cursor kept with the connection."""
         cursor = self.proxied.info.get(_CURSOR)
         if cursor is None:
             cursor = self.proxied.info[_CURSOR] = self.driver.cursor()

@@ -28,8 +28,7 @@ COMPLETED = (CAPTURING, PAID)  # in the history, replayed for their key
 
 
 def is_completed(status: Any) -> Any:
-    """A condition on an orders.status column: the purchase completed (no IN list: the unit
-    of work compiles a statement once only without one)."""
+    """The purchase completed, as a condition on orders.status (an IN list is compiled per call)."""
     return (status == CAPTURING) | (status == PAID)
 
 
@@ -163,8 +162,7 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
 
 
 def _replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
-    """The receipt of the buyer's paid order with this key; None if there is none;
-    OrderInProgressError while it is not settled."""
+    """The receipt of the buyer's paid order with this key; None if none; OrderInProgressError if unpaid."""
     order = tx.execute(_ORDER_BY_KEY, {"buyer_id": buyer_id, "key": key}).first()
     if order is None:
         return None
@@ -213,8 +211,8 @@ def finish(tx: UnitOfWork, order_id: int, status: str) -> None:
 
 
 def due_orders(tx: UnitOfWork, pending_before_ms: int, limit: int = 100) -> list[DueOrder]:
-    """Orders a settler should finish: capturing or voiding ones (any age), and pending ones
-    opened before `pending_before_ms`, whose purchase was cut off."""
+    """Orders a settler should finish: capturing or voiding ones, and pending ones opened before
+    `pending_before_ms` (their purchase was cut off)."""
     rows = tx.execute(DUE_ORDERS, {"pending_before": pending_before_ms, "limit": limit}).all()
     return [DueOrder(r.order_id, r.payment_key, r.status) for r in rows]
 

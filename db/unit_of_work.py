@@ -26,8 +26,7 @@ Held = tuple["Statement", dict[str, Any], "Result | None"]
 
 
 class Statement:
-    """A Core statement compiled for one dialect: its SQL, the values it embeds, and how its
-    values and rows are converted."""
+    """A Core statement compiled for one dialect: its SQL, its own values, how values and rows convert."""
 
     def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
         compiled = statement.compile(dialect=dialect, compile_kwargs={"render_postcompile": True})
@@ -121,8 +120,7 @@ class Result:
         return iter(self.all())
 
     def first(self) -> Any | None:
-        rows = self._ready()._rows
-        return rows[0] if rows else None
+        return next(iter(self._ready()._rows), None)
 
     def one(self) -> Any:
         rows = self._ready()._rows
@@ -170,8 +168,8 @@ class CommitUnanswered(Exception):
 
 
 class UnitOfWork:
-    """One transaction's statements on one driver connection (db.connections.DriverConnection):
-    whatever it holds fails with the statement it was sent with, and the transaction rolls back."""
+    """One transaction's statements on one driver connection: what it holds fails with the statement
+    it is sent with, and the transaction rolls back."""
 
     def __init__(self, conn: Any, write: bool, hold: bool, token: CommitToken | None) -> None:
         self.conn, self.dialect = conn, conn.dialect
@@ -184,8 +182,8 @@ class UnitOfWork:
         self._answer: Answer[Any] | None = None
 
     def execute(self, statement: Any, params: dict[str, Any] | Sequence[dict[str, Any]] | None = None) -> Any:
-        """Run a Core statement: a write is held, a read runs now. A list of rows for an INSERT
-        goes as INSERTs of up to ROW_CHUNK rows each."""
+        """Run a Core statement: a write is held, a read runs now; a list of rows for an INSERT goes
+        in INSERTs of up to ROW_CHUNK rows."""
         if self._answer is not None:
             raise RuntimeError(_AFTER_ANSWER)
         if isinstance(params, Sequence):  # the rows of a plain INSERT
