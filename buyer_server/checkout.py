@@ -54,7 +54,7 @@ class Checkout:
         self._crash_point("after_authorise")
         self._capture(opened)
         self._crash_point("after_capture")
-        self._complete(purchases.purchase_of(opened))
+        self._complete(opened)
         self._crash_point("after_order_commit")
         return opened.receipt
 

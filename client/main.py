@@ -104,10 +104,11 @@ def health(args: argparse.Namespace) -> int:
 
 def seed(args: argparse.Namespace) -> int:
     """Load a large catalogue into a database (for scale measurements)."""
+    from db.migrations import make_current
     from operate import seed as seeding
 
     def report(database: Any) -> tuple[str, int]:
-        database.create_schema()
+        make_current(database)
         result = seeding.seed(database, args.sellers, args.items)
         return (f"seeded {result['sellers']} sellers (seed<id>, password {seeding.SEED_PASSWORD!r}) and "
                 f"{result['items']} items in {result['seconds']} s"), 0

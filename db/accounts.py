@@ -1,8 +1,6 @@
 """Accounts and sessions: the SQL of sign-up, login and logout, and the token check of every call.
-
-Tokens are `secrets.token_urlsafe(32)` and only their SHA-256 is stored. A session
-ends at logout, after `idle_s` without a request, or `max_s` after login. The
-last-seen time is written at most every `touch_interval` so that reads stay reads.
+Only a token's SHA-256 is stored. A session ends at logout, after `idle_s` without a request, or
+`max_s` after login; its last-seen is written at most every `touch_interval_ms`.
 """
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -32,11 +30,9 @@ from . import login_throttle
 from .database import Database, now_ms
 from .engine import LOCK_WAIT_S
 from .schema import cart_lines, device_tokens, saved_cart_lines, sessions, suspensions, users
-from .unit_of_work import Answer, UnitOfWork
+from .unit_of_work import UnitOfWork
 
 log = logging.getLogger("market.sessions")
-
-T = TypeVar("T")
 WRONG_CREDENTIALS = "wrong username or password"
 SUSPENDED = "this account is suspended; contact the marketplace's support"
 # How long after its end a session's row is kept: a read accepted at the session's last
@@ -54,8 +50,6 @@ class LiveSession:
 
 @dataclass(frozen=True)
 class SessionPolicy:
-    """How long sessions live."""
-
     idle_s: int = 300
     max_s: int = 86400
 
@@ -71,7 +65,6 @@ class SessionPolicy:
 
 
 def token_hash(token: str) -> str:
-    """What is stored for a token."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -103,6 +96,11 @@ _DEVICE = (device_tokens.c.user_id == users.c.user_id) & (device_tokens.c.token_
 _LOGIN = (select(users.c.user_id, users.c.password_hash, device_tokens.c.token_hash)
           .outerjoin(device_tokens, _DEVICE)
           .where(users.c.role == bindparam("role"), users.c.username == bindparam("username")))
+# The user's row held shared to the commit: a suspension (operate.admin) locks it before it ends the
+# user's sessions, so a login either sees the suspension or made its session before the end.
+_SUSPENSION = (select(users.c.user_id, suspensions.c.suspended_ms)
+               .outerjoin(suspensions, suspensions.c.user_id == users.c.user_id)
+               .where(users.c.user_id == bindparam("user_id")).with_for_update(read=True))
 
 
 def check_login(tx: Connection, bucket: login_throttle.AccountBucket, role: str, username: str,
@@ -128,7 +126,11 @@ def open_session(tx: Connection, role: str, username: str, check: LoginCheck, to
     assert check.user_id is not None
     now = now_ms()
     _end_old_sessions(tx, check.user_id, policy, now)  # sessions locked before the user's row
-    refuse_if_suspended(tx, check.user_id)
+    suspension = tx.execute(_SUSPENSION, {"user_id": check.user_id}).first()
+    if suspension is None:  # removed since its password was checked (market admin purge-test-data)
+        raise UnauthenticatedError(WRONG_CREDENTIALS)
+    if suspension.suspended_ms is not None:
+        raise ForbiddenError(SUSPENDED)
     if not check.trusted:
         login_throttle.give_back(tx, role, username)
         _keep_device(tx, check.user_id, device_token, now)
@@ -152,28 +154,9 @@ def _keep_device(tx: Connection, user_id: int, device_token: str, now: int) -> N
         tx.execute(delete(device_tokens).where(device_tokens.c.token_hash.in_(oldest)))
 
 
-# The user's row held shared to the commit: a suspension (operate.admin) locks it before it ends the
-# user's sessions, so a login either sees the suspension or made its session before the end.
-_SUSPENSION = (select(users.c.user_id, suspensions.c.suspended_ms)
-               .outerjoin(suspensions, suspensions.c.user_id == users.c.user_id)
-               .where(users.c.user_id == bindparam("user_id")).with_for_update(read=True))
-
-
-def refuse_if_suspended(tx: Connection, user_id: int) -> None:
-    """FORBIDDEN for an account an operator suspended (asked only once its password was right)."""
-    row = tx.execute(_SUSPENSION, {"user_id": user_id}).first()
-    if row is None:  # removed since its password was checked (market admin purge-test-data)
-        raise UnauthenticatedError(WRONG_CREDENTIALS)
-    if row.suspended_ms is not None:
-        raise ForbiddenError(SUSPENDED)
-
-
 def _end_old_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: int) -> None:
-    """End the account's sessions that ended long ago, and its oldest past MAX_SESSIONS - 1.
-
-    Found without locks, then locked by primary key: at READ COMMITTED the condition is
-    checked again on what a request in flight on one commits, so a session just used is not
-    ended as expired, nor its cart line lost."""
+    """End the account's sessions that ended long ago, and its oldest past MAX_SESSIONS - 1: found
+    without locks, then locked by key and checked again, so a session just used stays."""
     ended = ended_long_ago(policy, now)
     found = tx.execute(select(sessions.c.session_id, ended.label("ended"))
                        .where(sessions.c.user_id == user_id)
@@ -186,31 +169,29 @@ def _end_old_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: 
 
 
 def ended_long_ago(policy: SessionPolicy, now: int) -> ColumnElement[bool]:
-    """Sessions that ended over CLEANUP_GRACE_MS ago, whose rows may go.
-
-    A read accepted at the last moment writes last-seen only after its answer: the rows
-    of sessions that ended less than CLEANUP_GRACE_MS ago are left for later."""
+    """Sessions that ended over CLEANUP_GRACE_MS ago, whose rows may go."""
     idle_limit_ms = policy.idle_s * 1000 + policy.touch_interval_ms + CLEANUP_GRACE_MS
     return ((sessions.c.last_seen_ms < now - idle_limit_ms)
             | (sessions.c.created_ms < now - (policy.max_s * 1000 + CLEANUP_GRACE_MS)))
 
 
 def end_sessions(tx: Connection, condition: ColumnElement[bool]) -> int:
-    """Delete the sessions that meet `condition` and their cart lines, their rows locked first
-    in key order; how many there were."""
+    """Delete the sessions that meet `condition` with their cart lines (locked in key order); how many."""
     ids = tx.execute(select(sessions.c.session_id).where(condition)
                      .order_by(sessions.c.session_id).with_for_update()).scalars().all()
     if ids:
-        tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
-        tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
+        _delete_sessions(tx, ids)
     return len(ids)
+
+
+def _delete_sessions(tx: Any, ids: Sequence[int]) -> None:
+    tx.execute(delete(cart_lines).where(cart_lines.c.session_id.in_(ids)))
+    tx.execute(delete(sessions).where(sessions.c.session_id.in_(ids)))
 
 
 def logout(tx: UnitOfWork, session: Session) -> dict[str, Any]:
     """End the session at once; its cart goes with it."""
-    session_id = session.lock().session_id  # after any cart change of the session in flight
-    tx.execute(delete(cart_lines).where(cart_lines.c.session_id == session_id))
-    tx.execute(delete(sessions).where(sessions.c.session_id == session_id))
+    _delete_sessions(tx, [session.lock().session_id])  # after any cart change of the session in flight
     return {}
 
 
@@ -225,23 +206,16 @@ _TOUCH = (update(sessions).where(sessions.c.session_id == bindparam("id"))
 
 
 def with_session(*columns: Any, joined: FromClause, on: ColumnElement[bool]) -> Select[Any]:
-    """SELECT the caller's session and `columns` FROM sessions JOIN `joined` ON `on`.
-
-    The token check folded into an op's own query; run it with Session.check_params
-    and hand the rows to Session.accept_rows. An inner join, so that MariaDB can still
-    read an index in ORDER BY order and stop at the LIMIT (a LEFT JOIN made it sort).
-    """
+    """SELECT the caller's session and `columns` FROM sessions JOIN `joined` ON `on`: the token check
+    in an op's query (run with Session.check_params, rows to accept_rows). An inner join: with a
+    LEFT JOIN MariaDB sorted instead of reading an index in ORDER BY order up to the LIMIT."""
     return (select(*SESSION_COLUMNS, *columns)
             .select_from(sessions.join(joined, on)).where(_TOKEN_MATCHES))
 
 
 class Session:
-    """The caller of a private op, as its token says; checked once per transaction.
-
-    The check runs at the first use of `user_id` or `session_id` (one query), or is
-    folded into the op's own query (see with_session), whose rows go to
-    `accept_rows`: a read then costs one round trip instead of two.
-    """
+    """The caller of a private op, as its token says; checked once per transaction, at the first
+    use of `user_id` or `session_id` (one query), or in the op's own query (with_session)."""
 
     def __init__(self, tx: UnitOfWork, role: str, token: str, policy: SessionPolicy, touch: bool) -> None:
         self._tx, self._policy, self._touch = tx, policy, touch
@@ -264,13 +238,8 @@ class Session:
         return self.live
 
     def lock(self) -> LiveSession:
-        """The live session, as require(), its row locked FOR UPDATE to the transaction's end.
-
-        For a write that changes the session's cart or ends the session: such writes of one
-        session, even on several connections, then take turns (add_to_cart and
-        remove_from_cart lock the row in their own query). The session row comes first in
-        every write that locks it, before the buyer's row and the items'.
-        """
+        """The live session, its row locked to the transaction's end, so that writes that change its
+        cart or end it take turns; locked first, before the buyer's row and the items'."""
         assert self.live is None, "lock the session before any other use of it"
         return self.accept(self._tx.execute(_LOCKED_SESSION_BY_TOKEN, self.check_params).first())
 
@@ -295,13 +264,12 @@ class Session:
         self.stale = idle_ms >= self._policy.touch_interval_ms
         self.live = LiveSession(row.session_id, row.session_user_id)
         if self.stale and self._touch:
-            touch_session(self._tx, self.live)
+            touch_session(self._tx, self.live.session_id)
         return self.live
 
 
-def touch_session(tx: UnitOfWork, session: LiveSession) -> None:
-    """Record activity on a session."""
-    tx.execute(_TOUCH, {"id": session.session_id, "now": now_ms()})
+def touch_session(tx: UnitOfWork, session_id: int) -> None:
+    tx.execute(_TOUCH, {"id": session_id, "now": now_ms()})
 
 
 class SessionGate:
@@ -310,18 +278,9 @@ class SessionGate:
     def __init__(self, db: Database, role: str, policy: SessionPolicy) -> None:
         self.db, self.role, self.policy = db, role, policy
 
-    @overload
-    def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], Answer[T]]) -> T: ...
-
-    @overload
-    def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], T]) -> T: ...
-
     def run(self, token: str, write: bool, work: Callable[[UnitOfWork, Session], Any]) -> Any:
-        """`work(tx, session)` for the token's live session, else UNAUTHENTICATED (an op that
-        returns `tx.answer(...)` gets its shaped rows, as from Database.run). A write also
-        writes last-seen in its transaction. No answer, error or not, leaves before the token
-        was checked, and a write found unauthenticated rolls back: UNAUTHENTICATED comes
-        before every other error."""
+        """`work(tx, session)` for the token's live session, else UNAUTHENTICATED, before every other
+        error: no answer leaves before the token was checked. A write also writes last-seen."""
         sessions_seen: list[Session] = []
 
         def transaction(tx: UnitOfWork) -> Any:
@@ -345,14 +304,12 @@ class SessionGate:
         return result
 
     def _touch_if_due(self, sessions_seen: list[Session]) -> None:
-        """Write last-seen in a transaction of its own, if due for the session whose token
-        passed. Best effort: should it fail (BUSY, say), the request's own answer stands, and
-        the session's next request tries again."""
-        session = sessions_seen[-1] if sessions_seen else None
-        if session is None or session.live is None or not session.stale:
+        """Write last-seen in a transaction of its own, if due. Best effort: should it fail, the
+        request's answer stands, and the session's next request tries again."""
+        if not sessions_seen or not sessions_seen[-1].stale:  # stale: its token passed
             return
-        live = session.live
+        session_id = sessions_seen[-1].session_id
         try:
-            self.db.run(lambda tx: touch_session(tx, live))
+            self.db.run(lambda tx: touch_session(tx, session_id))
         except ProtocolError as exc:
             log.warning("could not record a session's activity: %s", exc)

@@ -1,8 +1,6 @@
-"""Carts: the session's cart and the buyer's saved cart.
-
-The session's cart starts as a copy of the saved cart (at login, in accounts) and
-is gone at logout; `save_cart` copies it back. Lines are shown with the item's
-current name and price and how many are still on sale.
+"""Carts: the session's cart, a copy of the buyer's saved cart at login (db.accounts) gone at
+logout, and the saved cart, which `save_cart` makes of it. Lines show the item's current name
+and price and how many are on sale.
 """
 from __future__ import annotations
 
@@ -29,10 +27,8 @@ _CART_OF_TOKEN = (with_session(*_CART.selected_columns,
                                on=cart_lines.c.session_id == sessions.c.session_id)
                   .order_by(cart_lines.c.item_id))
 # How many of the item the cart holds, with the token check (no rows: none, or no session).
-# FOR UPDATE here and below: the session's row stays locked to the COMMIT, so requests of one
-# session on several connections change its cart one after the other (else two read the
-# same line and one write is lost, or both INSERT it and one fails). SQLite's writers take
-# turns already (BEGIN IMMEDIATE).
+# FOR UPDATE here and below: the session's row stays locked to the COMMIT, so one session's
+# requests on several connections change its cart one after the other (else a write is lost).
 _IN_CART = with_session(cart_lines.c.quantity.label("held"), joined=cart_lines,
                         on=(cart_lines.c.session_id == sessions.c.session_id)
                         & (cart_lines.c.item_id == bindparam("item_id"))).with_for_update()
@@ -49,9 +45,7 @@ _FORGET_SAVED = delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bi
 _SAVE = (insert(saved_cart_lines).from_select(
     ["buyer_id", "item_id", "quantity"],
     select(bindparam("buyer_id"), cart_lines.c.item_id, cart_lines.c.quantity).where(_SESSION)))
-# A cart holds at most this many different items: every cart answer and receipt then stays
-# far under the 1 MiB frame (100 lines of the longest names and prices: about 30 KB).
-MAX_CART_LINES = 100
+MAX_CART_LINES = 100  # different items: a cart or receipt stays far under the 1 MiB frame
 _LINES = cart_lines.alias("lines")
 _STOCK_AND_HELD = (
     with_session(items.c.quantity, cart_lines.c.quantity.label("held"),
@@ -63,8 +57,7 @@ _STOCK_AND_HELD = (
 
 
 def display_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
-    """The session's cart as the protocol's cart object, read with the token check: one
-    round trip (an empty cart's token is then checked alone)."""
+    """The session's cart, read with the token check (an empty cart's token is then checked alone)."""
     return _cart_object(list(session.accept_rows(tx.execute(_CART_OF_TOKEN, session.check_params).all())))
 
 
@@ -112,11 +105,10 @@ def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: i
 def clear_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
     """Empty the session's cart (the saved cart stays)."""
     tx.execute(_EMPTY, {"session_id": session.lock().session_id})
-    return {"cart": {"items": [], "total": "0.00"}}
+    return _cart_object([])
 
 
 def save_cart(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
-    """Make the session's cart the buyer's saved cart."""
     live = session.lock()  # a logout in flight cannot empty the cart under the copy
     who = {"buyer_id": live.user_id, "session_id": live.session_id}
     tx.execute(_LOCK_BUYER, who)

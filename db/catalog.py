@@ -1,11 +1,8 @@
-"""Items and ratings: listing, pricing, removing, displaying, searching.
+"""Items and ratings: listing, pricing, removing, displaying.
 
-Keywords live three times: as the item's JSON list (returned in order, no extra query),
-as rows of item_keywords, the search index, and as rows of item_keyword_pairs, every pair
-of an item's keywords; the words of its name and keywords live in item_words and the
-vocabulary (db.schema). The indexes hold items on sale only: an item's rows go when it
-sells out, and come back only if an operator gives it stock again (relist), so ranking
-runs on them alone (db.search).
+Keywords live as the item's JSON list (returned in order, no extra query) and in the search
+indexes (db.schema), which hold items on sale only: an item's rows go when it sells out, and
+come back only if it is given stock again (relist), so ranking runs on them alone (db.search).
 """
 from __future__ import annotations
 
@@ -43,7 +40,6 @@ ITEM_COLUMNS = (items.c.item_id, items.c.seller_id, items.c.name, items.c.catego
 
 
 def item_to_wire(row: ItemRow) -> dict[str, Any]:
-    """An item row as the protocol's item object."""
     return {"item_id": row.item_id, "seller_id": row.seller_id, "name": row.name,
             "category": row.category, "keywords": orjson.loads(row.keywords),
             "condition": row.item_condition, "price": format_money(row.price_cents),
@@ -64,7 +60,6 @@ _NEW_ITEM = (insert(items).values(
 # (the seed and the upgrade write it too: words already there are kept)
 INDEX_VOCABULARY = (insert(vocabulary).prefix_with("OR IGNORE", dialect="sqlite")
                      .prefix_with("IGNORE", dialect="mysql").prefix_with("IGNORE", dialect="mariadb"))
-MAX_ITEMS_PER_SELLER = 10_000  # items on sale at once (MARKET_MAX_ITEMS_PER_SELLER)
 _ON_SALE = select(func.count()).select_from(
     select(items.c.item_id).where(items.c.seller_id == bindparam("seller_id"), items.c.quantity > 0)
     .limit(bindparam("cap", type_=Integer)).subquery())  # ix_items_seller_on_sale: at most `cap` keys
@@ -88,8 +83,7 @@ _RATING_FOR_SESSION = with_session(
 
 
 def put_item(tx: UnitOfWork, session: Session, name: str, category: int, keywords: list[str],
-             condition: str, price: int, quantity: int, *,
-             max_on_sale: int = MAX_ITEMS_PER_SELLER) -> dict[str, Any]:
+             condition: str, price: int, quantity: int, *, max_on_sale: int) -> dict[str, Any]:
     """List a new item for sale, unless the seller has max_on_sale items on sale already."""
     if tx.execute(_ON_SALE, {"seller_id": session.user_id, "cap": max_on_sale}).scalar() >= max_on_sale:
         raise ConflictError(f"you have {max_on_sale:,} items on sale, the most a seller may have on this "
@@ -102,8 +96,7 @@ def put_item(tx: UnitOfWork, session: Session, name: str, category: int, keyword
 
 
 def _index(tx: UnitOfWork, item_id: int, category: int, name: str, keywords: list[str]) -> None:
-    """An item's rows of the search indexes (held for the COMMIT: nothing reads them back;
-    each list of rows goes as one INSERT of many, compiled once per table)."""
+    """An item's rows of the search indexes (held for the COMMIT: nothing reads them back)."""
     tx.execute(insert(item_keywords), keyword_rows(item_id, category, keywords))
     tx.execute(insert(item_keyword_pairs), keyword_pair_rows(item_id, keywords))
     words = word_rows(item_id, category, name, keywords)  # the category's name at least
@@ -121,19 +114,16 @@ def _own_item(tx: UnitOfWork, session: Session, item_id: int) -> ItemRow:
 
 
 def change_price(tx: UnitOfWork, session: Session, item_id: int, price: int) -> dict[str, Any]:
-    """Set a new price on one of the seller's items."""
     row = _own_item(tx, session, item_id)
     tx.execute(_SET_PRICE, {"item_id": item_id, "price": price})
     return {**item_to_wire(row), "price": format_money(price)}  # the row is locked: nothing else moved
 
 
 def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
-    """Take units of one of the seller's items off sale."""
     row = _own_item(tx, session, item_id)
     if row.quantity < quantity:
         raise ConflictError(f"item {item_id}: only {row.quantity} on sale, cannot remove {quantity}")
-    # The row is locked: its quantity is the one read (the UPDATE's condition says so again),
-    # so its row count need not be read, and the UPDATE goes with the COMMIT.
+    # the row is locked: the UPDATE applies (its condition says so again), so it goes with the COMMIT
     tx.execute(_REMOVE, {"item_id": item_id, "n": quantity})
     if row.quantity == quantity:
         unlist(tx, [item_id])
@@ -141,15 +131,13 @@ def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
 
 
 def unlist(tx: UnitOfWork, sold_out: Sequence[int]) -> None:
-    """Take sold-out items out of the search indexes (see the module docstring)."""
     for item_id in sold_out:
         for statement in _UNLIST:
             tx.execute(statement, {"item_id": item_id})
 
 
 def relist(tx: UnitOfWork, restocked: Sequence[ItemRow]) -> None:
-    """Put items whose quantity rose from 0 back in the search indexes (rows with item_id,
-    category, name and keywords)."""
+    """Put items whose quantity rose from 0 back in the search indexes."""
     for item in restocked:
         _index(tx, item.item_id, item.category, item.name, json.loads(item.keywords))
 

@@ -1,27 +1,19 @@
 """Commit tokens: whether a MySQL/MariaDB transaction whose COMMIT lost its answer committed.
-
-The unit of work writes a row of its own (a token) at the start of every write transaction,
-in the query of START TRANSACTION. Should the connection be lost in the query carrying the
-COMMIT, `committed` writes the same token again, on a fresh connection and in a transaction
-of its own: a duplicate key means the transaction's row is there, so it committed; if the
-write goes in, the transaction did not commit, and never can (its own write of the token
-would now fail, MariaDB would run nothing after it, and no COMMIT). Should the transaction
-still be running, the write waits for its row lock, then learns how it ended.
-The housekeeping thread deletes tokens once nobody will ask about them.
+Each write transaction writes a row of its own (a token) first; `committed` writes it again: a
+duplicate key means it committed; if the write goes in, the transaction did not, and never can
+(its own write would now fail). Should it still be running, the write waits for its row lock.
 """
 from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, Integer, bindparam, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from .schema import commit_tokens
 
-# A token is asked about within seconds of its COMMIT: kept far longer than that
-KEEP_MS = 5 * 60 * 1000
+KEEP_MS = 5 * 60 * 1000  # a token is asked about within seconds of its COMMIT
 TABLE = commit_tokens.name
 BATCH = 2000  # tokens deleted per housekeeping transaction: one range of the primary key
 WRITE_TOKEN = insert(commit_tokens).values(created_ms=bindparam("created_ms"), nonce=bindparam("nonce"))
@@ -30,31 +22,21 @@ _OLDEST = (select(commit_tokens.c.created_ms).where(commit_tokens.c.created_ms <
 _FORGET = delete(commit_tokens).where(commit_tokens.c.created_ms < bindparam("before"))
 
 
-@dataclass(frozen=True)
-class CommitToken:
-    """One transaction's token: when it began, and 63 random bits."""
+CommitToken = dict[str, int]  # WRITE_TOKEN's values
 
-    created_ms: int
-    nonce: int
 
-    @classmethod
-    def new(cls) -> CommitToken:
-        """A token no other transaction has."""
-        return cls(int(time.time() * 1000), secrets.randbits(63))
-
-    @property
-    def params(self) -> dict[str, int]:
-        """WRITE_TOKEN's parameters."""
-        return {"created_ms": self.created_ms, "nonce": self.nonce}
+def new_token() -> CommitToken:
+    """A transaction's token: when it began, and 63 random bits."""
+    return {"created_ms": int(time.time() * 1000), "nonce": secrets.randbits(63)}
 
 
 def committed(engine: Engine, token: CommitToken) -> bool:
     """Whether the transaction that wrote `token` committed; after this it never will if it
-    has not. The database's errors (unreachable, a lock wait too long) are the caller's."""
+    has not. The database's errors are the caller's."""
     with engine.connect() as conn:
         try:
             with conn.begin():
-                conn.execute(WRITE_TOKEN, token.params)
+                conn.execute(WRITE_TOKEN, token)
         except IntegrityError:
             return True
     return False

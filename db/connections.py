@@ -1,6 +1,5 @@
-"""A call's driver connection, checked out of the engine's pool (`engine.raw_connection()`,
-SQLAlchemy's public pool API: 6-16 µs a checkout and return) and given back at its end.
-"""
+"""A call's driver connection, checked out of the engine's pool (`engine.raw_connection()`: 6-16 µs
+a checkout and return) and given back at its end."""
 from __future__ import annotations
 
 import re
@@ -32,13 +31,11 @@ class DriverConnection:
                                       connection_invalidated=self.dialect.is_disconnect(exc, None, None),
                                       ) from exc
         self.driver: Any = self.proxied.driver_connection
-        assert self.driver is not None
         self.batches = bool(self.proxied.info.get(BATCHES_KEY, False))
         self.usable = True
 
     def run(self, sql: str, values: dict[str, Any]) -> tuple[list[Any], int, int | None]:
-        """One statement (SQLite): its rows, rowcount and new id, on a cursor kept with the
-        driver connection."""
+        """One statement (SQLite): its rows, rowcount and new id, on a cursor kept with the connection."""
         cursor = self.proxied.info.get(_CURSOR)
         if cursor is None:
             cursor = self.proxied.info[_CURSOR] = self.driver.cursor()
@@ -46,10 +43,9 @@ class DriverConnection:
         return (cursor.fetchall() if cursor.description else []), cursor.rowcount, cursor.lastrowid
 
     def run_all(self, sql: str, values: dict[str, Any]) -> list[tuple[list[Any], int, int | None]]:
-        """One query of one or more statements (MySQL/MariaDB): each one's rows, rowcount and
-        new id. Through the driver's connection rather than its cursor, which parses the SQL
-        to split it into statements (about a third of a server's CPU per call); the values
-        quoted by the driver. Every result is read, so a later statement's error comes here."""
+        """One query of one or more statements (MySQL/MariaDB): each one's rows, rowcount and new id.
+        Not through the driver's cursor, which parses the SQL to split it (about a third of a
+        server's CPU per call). Every result is read, so a later statement's error comes here."""
         cnx = self.driver
         quoted = cnx.prepare_for_mysql(values)
         cnx.cmd_query(_PARAMETER.sub(lambda m: quoted[m[1]], sql.encode()))
@@ -62,11 +58,6 @@ class DriverConnection:
                 outcomes.append(([], status["affected_rows"], status["insert_id"]))
             if not cnx.next_result():
                 return outcomes
-
-    @property
-    def in_transaction(self) -> bool:
-        """Whether the server has a transaction open on this connection."""
-        return bool(getattr(self.driver, "in_transaction", False))
 
     def translated(self, exc: Exception, sql: str) -> Exception:
         """A driver error as SQLAlchemy raises it (IntegrityError ...); a lost connection is
@@ -90,7 +81,7 @@ class DriverConnection:
     def give_back(self) -> None:
         """Return it to the pool; one that died, or is left in a transaction (a failed COMMIT
         whose ROLLBACK failed too, say: it would keep its locks), is closed instead."""
-        if self.usable and self.in_transaction:
+        if self.usable and self.driver.in_transaction:
             self.usable = False
             self.proxied.invalidate()
         self.proxied.close()

@@ -1,14 +1,7 @@
-"""Running transactions: retries on deadlocks and lock timeouts, and database
-errors turned into the protocol's UNAVAILABLE / BUSY in one place.
-
-A transaction is a plain function of a unit of work (db.unit_of_work: it executes Core
-statements on the driver's connection); `Database.run` calls it inside BEGIN ... COMMIT
-(a read runs statement by statement, without one) and calls it again (a bounded number of
-times) when the database asks for a retry, so the function must do all its work through `tx`.
-A MySQL transaction whose connection is lost at its COMMIT is never simply run again: its
-commit token (db.commit_tokens) says whether it committed (then its answer stands) or not
-(then it runs again). Work that may run twice with the same outcome (`idempotent=True`: the
-payment ledger's calls, each keyed) writes no token and runs again while the database is away.
+"""Running transactions: retries on deadlocks and lock timeouts, and database errors turned into
+the protocol's UNAVAILABLE / BUSY in one place. A transaction is a function of a unit of work,
+run again when the database asks for a retry, so it does all its work through `tx`; one whose
+connection is lost at its COMMIT is not simply run again (db.commit_tokens).
 """
 from __future__ import annotations
 
@@ -28,7 +21,7 @@ from observe import events
 from wire.errors import BusyError, ProtocolError, UnavailableError
 
 from . import commit_tokens
-from .commit_tokens import CommitToken
+from .commit_tokens import CommitToken, new_token
 from .connections import DriverConnection
 from .engine import CONNECT_TIMEOUT_S, LOCK_WAIT_S, WalKeeper, is_sqlite, make_engine
 from .unit_of_work import Answer, CommitUnanswered, ReplayUnheld, UnitOfWork
@@ -51,9 +44,6 @@ _UNUSABLE_ERRNOS = {1044, 1045, 1049, 1142, 1290, 1698, 2002, 2003, 2005, 2013}
 _SQLITE_UNAVAILABLE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
                        sqlite3.SQLITE_CANTOPEN}
 _LOCK_WAITED = f"waited {LOCK_WAIT_S} s for a lock another request held; nothing was changed; try again"
-# How long a COMMIT whose answer was lost is asked about while the database is away: a
-# restart takes a few seconds, and the answer must reach the client within its 30 s.
-AWAY_S = 6.5
 _OUTCOME_UNKNOWN = ("the database went away while the change was being committed, and has not come back "
                     "to say whether it was made: look before making it again")
 _MADE_UNREAD = ("the change was made, but the database went away before its result could be read: "
@@ -71,22 +61,23 @@ class DatabaseUnusable(RuntimeError):
 
 
 def now_ms() -> int:
-    """Current time as integer epoch milliseconds."""
     return int(time.time() * 1000)
 
 
 class Database:
-    """An engine plus the transaction runner every data function goes through."""
-
     def __init__(self, url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL") -> None:
         self.url = url
-        self.away_s = AWAY_S  # how long a call waits out a database that went away (tests shorten it)
+        # How long a call waits out a database that went away (tests shorten it): a restart
+        # takes a few seconds, and the answer must reach the client within its 30 s.
+        self.away_s = 6.5
         self.engine = make_engine(url, pool_size, sqlite_synchronous)
-        self._wal = WalKeeper.for_engine(self.engine)
+        self.is_sqlite = is_sqlite(self.engine)
+        path = self.engine.url.database or ":memory:"  # a WAL keeper for a file named by its plain path
+        plain_file = self.is_sqlite and path != ":memory:" and not path.startswith("file:")
+        self._wal = WalKeeper(path) if plain_file else None
         self._has_tokens: bool | None = None  # the commit_tokens table exists (None: not looked yet)
 
     def close(self) -> None:
-        """Close every pooled connection."""
         if self._wal is not None:
             self._wal.close()
         self.engine.dispose()
@@ -98,16 +89,13 @@ class Database:
     def run(self, work: Callable[[Any], T], *, write: bool = True, idempotent: bool = False) -> T: ...
 
     def run(self, work: Callable[[Any], Any], *, write: bool = True, idempotent: bool = False) -> Any:
-        """Run `work(tx)` in one transaction, retrying what the database says to retry.
-
-        `tx` is a UnitOfWork; a function typed for a SQLAlchemy Connection works too (Any).
-        A function that returns `tx.answer(...)` gets back that answer's shaped rows.
-        `idempotent`: running the work twice ends as running it once. It writes no commit
-        token: while the database is away (its connection lost, at the COMMIT too, or none to
-        be had) it runs again, for up to `away_s`, then UNAVAILABLE saying that whether it
-        was made is not known."""
+        """Run `work(tx)` (tx a UnitOfWork) in one transaction; a function that returns
+        `tx.answer(...)` gets back that answer's shaped rows. `idempotent` (running it twice ends
+        as running it once): no commit token; while the database is away it runs again, for up
+        to `away_s`, then UNAVAILABLE saying that whether it was made is not known."""
         if idempotent and not self.is_sqlite:  # SQLite: in the process, nothing to lose on the way
-            returned = _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE, self.away_s,
+            returned = _while_away(lambda: self._run(work, write, tokened=False), _MAYBE_MADE,
+                                   time.monotonic() + self.away_s,
                                    away=lambda exc: isinstance(exc, UnavailableError) or (
                                        isinstance(exc, DBAPIError) and exc.connection_invalidated),
                                    retrying=lambda: events.transaction_retried("reconnect"))
@@ -121,12 +109,12 @@ class Database:
         for attempt in range(MAX_ATTEMPTS):
             progress = [0]  # statements that reached the database in this attempt
             try:
-                return self._run_once(work, tokened, write, progress, hold)
+                return self._run_once(work, write, tokened, hold, progress)
             except ReplayUnheld:
                 hold = False
             except CommitUnanswered as unanswered:
                 asked_until = time.monotonic() + self.away_s  # the question and any answer read again
-                if self._committed(unanswered.token):
+                if self._committed(unanswered.token, asked_until):
                     if isinstance(unanswered.result, Answer) and not unanswered.result.result.filled:
                         self._read_again(unanswered.result, asked_until)
                     return unanswered.result  # type: ignore[no-any-return]
@@ -156,9 +144,9 @@ class Database:
             time.sleep(random.uniform(0, 0.002 * 2**attempt))
         raise BusyError("the database is too busy to finish this; nothing was changed")
 
-    def _run_once(self, work: Callable[[Any], T], tokened: bool, write: bool, progress: list[int],
-                  hold: bool = True) -> T:
-        token = CommitToken.new() if tokened and self._writes_tokens() else None
+    def _run_once(self, work: Callable[[Any], T], write: bool, tokened: bool, hold: bool,
+                  sent: list[int]) -> T:
+        token = new_token() if tokened and self._writes_tokens() else None
         conn = DriverConnection(self.engine)
         events.db_connections_in_use(1)
         tx = UnitOfWork(conn, write, hold, token)
@@ -170,49 +158,39 @@ class Database:
                 conn.proxied.invalidate()
             raise
         finally:
-            progress[0] = tx.sent
+            sent[0] = tx.sent
             conn.give_back()
             events.db_connections_in_use(-1)
 
     def _read_again(self, answer: Answer[Any], until: float) -> None:
-        """Fill an answer whose COMMIT, found made, lost its answer (the rows with it) by making
-        its read again, until `until`: the change is made, so should the database stay away,
-        UNAVAILABLE says so (never "nothing was changed")."""
+        """Fill an answer whose COMMIT, found made, lost its rows, by making its read again until
+        `until` (then UNAVAILABLE saying that the change was made)."""
         def read() -> list[Any]:
             return self._run(lambda tx: tx.execute(answer.statement, answer.params).all(), False, False)
 
-        rows = _while_away(read, _MADE_UNREAD, self.away_s,
+        rows = _while_away(read, _MADE_UNREAD, until,
                            away=lambda exc: isinstance(exc, ProtocolError | DBAPIError),
-                           noticed="could not read the answer of a commit made", until=until, retryable=False)
+                           noticed="could not read the answer of a commit made", retryable=False)
         answer.result.fill(rows, len(rows), None)
 
     def _writes_tokens(self) -> bool:
-        """Whether write transactions write a commit token: on MySQL/MariaDB, once the
-        database has the table (a database of an older schema, or the ledger's own, has not)."""
-        if self._has_tokens is None and self.is_sqlite:
-            self._has_tokens = False  # in-process: a COMMIT's answer cannot be lost
+        """Whether write transactions write a commit token: on MySQL/MariaDB (SQLite's COMMIT runs
+        in the process), once the database has the table (the ledger's own database has not)."""
         if self._has_tokens is None:
-            with self.engine.connect() as conn:
-                self._has_tokens = inspect(conn).has_table(commit_tokens.TABLE)
+            self._has_tokens = not self.is_sqlite and inspect(self.engine).has_table(commit_tokens.TABLE)
         return self._has_tokens
 
-    def _committed(self, token: CommitToken) -> bool:
-        """Whether the transaction that wrote `token` committed, asked on a fresh connection
-        for a few seconds while the database is away; UNAVAILABLE, saying so, if it stays away."""
+    def _committed(self, token: CommitToken, until: float) -> bool:
+        """Whether the transaction that wrote `token` committed, asked on a fresh connection while
+        the database is away (until `until`); then UNAVAILABLE saying that it is not known."""
         self.engine.dispose(close=False)  # the lost connection's siblings are suspect too
-        return _while_away(lambda: commit_tokens.committed(self.engine, token), _OUTCOME_UNKNOWN, self.away_s,
+        return _while_away(lambda: commit_tokens.committed(self.engine, token), _OUTCOME_UNKNOWN, until,
                            away=lambda exc: isinstance(exc, DBAPIError | PoolTimeoutError),
                            noticed="could not ask whether a commit went through", retryable=False)
 
     def schema_changed(self) -> None:
         """The schema was upgraded: look again for the tables this class uses."""
         self._has_tokens = None
-
-    def create_schema(self) -> None:
-        """Make the database current, whatever it held (db.migrations.make_current)."""
-        from .migrations import make_current  # the migrations use this module: imported late
-
-        make_current(self)
 
     @property
     def where(self) -> str:
@@ -231,20 +209,12 @@ class Database:
                        "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
         return f"cannot use the database {self.where}: {reason}"
 
-    @property
-    def is_sqlite(self) -> bool:
-        """True for the embedded SQLite database."""
-        return is_sqlite(self.engine)
 
-
-def _while_away(call: Callable[[], T], gave_up: str, away_s: float, away: Callable[[Exception], bool],
+def _while_away(call: Callable[[], T], gave_up: str, until: float, away: Callable[[Exception], bool],
                 noticed: str | None = None, retrying: Callable[[], None] = lambda: None,
-                until: float | None = None, retryable: bool = True) -> T:
+                retryable: bool = True) -> T:
     """`call()`, made again after pauses (0.1 s, doubling) while it fails as `away` says the
-    database is (logged as `noticed`), for up to `away_s` (or until `until`); then UNAVAILABLE
-    saying `gave_up` (not `retryable` when the change may have been made and making it again
-    would not be safe)."""
-    deadline = time.monotonic() + away_s if until is None else until
+    database is, until `until`; then UNAVAILABLE saying `gave_up`."""
     pause = 0.1
     while True:
         try:
@@ -254,7 +224,7 @@ def _while_away(call: Callable[[], T], gave_up: str, away_s: float, away: Callab
                 raise
             if noticed:
                 log.warning("%s: %s", noticed, getattr(exc, "orig", exc))
-        if time.monotonic() + pause > deadline:
+        if time.monotonic() + pause > until:
             raise UnavailableError(gave_up, retryable=retryable) from None
         retrying()
         time.sleep(pause)

@@ -1,11 +1,7 @@
-"""The engine factory: the one place where SQLite and MySQL/MariaDB differ.
-
-SQLite: WAL, a busy timeout, and transactions begun by us so that writers take the write
-lock up front (BEGIN IMMEDIATE) instead of failing to upgrade half-way. MySQL/MariaDB:
-mysql-connector-python with the multi-statement flag, utf8mb4 with binary collation (text
-comes back exactly as sent), autocommit reads and READ COMMITTED write transactions begun
-by the unit of work, and a pool the size of the worker pool (db.connections). Only public
-APIs: engine events, create_engine options and the driver's documented ones.
+"""The engine factory: the one place where SQLite and MySQL/MariaDB differ. SQLite: WAL, and
+writers that take the write lock up front (BEGIN IMMEDIATE) instead of failing to upgrade
+half-way. MySQL/MariaDB: mysql-connector-python with multi-statement queries, utf8mb4 with
+binary collation, autocommit reads and READ COMMITTED write transactions.
 """
 from __future__ import annotations
 
@@ -33,8 +29,8 @@ SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 RECYCLE_S = 1800  # a MySQL connection older than this is replaced (the server's idle limit is far longer)
 CONNECT_TIMEOUT_S = 5  # a MySQL server that does not answer is reported after this long
 log = logging.getLogger("market.db")
-# Connection info, for code using the engine directly (not Database.run): a transaction it
-# begins writes (BEGIN IMMEDIATE on SQLite; False: a plain BEGIN, none on MySQL).
+# Connection info, for code using a MySQL engine directly (not Database.run): False, a transaction
+# it begins is not opened with START TRANSACTION (it opens its own). SQLite's is BEGIN IMMEDIATE.
 WRITE_KEY = "market_write"
 # Connection info: several statements may share one query. Not on a Galera node (wsrep_on):
 # there a replicated write can abort the transaction between two statements of one query,
@@ -51,11 +47,8 @@ def driver_url(url: str) -> URL:
 
 
 def make_engine(url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL") -> Engine:
-    """A pooled engine for an SQLAlchemy URL (mysql:// means mysql-connector).
-
-    `sqlite_synchronous` (SQLite only): NORMAL, a commit survives the process's crash but
-    the last ones may be lost to a power cut or the machine's crash; FULL, it survives both
-    (a flush to disk per commit: about 0.6x the calls at 100 + 100, docs/benchmarks.md)."""
+    """A pooled engine for an SQLAlchemy URL (mysql:// means mysql-connector). SQLite's
+    `sqlite_synchronous`: NORMAL, a commit survives the process's crash; FULL, the machine's too."""
     parsed = driver_url(url)
     if parsed.get_backend_name() == "sqlite":
         if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
@@ -68,7 +61,6 @@ def make_engine(url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL
 
 
 def is_sqlite(engine: Engine) -> bool:
-    """True for the embedded SQLite database."""
     return engine.dialect.name == "sqlite"
 
 
@@ -87,19 +79,14 @@ def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        if conn.info.get(WRITE_KEY, True):
-            begin_immediate(conn.connection.driver_connection)
-        else:
-            conn.exec_driver_sql("BEGIN")
+        begin_immediate(conn.connection.driver_connection)
 
     return engine
 
 
 def begin_immediate(raw: sqlite3.Connection) -> None:
-    """BEGIN IMMEDIATE, asking again every 0.1-1 ms for POLL_LOCK_S while another writer holds
-    the lock: SQLite's busy handler sleeps 1, 2, 5, 10, 15, 20, 25 ... ms between its tries,
-    so a writer went on sleeping long after the lock came free (at 10 + 10 most of the p99,
-    docs/benchmarks.md). Then the busy handler takes over; its error is the caller's."""
+    """BEGIN IMMEDIATE, asked again every 0.1-1 ms for POLL_LOCK_S while another writer holds the
+    lock (SQLite's busy handler sleeps up to 25 ms between tries); then the busy handler's turn."""
     raw.execute("PRAGMA busy_timeout=0")
     try:
         pause, deadline = 0.0001, time.monotonic() + POLL_LOCK_S
@@ -118,14 +105,9 @@ def begin_immediate(raw: sqlite3.Connection) -> None:
 
 
 class WalKeeper:
-    """Keeps an SQLite file's write-ahead log from growing without end.
-
-    SQLite starts the log again from the top only at a moment when no reader is using it,
-    which under steady reads never comes (over one 100 + 100 run the log of a 2.3 MB database
-    grew to 144 MB). A thread looks every 0.5 s and gives a log past WAL_CHECKPOINT_BYTES a
-    TRUNCATE checkpoint, which waits (up to 2 s) for the readers of that moment, then empties
-    it; no request waits for it. Should a reader hold its snapshot longer, it looks again later.
-    """
+    """Keeps an SQLite file's write-ahead log from growing without end (SQLite starts it again only
+    when no reader uses it, which under steady reads never comes): a thread looks every 0.5 s and
+    gives a log past WAL_CHECKPOINT_BYTES a TRUNCATE checkpoint."""
 
     def __init__(self, database_path: str) -> None:
         self._path, self._wal = database_path, database_path + "-wal"
@@ -133,14 +115,6 @@ class WalKeeper:
         self._conn: sqlite3.Connection | None = None  # the thread's own, opened when first needed
         self._thread = threading.Thread(target=self._keep, name="market-wal", daemon=True)
         self._thread.start()
-
-    @classmethod
-    def for_engine(cls, engine: Engine) -> WalKeeper | None:
-        """A keeper for an SQLite file named by its plain path (not ':memory:' or a URI)."""
-        path = engine.url.database
-        if not is_sqlite(engine) or not path or path == ":memory:" or path.startswith("file:"):
-            return None
-        return cls(path)
 
     def close(self) -> None:
         """Stop looking (the thread's connection closes with it)."""
@@ -158,8 +132,7 @@ class WalKeeper:
 
     def _checkpoint_if_long(self) -> bool:
         """False if the log was long and could not be emptied (a reader held on). The checkpoint
-        is asked again every 0.1-1 ms for up to 2 s while writers or readers are in its way (as
-        begin_immediate: with the busy handler it lost to writers)."""
+        is asked again every 0.1-1 ms for up to 2 s while writers or readers are in its way."""
         try:
             if os.path.getsize(self._wal) < WAL_CHECKPOINT_BYTES:  # OSError: no log (yet)
                 return True
@@ -185,20 +158,17 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
     engine = create_engine(
         url,
         pool_size=pool_size, max_overflow=pool_size, pool_timeout=10, pool_recycle=RECYCLE_S,
-        # No pre-ping: a ping is a round trip per call. A connection found dead by a call's
-        # first statement (nothing has run yet) is retried once on a fresh one (Database.run).
+        # No pre-ping (a round trip per call): a call whose first statement finds its
+        # connection dead runs again on a fresh one (Database.run).
         pool_pre_ping=False,
-        # every transaction ends in COMMIT or ROLLBACK (the unit of work): the pool's own
-        # rollback on return would only be one more round trip
+        # every transaction ends in COMMIT or ROLLBACK: the pool's rollback would be a round trip
         pool_reset_on_return=None,
-        # reads run in autocommit (no COMMIT round trip); the unit of work opens a write's
-        # transaction with START TRANSACTION
+        # reads run in autocommit; the unit of work sends a write's START TRANSACTION
         isolation_level="AUTOCOMMIT",
-        # MULTI_STATEMENTS: the unit of work sends held writes, START TRANSACTION and COMMIT
-        # in the query of the statement that follows them (one round trip). Nothing puts a
-        # value into SQL text unquoted, so no injected "; DROP ..." can run (test_engine.py
-        # checks). The flags given as a list replace SQLAlchemy's FOUND_ROWS: an UPDATE's
-        # rowcount is the rows it changed.
+        # MULTI_STATEMENTS: held writes go in the query of the statement that follows them.
+        # Nothing puts a value into SQL text unquoted, so no injected "; DROP ..." can run
+        # (test_engine.py checks). The flags given as a list replace SQLAlchemy's FOUND_ROWS:
+        # an UPDATE's rowcount is the rows it changed.
         connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin",
                       "connection_timeout": CONNECT_TIMEOUT_S, "client_flags": [ClientFlag.MULTI_STATEMENTS]},
     )

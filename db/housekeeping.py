@@ -1,10 +1,7 @@
-"""Housekeeping's SQL: deleting the rows nobody will read again, expired sessions with their
-cart lines, failed-login counts long past, and the commit tokens nobody will ask about
-(db.commit_tokens). A thread of each server process sweeps (runtime.housekeeping).
-
-Small batches, one short transaction each: a batch's rows are found without locks, then
-locked or deleted by primary key only if they still qualify, so any number of processes may sweep at once,
-on SQLite or MySQL, and none holds a lock for long. Saved carts stay: they are the buyer's.
+"""Housekeeping's SQL (run by runtime.housekeeping): expired sessions with their cart lines,
+failed-login counts long past and old commit tokens go, in small batches: a batch's rows are
+found without locks, then deleted by key only if they still qualify, so any number of processes
+may sweep at once. Saved carts stay: they are the buyer's.
 """
 from __future__ import annotations
 
@@ -26,9 +23,7 @@ FORGET_FAILURES_AFTER_MS = 24 * 3600 * 1000
 def end_expired_sessions(tx: Connection, policy: SessionPolicy, batch: int = BATCH) -> int:
     """Delete up to `batch` sessions that ended long ago, with their cart lines."""
     ended = ended_long_ago(policy, now_ms())
-    # found without locks (a locking scan would wait on every live session a cart write
-    # holds), then locked by primary key if they still qualify: a request in flight on one
-    # commits first, and at READ COMMITTED its new last-seen is what the condition sees
+    # found without locks (a locking scan would wait on every live session a cart write holds)
     found = tx.execute(select(sessions.c.session_id).where(ended).order_by(sessions.c.session_id)
                        .limit(batch)).scalars().all()
     return end_sessions(tx, sessions.c.session_id.in_(found) & ended) if found else 0

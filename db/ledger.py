@@ -1,11 +1,7 @@
-"""The simulated payment processor's ledger: one row per payment key (buyer, amount, state,
-times), in a table of its own that the marketplace's transactions never touch.
-
-Every call is its own committed transaction on the ledger's Database (by default the
-marketplace's database, through a connection of its own; MARKET_PAYMENTS_URL moves it),
-so what the processor did survives a kill -9 of any server. Calls are idempotent per
-key, and each state change is a conditional UPDATE, so racing callers cannot both act; so
-a call whose connection is lost, even at its COMMIT, is simply made again (no commit token).
+"""The simulated payment processor's ledger: one row per payment key, in a table of its own
+(MARKET_PAYMENTS_URL may move it elsewhere). Each call is its own committed transaction,
+idempotent per key (each state change a conditional UPDATE), so a call whose connection is
+lost, even at its COMMIT, is simply made again (no commit token).
 """
 from __future__ import annotations
 
@@ -22,10 +18,9 @@ from .schema import MYSQL_OPTIONS
 
 T = TypeVar("T")
 AUTHORISED, CAPTURED, VOIDED, DECLINED = "authorised", "captured", "voided", "declined"
-ledger_metadata = MetaData()  # apart from the marketplace's: the processor's own storage
 
 payments = Table(
-    "payments", ledger_metadata,
+    "payments", MetaData(),  # apart from the marketplace's: the processor's own storage
     Column("payment_key", String(64), primary_key=True),
     Column("buyer_id", BigInteger, nullable=False),
     Column("amount_cents", BigInteger, nullable=False),
@@ -39,8 +34,6 @@ payments = Table(
 
 @dataclass(frozen=True)
 class Payment:
-    """One key's entry in the ledger."""
-
     payment_key: str
     buyer_id: int
     amount_cents: int
@@ -66,9 +59,9 @@ class Ledger:
         self._created = False  # made at start, or else at the first call
 
     def create_table(self) -> None:
-        """Make the ledger's table unless it exists (IF NOT EXISTS: threads and servers may
-        all do it at once). A server does it at start: a transaction of MariaDB whose snapshot
-        is older than the table cannot read it (error 1412), and the audit reads it."""
+        """Make the ledger's table unless it exists (servers may all do it at once). A server
+        does it at start: a MariaDB transaction whose snapshot is older than the table cannot
+        read it (error 1412)."""
         self.database.run(lambda tx: tx.execute(CreateTable(payments, if_not_exists=True)))
         self._created = True
 
@@ -101,7 +94,6 @@ class Ledger:
         return None if found is None else found.state
 
     def lookup(self, key: str) -> Payment | None:
-        """The key's entry, or None."""
         row = self._run(lambda tx: tx.execute(_BY_KEY, {"key": key}).first(), write=False)
         return None if row is None else Payment(**row._asdict())
 

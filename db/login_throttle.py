@@ -1,14 +1,7 @@
-"""The account's throttle against password guessing from many addresses, kept in the
-database so that every server process sees the same level.
-
-A leaky bucket per (role, username), existing or not (so the answer reveals nothing): each
-login without a valid device token of the account adds one before its password is checked,
-a right password takes it back, and the level drains by one every `step_s`. The last places
-are kept by lane: a login from an address new to the username leaves a fifth of the bucket
-to those coming back when told; one from an address whose password was wrong for it leaves
-about three fifths, so that an owner on a new client, told to wait while strangers guess,
-gets in when he comes back. At most `burst + T / step_s` passwords are checked for one
-account in T seconds, and no login is told to wait longer than a few steps.
+"""The account's throttle against password guessing from many addresses (docs/design.md,
+"Passwords and logins"), in the database so that every server process sees the same level: a
+leaky bucket per (role, username), existing or not, which each login without a device token of
+the account fills by one before its password is checked, and a right password empties by one.
 """
 from __future__ import annotations
 
@@ -22,21 +15,6 @@ from .schema import login_failures as lf
 
 
 @dataclass(frozen=True)
-class ThrottlePolicy:
-    """Exponential waits after failures (the limits per address, runtime.guards)."""
-
-    free_failures: int = 5
-    max_delay_s: float = 900.0
-
-    def delay_ms(self, failures: int) -> int:
-        """How long after the last failure the next attempt must wait."""
-        if failures < self.free_failures:
-            return 0
-        doublings = min(failures - self.free_failures, 64)  # 2.0 ** 1024 is an OverflowError
-        return int(min(self.max_delay_s, 2.0 ** doublings) * 1000)
-
-
-@dataclass(frozen=True)
 class AccountBucket:
     """The account's bucket: `burst` places, one drained every `step_s`."""
 
@@ -44,7 +22,8 @@ class AccountBucket:
     step_s: float = 1.25
 
     def kept(self, lane: int) -> int:
-        """The places a login of the lane leaves: 0 coming back, 1 new, 2 failed before."""
+        """The places a login of the lane leaves: none coming back when told, a fifth from an
+        address new to the username, about three fifths from one whose password was wrong."""
         return (0, self.burst // 5, (self.burst - 1) * 3 // 5)[lane]
 
     def level(self, units: int, last_ms: int, now: int) -> int:

@@ -1,7 +1,5 @@
-"""Purchase history and feedback: both read completed orders only (a purchase in progress,
-or one undone, is not in the history and gives no right to vote).
-
-The purchase itself, in steps, is db.purchases.
+"""Purchase history and feedback: both read completed orders only (a purchase in progress, or
+one undone, is not in the history and gives no right to vote). The purchase is db.purchases.
 """
 from __future__ import annotations
 

@@ -13,22 +13,20 @@ from argon2.exceptions import InvalidHashError, VerificationError
 _HASHER = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1)
 _FAST = PasswordHasher(time_cost=1, memory_cost=64, parallelism=1)
 # Verified when the username does not exist, so both failures take the same time.
-_DUMMY_HASH = _HASHER.hash("not a real password, only for timing")
-_FAST_DUMMY_HASH = _FAST.hash("not a real password, only for timing")
+_DUMMY_HASHES = {hasher: hasher.hash("not a real password, only for timing") for hasher in (_HASHER, _FAST)}
 
 
-def _fast() -> bool:
-    return os.environ.get("MARKET_TEST_FAST_HASHES") == "1"
+def _hasher() -> PasswordHasher:
+    return _FAST if os.environ.get("MARKET_TEST_FAST_HASHES") == "1" else _HASHER
 
 
 def hash_password(password: str) -> str:
-    """An Argon2id hash of the password."""
-    return (_FAST if _fast() else _HASHER).hash(password)
+    return _hasher().hash(password)
 
 
 def verify_password(password_hash: str | None, password: str) -> bool:
     """True when the password matches; a missing hash costs the same time and fails."""
-    dummy = _FAST_DUMMY_HASH if _fast() else _DUMMY_HASH
+    dummy = _DUMMY_HASHES[_hasher()]
     try:
         return _HASHER.verify(password_hash or dummy, password) and password_hash is not None
     except (VerificationError, InvalidHashError):

@@ -1,15 +1,7 @@
-"""A purchase's transactions, each conditional on the order's status, so that the purchase's
-own thread and any settler racing it can never both act on one order.
-
-    open_order:    the stock taken, the order and its lines written, status pending
-    complete:      pending -> paid once its payment is captured, the bought lines out of the carts
-    undo:          pending -> void (its payment voided) or voiding (to be voided), the stock
-                   and the sellers' counts given back
-    finish:        voiding -> void (voided); capturing -> paid (orders of revision 0006)
-
-No transaction waits on the payment processor: the processor is called between them
-(buyer_server.checkout). The cart's item rows are locked in item_id order, so concurrent
-purchases lock in the same order.
+"""A purchase's transactions (docs/design.md, "Money"): open_order, then complete or undo, and
+a settler's finish. Each is conditional on the order's status, so that the purchase's own thread
+and a settler racing it never both act on one order; none waits on the payment processor, which
+buyer_server.checkout calls between them.
 """
 from __future__ import annotations
 
@@ -36,21 +28,8 @@ COMPLETED = (CAPTURING, PAID)  # in the history, replayed for their key
 
 
 def is_completed(status: Any) -> Any:
-    """A condition on an orders.status column: the purchase completed (no IN list: the unit
-    of work compiles a statement once only without one)."""
+    """The purchase completed, as a condition on orders.status (an IN list is compiled per call)."""
     return (status == CAPTURING) | (status == PAID)
-
-
-@dataclass(frozen=True)
-class OpenOrder:
-    """A pending order: what the later steps need to know of it."""
-
-    order_id: int
-    payment_key: str
-    buyer_id: int
-    session_id: int
-    total_cents: int
-    receipt: dict[str, Any] = field(compare=False)
 
 
 @dataclass(frozen=True)
@@ -73,16 +52,25 @@ class Purchase:
     item_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class OpenOrder(Purchase):
+    """A pending order: what the later steps need to know of it."""
+
+    payment_key: str
+    total_cents: int
+    receipt: dict[str, Any] = field(compare=False)
+
+
 class OrderInProgressError(BusyError):
     """The order with this idempotency key is not settled yet: its purchase is running, or
     was cut off (`order` says where it is, `age_ms` since when)."""
 
-    def __init__(self, order: DueOrder, age_ms: int) -> None:
+    def __init__(self, row: Any) -> None:
         super().__init__("a purchase with this idempotency key is in progress; ask again shortly")
-        self.order, self.age_ms = order, age_ms
+        self.order = DueOrder(row.order_id, row.payment_key, row.status)
+        self.age_ms = now_ms() - row.created_ms
 
 
-# What the steps run, compiled once (the unit of work's idiom: plain Core at module level).
 _NEW_ORDER = insert(orders).values(
     buyer_id=bindparam("buyer_id"), total_cents=0, idempotency_key=bindparam("key"),
     created_ms=bindparam("now"), status=PENDING, payment_key=bindparam("payment_key"),
@@ -100,18 +88,16 @@ CART_LINES = (select(cart_lines.c.item_id, cart_lines.c.quantity, items.c.seller
               .join_from(cart_lines, items, items.c.item_id == cart_lines.c.item_id)
               .where(cart_lines.c.session_id == bindparam("session_id"))
               .order_by(cart_lines.c.item_id).with_for_update())
-_TAKE_STOCK = (update(items)
-               .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
-               .values(quantity=items.c.quantity - bindparam("n"), sold=items.c.sold + bindparam("n")))
-_GIVE_STOCK = (update(items).where(items.c.item_id == bindparam("item_id"))
-               .values(quantity=items.c.quantity + bindparam("n"), sold=items.c.sold - bindparam("n")))
+_SELL = (update(items)  # n < 0: given back
+         .where(items.c.item_id == bindparam("item_id"), items.c.quantity >= bindparam("n"))
+         .values(quantity=items.c.quantity - bindparam("n"), sold=items.c.sold + bindparam("n")))
 _ITEMS_SOLD = (update(users).where(users.c.user_id == bindparam("seller_id"))  # n < 0: unsold
                .values(items_sold=users.c.items_sold + bindparam("n")))
 _DROP_LINES = delete(order_lines).where(order_lines.c.order_id == bindparam("order_id"))
 _SET_TOTAL = (update(orders).where(orders.c.order_id == bindparam("order_id"))
               .values(total_cents=bindparam("total")))
 _ORDER = select(orders.c.order_id, orders.c.total_cents, orders.c.status, orders.c.payment_key,
-                orders.c.created_ms)
+                orders.c.created_ms, orders.c.buyer_id, orders.c.session_id)
 _ORDER_BY_KEY = _ORDER.where(orders.c.buyer_id == bindparam("buyer_id"),
                              orders.c.idempotency_key == bindparam("key"))
 _LINES_OF_ORDER = (select(order_lines.c.item_id, order_lines.c.name, order_lines.c.quantity,
@@ -131,8 +117,7 @@ _EMPTY_BOUGHT_LINE = delete(cart_lines).where(cart_lines.c.session_id == bindpar
 _EMPTY_SAVED = delete(saved_cart_lines).where(saved_cart_lines.c.buyer_id == bindparam("buyer_id"),
                                               _MOVED_HERE)
 _PENDING_OF_SESSION = _ORDER.where(_SESSION_PENDING).limit(1)
-_BUYER_AND_SESSION = (select(orders.c.buyer_id, orders.c.session_id)
-                      .where(orders.c.order_id == bindparam("order_id")))
+_ORDER_BY_ID = _ORDER.where(orders.c.order_id == bindparam("order_id"))
 # What the settlers look for, every few seconds: by the index on (status, created_ms).
 DUE_ORDERS = (select(orders.c.order_id, orders.c.payment_key, orders.c.status)
               .where((orders.c.status == CAPTURING) | (orders.c.status == VOIDING)
@@ -144,9 +129,8 @@ _LOCK_ITEM = (select(items.c.item_id, items.c.quantity, items.c.category, items.
 
 def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
                expected_total: int | None = None) -> OpenOrder | dict[str, Any]:
-    """Step one: the order, pending, with the cart's stock taken; or the receipt of the
-    completed order that has this idempotency key. With `expected_total` (cents), CONFLICT
-    unless the cart's total at its locked prices equals it."""
+    """Step one: the order, pending, with the cart's stock taken, or the receipt of the completed
+    order of this idempotency key; CONFLICT unless the cart's total equals `expected_total`."""
     # The session's row first: a cart change of the session on another connection waits.
     live = session.lock()
     payment_key = secrets.token_urlsafe(32)  # made here, per order: never another order's
@@ -159,7 +143,7 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
         cart = tx.execute(CART_LINES, ids).all()
         order_id = int(created.lastrowid)
     except IntegrityError:  # the key's order, committed (if it was in progress, after it was)
-        done = replay(tx, live.user_id, idempotency_key) if idempotency_key is not None else None
+        done = _replay(tx, live.user_id, idempotency_key) if idempotency_key is not None else None
         if done is None:
             raise RetryTransaction from None  # undone meanwhile, its key free again: buy
         return done
@@ -167,38 +151,30 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
         raise ConflictError("your cart is empty")
     if cart[0].cut_off:  # its lines may be bought already: settle it before buying them again
         pending = tx.execute(_PENDING_OF_SESSION, ids).first()
-        raise _in_progress(pending) if pending is not None else RetryTransaction  # settled meanwhile
+        raise OrderInProgressError(pending) if pending is not None else RetryTransaction  # settled meanwhile
     total = sum(line.cents * line.quantity for line in cart)
     if expected_total is not None and total != expected_total:
         raise ConflictError(f"the cart's total is now {format_money(total)}; nothing was bought")
     _take(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
     tx.execute(_SET_TOTAL, {"order_id": order_id, "total": total})
-    return OpenOrder(order_id, payment_key, live.user_id, live.session_id, total,
-                     _receipt(order_id, total, cart))
+    return OpenOrder(order_id, live.user_id, live.session_id, tuple(line.item_id for line in cart),
+                     payment_key, total, _receipt(order_id, total, cart))
 
 
-def replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
-    """The receipt of the buyer's paid order with this key; None if there is none;
-    OrderInProgressError while it is not settled."""
+def _replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
+    """The receipt of the buyer's paid order with this key; None if none; OrderInProgressError if unpaid."""
     order = tx.execute(_ORDER_BY_KEY, {"buyer_id": buyer_id, "key": key}).first()
     if order is None:
         return None
     if order.status != PAID:  # pending (or capturing: a purchase of revision 0006)
-        raise _in_progress(order)
+        raise OrderInProgressError(order)
     rows = tx.execute(_LINES_OF_ORDER, {"order_id": order.order_id}).all()
     return _receipt(order.order_id, order.total_cents, rows)
 
 
-def purchase_of(order: OpenOrder) -> Purchase:
-    """What completing the order the purchase's own thread opened changes."""
-    return Purchase(order.order_id, order.buyer_id, order.session_id,
-                    tuple(line["item_id"] for line in order.receipt["lines"]))
-
-
 def complete(tx: UnitOfWork, purchase: Purchase) -> None:
     """Once the payment is captured: pending -> paid, and the bought lines leave the session's
-    cart and the saved cart; nothing if the order was not pending (completed already). Nothing
-    is read: the whole step goes with the COMMIT."""
+    cart and the saved cart; nothing if the order was not pending (completed already)."""
     tx.execute(_MOVE, {"order_id": purchase.order_id, "before": PENDING, "after": _COMPLETING})
     if purchase.session_id is not None:
         for item_id in purchase.item_ids:
@@ -210,15 +186,14 @@ def complete(tx: UnitOfWork, purchase: Purchase) -> None:
 
 def purchase_in(tx: UnitOfWork, order_id: int) -> Purchase:
     """What completing an order changes, read from the database (for a settler)."""
-    order = tx.execute(_BUYER_AND_SESSION, {"order_id": order_id}).one()
+    order = tx.execute(_ORDER_BY_ID, {"order_id": order_id}).one()
     lines = tx.execute(_LINES_OF_ORDER, {"order_id": order_id}).all()
     return Purchase(order_id, order.buyer_id, order.session_id, tuple(line.item_id for line in lines))
 
 
 def undo(tx: UnitOfWork, order_id: int, status: str) -> bool:
-    """pending -> voiding (its payment to be voided next) or void (voided already): the stock,
-    the sellers' counts and the search index as they were, the lines gone, the idempotency
-    key free again. False if the order was no longer pending."""
+    """pending -> voiding (to be voided next) or void (voided): the stock, the sellers' counts and the
+    search index as they were, the lines gone, the key free again; False if it was not pending."""
     moved = tx.execute(_MOVE_FREEING_KEY, {"order_id": order_id, "before": PENDING, "after": status})
     if moved.rowcount != 1:
         return False
@@ -230,34 +205,27 @@ def undo(tx: UnitOfWork, order_id: int, status: str) -> bool:
 
 
 def finish(tx: UnitOfWork, order_id: int, status: str) -> None:
-    """voiding -> void, or capturing -> paid (an order of revision 0006): the processor has
-    done its part (held, sent with the COMMIT)."""
+    """voiding -> void, or capturing -> paid (an order of revision 0006): the processor did its part."""
     before = {PAID: CAPTURING, VOID: VOIDING}[status]
     tx.execute(_MOVE, {"order_id": order_id, "before": before, "after": status})
 
 
 def due_orders(tx: UnitOfWork, pending_before_ms: int, limit: int = 100) -> list[DueOrder]:
-    """Orders a settler should finish: capturing or voiding ones (any age), and pending ones
-    opened before `pending_before_ms`, whose purchase was cut off."""
+    """Orders a settler should finish: capturing or voiding ones, and pending ones opened before
+    `pending_before_ms` (their purchase was cut off)."""
     rows = tx.execute(DUE_ORDERS, {"pending_before": pending_before_ms, "limit": limit}).all()
     return [DueOrder(r.order_id, r.payment_key, r.status) for r in rows]
 
 
-def _in_progress(order: Any) -> OrderInProgressError:
-    return OrderInProgressError(DueOrder(order.order_id, order.payment_key, order.status),
-                                now_ms() - order.created_ms)
-
-
 def _take(tx: UnitOfWork, buyer_id: int, order_id: int, cart: Sequence[Any]) -> None:
     """Take the cart's units, write the order's lines, count each seller's units sold and
-    unlist what sold out. The cart's read locked the item rows (FOR UPDATE; SQLite has one
-    writer), so `available` is exact and every update applies: all is held for the COMMIT.
-    Each keeps `quantity >= n` all the same: no item goes below zero."""
+    unlist what sold out. The cart's read locked the item rows, so `available` is exact and
+    every update applies: all is held for the COMMIT (each keeps `quantity >= n` all the same)."""
     for line in cart:
         if line.quantity > line.available:
             raise ConflictError(f"item {line.item_id}: only {line.available} left")
     for line in cart:
-        tx.execute(_TAKE_STOCK, {"item_id": line.item_id, "n": line.quantity})
+        tx.execute(_SELL, {"item_id": line.item_id, "n": line.quantity})
     tx.execute(insert(order_lines), [
         {"order_id": order_id, "item_id": ln.item_id, "buyer_id": buyer_id, "seller_id": ln.seller_id,
          "name": ln.name, "quantity": ln.quantity, "price_cents": ln.cents} for ln in cart])
@@ -279,7 +247,7 @@ def _give_stock_back(tx: UnitOfWork, lines: Sequence[Any]) -> None:
     had sold out goes back into the search indexes."""
     for line in lines:
         item = tx.execute(_LOCK_ITEM, {"item_id": line.item_id}).one()
-        tx.execute(_GIVE_STOCK, {"item_id": line.item_id, "n": line.quantity})
+        tx.execute(_SELL, {"item_id": line.item_id, "n": -line.quantity})
         if item.quantity == 0:
             relist(tx, [item])
 

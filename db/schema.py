@@ -1,10 +1,8 @@
-"""The marketplace's tables: one MetaData, SQLAlchemy Core.
+"""The marketplace's tables (each schema version is a revision in db/migrations/versions).
 
-Money is integer cents, times are integer epoch milliseconds, and every id is
-chosen by the database. Uniqueness rules the protocol relies on (one account per
-role and username, one vote per buyer and item, one order per idempotency key)
-are constraints here, never read-then-write checks in Python. Each schema version is
-a revision in db/migrations/versions.
+Money is integer cents, times are integer epoch milliseconds, and every id is chosen by the
+database. Uniqueness rules the protocol relies on are constraints here, never read-then-write
+checks in Python.
 """
 from __future__ import annotations
 
@@ -291,9 +289,8 @@ admin_actions = _table(
     Column("reason", String(500), nullable=True),
 )
 
-# One row per MySQL/MariaDB write transaction, written in it (db.commit_tokens): after a
-# connection lost at its COMMIT, the row says whether it committed. The key grows with time
-# (the housekeeping deletes by its first column); `nonce` is random.
+# One row per MySQL/MariaDB write transaction, written in it (db.commit_tokens). The key grows
+# with time (the housekeeping deletes by its first column); `nonce` is random.
 commit_tokens = _table(
     "commit_tokens",
     Column("created_ms", BigInteger, nullable=False, autoincrement=False),

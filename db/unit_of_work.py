@@ -1,14 +1,7 @@
-"""The unit of work: the transaction object Database.run hands to a transaction function.
-
-It runs SQLAlchemy Core statements (`tx.execute(statement, params)`) on the driver's own
-connection (db.connections): each statement is compiled once per dialect with SQLAlchemy's
-public `compile`, and its SQL text runs with the caller's values as a dict (the driver quotes
-them). A write (INSERT, UPDATE, DELETE) is held and answered with a pending Result; what is
-held is sent before the next read, at COMMIT, or when a held write's result is read. On
-MySQL/MariaDB what is held travels in the query of the statement that follows it (START
-TRANSACTION and COMMIT too: the driver's multi-statement support), so a write op costs one or
-two round trips. A transaction whose answer is a read made last (`answer`) sends that read
-with its COMMIT.
+"""The unit of work: the transaction object Database.run hands to a transaction function
+(docs/design.md, "Data layer"). A write is held and answered with a pending Result, sent before
+the next read, at COMMIT, or when its result is read; on MySQL/MariaDB in the query of the
+statement that follows it (START TRANSACTION and COMMIT too).
 """
 from __future__ import annotations
 
@@ -18,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, cast
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Dialect, Insert, Select, bindparam, insert
+from sqlalchemy import Dialect, Insert, Select, bindparam, insert, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -33,9 +26,7 @@ Held = tuple["Statement", dict[str, Any], "Result | None"]
 
 
 class Statement:
-    """A Core statement compiled for one dialect: its SQL, the values it embeds, how its
-    values and rows are converted, and (MySQL) its SQL with placeholders renamed for the
-    n-th place of a query of several statements."""
+    """A Core statement compiled for one dialect: its SQL, its own values, how values and rows convert."""
 
     def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
         compiled = statement.compile(dialect=dialect, compile_kwargs={"render_postcompile": True})
@@ -70,8 +61,7 @@ class Statement:
         return sql
 
     def rows(self, raw: Sequence[Sequence[Any]]) -> list[Any]:
-        """Driver rows as named tuples, each value converted as its column's type says (rows of
-        text() SQL as the driver gives them)."""
+        """Driver rows as named tuples, converted as their columns' types say (text() SQL's as they are)."""
         if self.row is None:
             return list(raw)
         if any(self.results):
@@ -80,23 +70,14 @@ class Statement:
         return [self.row(*r) for r in raw]
 
 
-class _Bare(Statement):
-    """A statement without values or rows: START TRANSACTION, COMMIT, ROLLBACK."""
-
-    def __init__(self, sql: str) -> None:  # pylint: disable=super-init-not-called
-        self.sql, self.writes, self.row, self._placed = sql, False, None, {}
-        self.defaults, self.binds, self.results = {}, {}, []
-
-
-_START, _COMMIT, _ROLLBACK = _Bare("START TRANSACTION"), _Bare("COMMIT"), _Bare("ROLLBACK")
+_START, _COMMIT, _ROLLBACK = text("START TRANSACTION"), text("COMMIT"), text("ROLLBACK")
 _AFTER_ANSWER = "nothing runs in a transaction after its answer (UnitOfWork.answer)"
 # by dialect, by statement (two threads making a dialect's at once: one is kept, no harm)
 _COMPILED: defaultdict[str, WeakKeyDictionary[Any, Statement]] = defaultdict(WeakKeyDictionary)
 
 
 def compiled(statement: ClauseElement, dialect: Dialect) -> Statement:
-    """The statement compiled for the dialect: a module's statement once; one made per call
-    (its values in it) per call, and freed with it."""
+    """The statement compiled for the dialect: a module's once, one made per call per call."""
     key = f"{dialect.name}:{dialect.paramstyle}"  # the SQL's placeholders depend on both
     by_statement = _COMPILED[key]
     found = by_statement.get(statement)
@@ -106,15 +87,14 @@ def compiled(statement: ClauseElement, dialect: Dialect) -> Statement:
 
 
 class Result:
-    """A statement's rows, or its row count and new id; reading it sends what is held.
-    A write whose query lost its answer (a COMMIT asked about after) has rowcount -1."""
+    """A statement's rows, or its row count and new id; reading it sends what is held."""
 
     filled = False  # the database's answer arrived
 
     def __init__(self, uow: UnitOfWork | None = None) -> None:
         self._uow = uow
         self._rows: list[Any] = []
-        self._rowcount, self._lastrowid = -1, cast("int | None", None)
+        self._rowcount, self._lastrowid = -1, cast("int | None", None)  # -1 also: its answer was lost
 
     def fill(self, rows: list[Any], rowcount: int, lastrowid: int | None) -> None:
         self._rows, self._rowcount, self._lastrowid, self._uow = rows, rowcount, lastrowid, None
@@ -140,8 +120,7 @@ class Result:
         return iter(self.all())
 
     def first(self) -> Any | None:
-        rows = self._ready()._rows
-        return rows[0] if rows else None
+        return next(iter(self._ready()._rows), None)
 
     def one(self) -> Any:
         rows = self._ready()._rows
@@ -166,8 +145,7 @@ class _Scalars(list[Any]):
 
 
 class Answer(Generic[T]):
-    """What a transaction function returns when its answer is a read made last (UnitOfWork.answer):
-    the read, and how its rows become the answer. Database.run hands back `shape(rows)`."""
+    """A read made last (UnitOfWork.answer), and how its rows become the answer."""
 
     def __init__(self, statement: Select, params: dict[str, Any], shape: Callable[[list[Any]], T]) -> None:
         self.statement, self.params, self.shape = statement, params, shape
@@ -190,49 +168,38 @@ class CommitUnanswered(Exception):
 
 
 class UnitOfWork:
-    """One transaction's statements on one driver connection (db.connections.DriverConnection).
+    """One transaction's statements on one driver connection: what it holds fails with the statement
+    it is sent with, and the transaction rolls back."""
 
-    Rules it keeps so callers need not: a write is held until something needs it sent (a
-    read, a held write's result read, `flush`, commit); whatever it holds fails with the
-    statement it was sent with, and the whole transaction rolls back.
-    """
-
-    def __init__(self, conn: Any, write: bool, hold: bool = True, token: CommitToken | None = None) -> None:
-        self.conn, self.dialect, self.engine = conn, conn.dialect, conn.engine
+    def __init__(self, conn: Any, write: bool, hold: bool, token: CommitToken | None) -> None:
+        self.conn, self.dialect = conn, conn.dialect
         self._sqlite = self.dialect.name == "sqlite"
         self.write, self.token = write, token
         self.sent = 0  # statements sent: Database.run retries a call that sent none
         self._batches = hold and conn.batches
-        self._token_sent = self._begin_pending = self._open = False
+        self._begin_pending = self._open = False
         self._held: list[Held] = []
         self._answer: Answer[Any] | None = None
 
     def execute(self, statement: Any, params: dict[str, Any] | Sequence[dict[str, Any]] | None = None) -> Any:
-        """Run a Core statement: a write is held (see the class notes), a read runs now. A list
-        of rows for an INSERT goes as INSERTs of up to ROW_CHUNK rows each."""
+        """Run a Core statement: a write is held, a read runs now; a list of rows for an INSERT goes
+        in INSERTs of up to ROW_CHUNK rows."""
         if self._answer is not None:
             raise RuntimeError(_AFTER_ANSWER)
         if isinstance(params, Sequence):  # the rows of a plain INSERT
-            if not isinstance(statement, Insert):
-                raise TypeError("a list of rows goes with an INSERT")
             for part, values in _row_chunks(statement, params):
                 self.execute(part, values)
             return None
         result = Result(self)
-        held = (compiled(statement, self.dialect), params or {}, result)
-        if held[0].writes and self.write and self._batches:
-            self._held.append(held)
-        elif self._held or self._begin_pending:
-            self._held.append(held)
+        prepared = compiled(statement, self.dialect)
+        self._held.append((prepared, params or {}, result))
+        if not (prepared.writes and self.write and self._batches):  # a read: sent now
             self.flush(demanded=result)
-        else:  # most reads: nothing to send before it
-            self._send([held])
         return result
 
     def flush(self, demanded: Result | None = None) -> None:
-        """Send every held statement now (one query on MySQL/MariaDB). Should one that was
-        held (not `demanded` now) break a constraint, ReplayUnheld: the code that made it may
-        be waiting for that error at the statement."""
+        """Send every held statement now. Should one held before (not `demanded` now) break a
+        constraint, ReplayUnheld: the code that made it may be waiting for that error."""
         if not self._held and not self._begin_pending:
             return
         held, self._held = self._held, []
@@ -244,10 +211,8 @@ class UnitOfWork:
             raise
 
     def answer(self, statement: Select, params: dict[str, Any], shape: Callable[[list[Any]], T]) -> Answer[T]:
-        """The transaction's answer, a read made after everything else: Database.run hands
-        back `shape(rows)` once the transaction has committed. The read goes with the COMMIT
-        (on MySQL/MariaDB in its query); nothing may run after it. `shape` runs after the
-        COMMIT, so it only shapes rows."""
+        """The transaction's answer, a read made after everything else (with the COMMIT, on
+        MySQL/MariaDB in its query): Database.run hands back `shape(rows)` once committed."""
         if self._answer is not None:
             raise RuntimeError(_AFTER_ANSWER)
         self._answer = Answer(statement, params, shape)
@@ -272,11 +237,11 @@ class UnitOfWork:
             if not (self._open and self._batches):  # a read transaction, or a Galera node
                 self.flush()
         if self._open and not self._begin_pending or self._held:
-            self._held.append((_COMMIT, {}, None))
+            self._held.append((compiled(_COMMIT, self.dialect), {}, None))
             try:
                 self.flush()
             except DBAPIError as exc:
-                if exc.connection_invalidated and self.token is not None and self._token_sent:
+                if exc.connection_invalidated and self.token is not None:  # the token went first
                     raise CommitUnanswered(self.token) from exc
                 raise
         self._begin_pending = self._open = False
@@ -284,20 +249,18 @@ class UnitOfWork:
     def rollback(self) -> None:
         """Forget what is held and end the transaction, if the server has one open."""
         self._held, self._begin_pending, self._answer = [], False, None
-        if self._open and self.conn.usable and self.conn.in_transaction:
-            self._send([(_ROLLBACK, {}, None)])
+        if self._open and self.conn.usable and self.conn.driver.in_transaction:
+            self._send([(compiled(_ROLLBACK, self.dialect), {}, None)])
         self._open = False
 
     def _send(self, batch: list[Held]) -> None:
-        """Send the statements (each with its values and the Result it fills): in one query on
-        MySQL/MariaDB, one by one on SQLite."""
+        """Send the statements: in one query on MySQL/MariaDB, one by one on SQLite."""
         # the values first: a type's error leaves the transaction as it was (unopened)
         values = [s.values(p) for s, p, _ in batch]
         if self._begin_pending:  # START TRANSACTION, and the commit token if there is one
-            opening: list[Held] = [(_START, {}, None)]
+            opening: list[Held] = [(compiled(_START, self.dialect), {}, None)]
             if self.token is not None:
-                opening.append((compiled(WRITE_TOKEN, self.dialect), self.token.params, None))
-                self._token_sent = True
+                opening.append((compiled(WRITE_TOKEN, self.dialect), self.token, None))
             batch, self._begin_pending = opening + batch, False
             values[:0] = [s.values(p) for s, p, _ in opening]
         if self._sqlite:
@@ -331,8 +294,7 @@ _ROWS: dict[tuple[Any, tuple[str, ...], int], Insert] = {}  # an INSERT by table
 
 
 def _row_chunks(statement: Insert, rows: Sequence[dict[str, Any]]) -> Iterator[tuple[Insert, dict[str, Any]]]:
-    """INSERTs of up to ROW_CHUNK rows each in one VALUES list, and their values (parameters
-    `column_n`)."""
+    """INSERTs of up to ROW_CHUNK rows each, and their values (parameters `column_n`)."""
     columns = tuple(rows[0]) if rows else ()
     for start in range(0, len(rows), ROW_CHUNK):
         part = rows[start:start + ROW_CHUNK]

@@ -14,7 +14,7 @@ from typing import Any
 
 from db import accounts
 from db.database import Database
-from db.login_throttle import COMING_BACK, FAILED, NEW, AccountBucket, ThrottlePolicy
+from db.login_throttle import COMING_BACK, FAILED, NEW, AccountBucket
 from observe import events
 from wire import __version__
 from wire.errors import BusyError, UnauthenticatedError
@@ -32,8 +32,9 @@ class Backoff:
     once take turns; `succeeded` takes it back (or clears the key). `reason` names its
     refusals in the metrics and the security log."""
 
-    def __init__(self, policy: ThrottlePolicy, message: str, reason: str) -> None:
-        self._policy, self._message, self.reason = policy, message, reason
+    def __init__(self, free_failures: int, max_delay_s: float, message: str, reason: str) -> None:
+        self._free, self._max_delay_s = free_failures, max_delay_s
+        self._message, self.reason = message, reason
         self._lock = threading.Lock()
         self._counts: dict[Hashable, tuple[int, int]] = {}  # key: (failures, last attempt, ms)
 
@@ -42,15 +43,22 @@ class Backoff:
         now = int(time.monotonic() * 1000)
         with self._lock:
             failures, last_ms = self._counts.get(key, (0, now))
-            wait_ms = last_ms + self._policy.delay_ms(failures) - now
+            wait_ms = last_ms + self._delay_ms(failures) - now
             if wait_ms <= 0:
                 if len(self._counts) >= _MAX_KEYS:
-                    longest_ms = self._policy.max_delay_s * 1000
+                    longest_ms = self._max_delay_s * 1000
                     self._counts = {k: v for k, v in self._counts.items() if v[1] > now - longest_ms}
                 self._counts[key] = (failures + 1, now)
                 return failures
         events.login_refused(self.reason, username)
         raise UnauthenticatedError(f"{self._message}; try again in {max(1, round(wait_ms / 1000))} s")
+
+    def _delay_ms(self, failures: int) -> int:
+        """How long after the last failure the next attempt must wait."""
+        if failures < self._free:
+            return 0
+        doublings = min(failures - self._free, 64)  # 2.0 ** 1024 is an OverflowError
+        return int(min(self._max_delay_s, 2.0 ** doublings) * 1000)
 
     def succeeded(self, key: Hashable, clear: bool) -> None:
         """A claimed attempt was right: clear the key's count, or take this attempt back."""
@@ -121,9 +129,9 @@ class AccountGuards:
     def for_settings(cls, settings: Any) -> AccountGuards:
         """The guards a server's settings (runtime.config.Settings) ask for."""
         return cls(HashingQueue.for_settings(settings), SignupLimit(settings.signups_per_address_hour),
-                   Backoff(ThrottlePolicy(settings.login_free_failures, settings.login_max_delay_s),
+                   Backoff(settings.login_free_failures, settings.login_max_delay_s,
                            "too many login attempts for this username", "throttled"),
-                   Backoff(ThrottlePolicy(settings.login_address_free_failures, settings.login_max_delay_s),
+                   Backoff(settings.login_address_free_failures, settings.login_max_delay_s,
                            "too many login attempts from your address", "address_throttled"),
                    AccountBucket(settings.login_account_free_failures, settings.login_account_step_s),
                    Waits(60.0))

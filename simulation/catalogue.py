@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from db import Database, DatabaseUnusable
+from db.migrations import make_current
 from operate.seed import SEED_PASSWORD, VOCABULARY, WORDS, seed
 from runtime.config import positive_int
 from wire import Connection
@@ -92,7 +93,7 @@ def _open(url: str, size: tuple[int, int] | None, name: str | None = None) -> Ca
     item named `name` if given); its index bytes an item on sale printed."""
     database = Database(url, pool_size=2)
     try:
-        database.create_schema()
+        make_current(database)
         if size is not None:
             print(f"seeded: {seed(database, *size, name=name)}", flush=True)
         print(index_size_line(database), flush=True)

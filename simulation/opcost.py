@@ -32,6 +32,7 @@ from sqlalchemy.exc import DBAPIError
 
 from buyer_server.ops import build_app as buyer_app
 from db import Database
+from db.migrations import make_current
 from db.schema import items as items_table
 from runtime.config import Settings, positive_int
 from seller_server.ops import build_app as seller_app
@@ -236,7 +237,7 @@ def measured_text(args: argparse.Namespace, argv: list[str], db_url: str) -> str
     """The report of what the arguments ask for, over `db_url` (made current first)."""
     db = Database(db_url, pool_size=4)
     try:
-        db.create_schema()
+        make_current(db)
         refusal = empty_database(db)
         if refusal:
             raise ValueError(refusal)

@@ -95,14 +95,14 @@ def mysql_pool(mysql_server: str, mysql_template: str) -> Iterator[MariaDBPool]:
 @pytest.fixture
 def database(request: pytest.FixtureRequest, db_url: str) -> Iterator[Database]:
     """The data layer over a fresh database, schema created: a copy of a template the migrations
-    made current (create_schema then finds it so); on MariaDB one emptied back to it."""
+    made current (make_current then finds it so); on MariaDB one emptied back to it."""
     if db_url.startswith("sqlite"):
         copy_sqlite_database(request.getfixturevalue("sqlite_template").removeprefix("sqlite:///"),
                              db_url.removeprefix("sqlite:///"))
     elif "round_trips" in request.fixturenames:
         db_url = request.getfixturevalue("round_trips").through(db_url)
     db = Database(db_url, pool_size=8)
-    db.create_schema()
+    make_current(db)
     yield db
     db.close()
 

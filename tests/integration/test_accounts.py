@@ -14,6 +14,7 @@ from support import CARD, PASSWORD, Market, race, running_market, unique_name
 import db.engine as engine_module
 from db import Database, accounts
 from db.accounts import token_hash
+from db.migrations import make_current
 from db.schema import (
     cart_lines,
     device_tokens,
@@ -461,7 +462,7 @@ def test_a_read_is_answered_when_its_session_activity_cannot_be_written(tmp_path
     monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 200)
     path = tmp_path / "busy.db"
     database = Database(f"sqlite:///{path}", pool_size=2)
-    database.create_schema()
+    make_current(database)
     with running_market(database, Settings(role="buyer", session_idle_s=5)) as market:
         buyer = market.user("buyer")
         time.sleep(0.6)  # last-seen is due (written at most every 0.5 s here)

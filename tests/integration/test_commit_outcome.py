@@ -23,7 +23,7 @@ from support import CARD, Link, Relay, fresh_mysql_database, running_market
 
 from db import Database
 from db.accounts import SessionPolicy
-from db.commit_tokens import KEEP_MS, CommitToken, committed, forget_old_tokens
+from db.commit_tokens import KEEP_MS, committed, forget_old_tokens, new_token
 from db.database import now_ms
 from db.housekeeping import sweep
 from db.ledger import AUTHORISED, CAPTURED, Ledger
@@ -349,10 +349,10 @@ def test_an_answer_read_again_once_the_database_is_back_is_handed_back(
 
 def test_a_token_written_again_says_whether_its_transaction_committed(mariadb_url: str) -> None:
     with closing(Database(mariadb_url, pool_size=1)) as database:
-        mine = CommitToken.new()
-        database.run(lambda tx: tx.execute(insert(commit_tokens), mine.params))
+        mine = new_token()
+        database.run(lambda tx: tx.execute(insert(commit_tokens), mine))
         assert committed(database.engine, mine) is True
-        never = CommitToken.new()
+        never = new_token()
         assert committed(database.engine, never) is False
         assert committed(database.engine, never) is True  # fenced: now it is there
 

@@ -35,6 +35,7 @@ from support import BUMP, FAILURE_OF, LOGIN_FAILURE, fresh_mysql_database
 import db.engine as engine_module
 from db import Database, DatabaseUnusable
 from db.engine import driver_url
+from db.migrations import make_current
 from db.schema import login_failures
 from wire.errors import BusyError, UnavailableError
 
@@ -229,7 +230,7 @@ def test_a_deferred_write_is_seen_by_the_statements_after_it(database: Database)
 @pytest.mark.parametrize("failing", ["with a later statement", "with the commit"])
 def test_a_deferred_write_that_fails_rolls_back_its_whole_transaction(db_url: str, failing: str) -> None:
     database = Database(db_url, pool_size=1)  # one connection: the call after the failure reuses it
-    database.create_schema()
+    make_current(database)
     database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "taken", "n": 1}))
 
     def work(tx: Any) -> None:
@@ -258,7 +259,7 @@ def mariadb_database(mysql_server: str, request: pytest.FixtureRequest) -> Itera
         if "round_trips" in request.fixturenames:
             url = request.getfixturevalue("round_trips").through(url)
         database = Database(url, pool_size=1)  # one connection: every call below uses it
-        database.create_schema()
+        make_current(database)
         yield database
         database.close()
 
@@ -401,7 +402,7 @@ def test_a_sqlite_writer_waits_for_the_write_lock_then_writes(tmp_path: Any, mon
     monkeypatch.setattr(engine_module, "POLL_LOCK_S", poll_s)
     path = tmp_path / "locked.db"
     database = Database(f"sqlite:///{path}", pool_size=2)
-    database.create_schema()
+    make_current(database)
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process's writer, holding the lock
     wrote: list[Any] = []
@@ -444,7 +445,7 @@ def test_a_sqlite_writer_that_waited_its_whole_lock_wait_answers_busy_once(tmp_p
     monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 200)
     path = tmp_path / "held.db"
     database = Database(f"sqlite:///{path}", pool_size=1)
-    database.create_schema()
+    make_current(database)
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # a writer that does not let go
     attempts = [0]
@@ -497,7 +498,7 @@ def test_a_connection_given_back_inside_a_transaction_is_closed(tmp_path: Any) -
     pooled connection would keep SQLite's write lock from every other process."""
     path = tmp_path / "left.db"
     database = Database(f"sqlite:///{path}", pool_size=1)
-    database.create_schema()
+    make_current(database)
     other = sqlite3.connect(path, isolation_level=None, timeout=0)
     try:
         database.run(lambda tx: tx.conn.driver.execute("BEGIN IMMEDIATE"), write=False)
@@ -527,7 +528,7 @@ def test_a_database_the_server_may_only_read_is_refused_at_start(database: Datab
         reason = "UPDATE command denied"
     try:
         with pytest.raises(DatabaseUnusable, match=reason):
-            read_only.create_schema()
+            make_current(read_only)
         if database.is_sqlite:  # a write, should one be tried (a full disk too): not INTERNAL
             with pytest.raises(UnavailableError):
                 read_only.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "x",
@@ -545,7 +546,7 @@ def test_a_database_the_server_may_only_read_is_refused_at_start(database: Datab
 def test_sqlite_commits_are_flushed_to_disk_as_asked(tmp_path: Any, asked: str, pragma: int) -> None:
     database = Database(f"sqlite:///{tmp_path / 'durable.db'}", pool_size=2, sqlite_synchronous=asked)
     try:
-        database.create_schema()
+        make_current(database)
         assert database.run(lambda tx: tx.execute(text("PRAGMA synchronous")).scalar()) == pragma
     finally:
         database.close()
@@ -600,7 +601,7 @@ def test_a_grown_sqlite_log_is_emptied_once_its_readers_move_on(tmp_path: Any, m
     path = tmp_path / "grown.db"
     wal = tmp_path / "grown.db-wal"
     database = Database(f"sqlite:///{path}", pool_size=1)
-    database.create_schema()
+    make_current(database)
     reader = sqlite3.connect(path, isolation_level=None)
     reader.execute("BEGIN")
     reader.execute("SELECT count(*) FROM login_failures").fetchone()  # a snapshot held open

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from support import CARD, RoundTrips, fresh_mysql_database, running_market
 
 from db import Database
+from db.migrations import make_current
 from db.schema import metadata
 from operate.seed import SEED_PASSWORD, seed
 from wire import Connection
@@ -67,7 +68,7 @@ Record = Callable[[str], contextlib.AbstractContextManager[None]]
 def seeded(mysql_server: str) -> Iterator[Database]:
     for url in fresh_mysql_database(mysql_server, prefix="market_explain"):
         db = Database(url, pool_size=2)
-        db.create_schema()
+        make_current(db)
         seed(db, sellers=50, items_count=3000)
         with db.engine.connect() as conn:
             for table in metadata.tables:

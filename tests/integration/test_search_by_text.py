@@ -13,7 +13,7 @@ from sqlalchemy import func, insert, select, text
 from support import CARD, Market, running_market
 
 from db import Database
-from db.migrations import revision_of
+from db.migrations import make_current, revision_of
 from db.schema import (
     item_keyword_pairs,
     item_keywords,
@@ -285,7 +285,7 @@ def test_items_listed_before_the_upgrade_are_found_by_name_stem_and_typo(databas
     database.run(lambda tx: tx.execute(at_0009))
     database.run(lambda tx: tx.execute(text("CREATE TABLE item_word_pairs (pair_hash BIGINT)")))
     vocabulary.drop(database.engine)
-    database.create_schema()
+    make_current(database)
     rows = database.run(lambda tx: tx.execute(select(item_words.c.item_id, item_words.c.word)
                                               .order_by(item_words.c.item_id, item_words.c.word)).all())
     assert [tuple(row) for row in rows] == [(1, "antique"), (1, "books"), (1, "brass"), (1, "lamps"),

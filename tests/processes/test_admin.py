@@ -22,7 +22,7 @@ from support import CARD, PASSWORD, Market, running_market, unique_name
 
 from client.main import main
 from db import Database
-from db.migrations import head, revision_of
+from db.migrations import head, make_current, revision_of
 from db.schema import admin_actions, sessions, suspensions, users
 from operate.audit import audit
 from runtime.config import Settings
@@ -259,7 +259,7 @@ def test_a_database_of_version_3_upgrades_cleanly(database: Database, capsys: Ca
     status, _, err = admin(capsys, database.url, "show-user", "buyer", "old-buyer")
     assert (status, err) == (2, "market admin: the database is at revision 0005_item_words, this code's "
                                 f"is {head()}: run `market db upgrade --db-url URL` first\n")
-    database.create_schema()
+    make_current(database)
     assert revision_of(database).is_head
     assert admin(capsys, database.url, "suspend", "buyer", "old-buyer")[0] == 0
     assert shown(admin(capsys, database.url, "show-user", "buyer", "old-buyer")[1])["state"] == "suspended"

@@ -43,6 +43,7 @@ from support import (
 
 from client.main import build_parser
 from db import Database
+from db.migrations import make_current
 from runtime.config import Settings
 
 
@@ -50,7 +51,7 @@ from runtime.config import Settings
 def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     """Both servers over one SQLite file, shared by this module's tests."""
     db = Database(f"sqlite:///{tmp_path_factory.mktemp('cli') / 'market.db'}", pool_size=8)
-    db.create_schema()
+    make_current(db)
     with running_market(db) as m:
         yield m
     db.close()
@@ -316,7 +317,7 @@ def test_a_script_line_may_end_with_a_comment(market: Market, home: Path) -> Non
 def market_with_short_sessions(tmp_path: Path) -> Iterator[Market]:
     """Servers whose sessions end after 1 s without a request."""
     db = Database(f"sqlite:///{tmp_path / 'expiry.db'}", pool_size=4)
-    db.create_schema()
+    make_current(db)
     try:
         with running_market(db, Settings(role="buyer", session_idle_s=1)) as short:
             yield short

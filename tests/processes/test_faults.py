@@ -39,6 +39,7 @@ from support import (
 from db import Database
 from db.database import AWAY_S
 from db.engine import CONNECT_TIMEOUT_S
+from db.migrations import make_current
 from operate.audit import audit
 from wire import Connection
 from wire.framing import encode_frame
@@ -147,7 +148,7 @@ def test_a_database_outage_answers_unavailable_and_loses_nothing(private_mariadb
     from wire.errors import UnavailableError
 
     database = Database(private_mariadb.url, pool_size=8)
-    database.create_schema()
+    make_current(database)
     market = start_market(database)
     try:
         seller = market.user("seller")
@@ -206,7 +207,7 @@ def test_calls_right_after_a_database_restart_succeed(private_mariadb: PrivateMa
     """Pooled connections die with the database; the first call on each is retried on a
     fresh connection (nothing had run yet), so no caller sees the restart."""
     database = Database(private_mariadb.url, pool_size=4)
-    database.create_schema()
+    make_current(database)
     try:
         with running_market(database) as market:
             seller, buyer = market.user("seller"), market.user("buyer")

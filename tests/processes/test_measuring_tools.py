@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, text
 from support import Market, fresh_mysql_database
 
 from db import Database
+from db.migrations import make_current
 from operate.seed import seed
 from simulation import catalogue, idle, idle_cost, loop_cost, opcost, targets
 from simulation.mixes import DEFAULT
@@ -26,7 +27,7 @@ def seeded(url: str, sellers: int, items: int) -> None:
     """A database made and seeded as `market seed` does (what catalogue seeds with), unmeasured."""
     database = Database(url, pool_size=2)
     try:
-        database.create_schema()
+        make_current(database)
         seed(database, sellers, items)
     finally:
         database.close()

@@ -34,6 +34,7 @@ from buyer_server.checkout import KILL_POINTS
 from buyer_server.payments import Card, PaymentRefusedError, SimulatedProcessor
 from db import Database, accounts, purchases
 from db.ledger import CAPTURED, DECLINED, VOIDED, Ledger, Payment
+from db.migrations import make_current
 from db.purchases import PAID, PENDING
 from db.schema import orders, users
 from operate.audit import audit
@@ -456,7 +457,7 @@ def market_on_a_private_mariadb(server: PrivateMariaDB, ledger_path: Any, stop_a
     ledger in an SQLite file (so that it answers while that database is stopped), a seller's
     item of 2 in a buyer's cart."""
     database = Database(url or server.url, pool_size=4)
-    database.create_schema()
+    make_current(database)
     ledger_db = Database(f"sqlite:///{ledger_path}", pool_size=2)
     ledger = Ledger(ledger_db)
     processor = StoppingProcessor(SimulatedProcessor(ledger, decline_rate), stop_at, server)
@@ -549,7 +550,7 @@ def test_settlers_racing_each_other_and_the_purchases_act_once(market: Market) -
         except PaymentRefusedError:  # a settler voided it first: its purchase ends there
             return
         paid.append(True)
-        market.db.run(lambda tx: purchases.complete(tx, purchases.purchase_of(order)))
+        market.db.run(lambda tx: purchases.complete(tx, order))
 
     threads = [threading.Thread(target=settle) for _ in range(8)]
     threads += [threading.Thread(target=purchase_goes_on, args=(order,)) for order in opened]

@@ -27,6 +27,7 @@ import simulation.__main__ as sim
 from buyer_server.ops import build_app as build_buyer_app
 from db import Database, RetryTransaction
 from db.accounts import SessionPolicy
+from db.migrations import make_current
 from observe import metrics
 from observe.observers import LogObserver, MarketObserver
 from runtime import logins as login_ops
@@ -350,7 +351,7 @@ def observed_server(tmp_path: Path, name: str, limits: ServerLimits = ServerLimi
                     access_sample: float = 0.0) -> Iterator[Server]:
     """An in-process buyer server whose metrics carry server=`name`."""
     db = Database(f"sqlite:///{tmp_path / f'{name}.db'}", pool_size=4)
-    db.create_schema()
+    make_current(db)
     app = build_buyer_app(Settings(role="buyer"), db)
     server = Server(app, limits=limits, observer=observer(name, app.specs, access_sample=access_sample))
     server.start()

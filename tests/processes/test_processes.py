@@ -33,6 +33,7 @@ from support import (
 )
 
 from db.engine import driver_url
+from db.migrations import make_current
 from wire import Connection
 from wire.errors import UnauthenticatedError
 from wire.framing import encode_frame
@@ -600,7 +601,7 @@ def test_health_ready_says_whether_the_server_reaches_its_database(
 
     build_app = __import__(f"{role}_server.ops", fromlist=["build_app"]).build_app
     database = Database(f"sqlite:///{tmp_path / 'up.db'}", pool_size=2)
-    database.create_schema()
+    make_current(database)
     for db, ready in ((database, True), (Database("mysql://root@127.0.0.1:1/none"), False)):
         server = Server(build_app(Settings(role=role), db))
         server.start()
@@ -715,7 +716,7 @@ def test_a_server_process_sweeps_old_rows_in_the_background(workers: str, tmp_pa
 
     url = f"sqlite:///{tmp_path / 'market.db'}"
     database = Database(url, pool_size=1)
-    database.create_schema()
+    make_current(database)
     old = int(time.time() * 1000) - FORGET_FAILURES_AFTER_MS - 1000
     database.run(lambda tx: tx.execute(insert(login_failures), [
         {"role": "buyer", "username": f"ghost{n}", "failures": 7, "last_failure_ms": old}

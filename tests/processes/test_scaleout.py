@@ -48,6 +48,7 @@ from support import (
 
 from db import Database
 from db.ledger import CAPTURED, Ledger
+from db.migrations import make_current
 from operate.audit import audit
 from simulation.mixes import MIXES
 from simulation.scenario import RunResult, run_once
@@ -284,7 +285,7 @@ def cluster() -> Iterator[Cluster]:
         if started.returncode != 0:
             unavailable(f"galera.sh start failed: {started.stderr[-800:]}")
         with closing(Database(setup.url(), pool_size=1)) as database:
-            database.create_schema()  # each test may run alone
+            make_current(database)  # each test may run alone
         yield setup
     finally:
         script("galera.sh", "stop", "--dir", str(run_dir), timeout=200)

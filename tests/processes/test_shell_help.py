@@ -34,6 +34,7 @@ from support import (
 from client.buyer_commands import search_request
 from client.registry import UsageError
 from db import Database
+from db.migrations import make_current
 from runtime.config import Settings
 
 SPACED_CARD = " ".join(CARD["card_number"][i:i + 4] for i in range(0, len(CARD["card_number"]), 4))
@@ -43,7 +44,7 @@ SPACED_CARD = " ".join(CARD["card_number"][i:i + 4] for i in range(0, len(CARD["
 def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     """Both servers over one SQLite file, sessions idle out after 2 s (the keepalive tests)."""
     db = Database(f"sqlite:///{tmp_path_factory.mktemp('shells') / 'market.db'}", pool_size=8)
-    db.create_schema()
+    make_current(db)
     with running_market(db, Settings(role="buyer", session_idle_s=2)) as m:
         yield m
     db.close()
@@ -54,7 +55,7 @@ def unhurried_market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Marke
     """Both servers with sessions of the default idle limit: questions answered one by one on a
     loaded machine may take longer than the 2 s of the module's market."""
     db = Database(f"sqlite:///{tmp_path_factory.mktemp('unhurried') / 'market.db'}", pool_size=4)
-    db.create_schema()
+    make_current(db)
     with running_market(db) as m:
         yield m
     db.close()

@@ -15,6 +15,7 @@ from support import CARD, PASSWORD, ServerProcess, a_frozen_worker_is_replaced, 
 
 from buyer_server.ops import build_app
 from db import Database
+from db.migrations import make_current
 from runtime.config import Settings
 from runtime.server import Server
 from wire import Connection
@@ -37,7 +38,7 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 @pytest.fixture
 def tls_server(tmp_path: Path, certificate: tuple[str, str]) -> Iterator[Server]:
     db = Database(f"sqlite:///{tmp_path / 'tls.db'}", pool_size=4)
-    db.create_schema()
+    make_current(db)
     server = Server(build_app(Settings(role="buyer"), db), tls=server_context(*certificate))
     server.start()
     yield server
@@ -188,7 +189,7 @@ def test_a_failed_handshake_is_counted_and_logged_as_a_security_event(
     from observe.observers import MarketObserver
 
     db = Database(f"sqlite:///{tmp_path / 'tls.db'}", pool_size=2)
-    db.create_schema()
+    make_current(db)
     app = build_app(Settings(role="buyer"), db)
     server = Server(app, tls=server_context(*certificate), observer=MarketObserver("tls-test", app.specs))
     server.start()
