@@ -112,10 +112,9 @@ def test_version_2_on_mysql_compares_keywords_and_idempotency_keys_exactly(datab
     assert audit(database) == []
 
 
-def test_two_servers_upgrading_one_database_at_once_both_start(db_url: str) -> None:
+def test_two_servers_upgrading_one_database_at_once_both_start(database: Database) -> None:
     """As two servers with --upgrade-schema would: each its own Database, upgrading at once."""
-    setup = Database(db_url, pool_size=1)
-    make_current(setup)
+    setup, db_url = database, database.url
     setup.run(lambda tx: tx.execute(insert(users).values(
         user_id=1, role="seller", username="s1", name="S", password_hash="x", created_ms=0)))
     for item_id in range(1, 41):
@@ -141,8 +140,8 @@ def test_two_servers_upgrading_one_database_at_once_both_start(db_url: str) -> N
     pairs = setup.run(lambda tx: tx.execute(select(item_keyword_pairs.c.item_id)).scalars().all())
     assert sorted(pairs) == sorted(list(range(1, 41)) * 3)  # three pairs an item, once each
     assert audit(setup) == []
-    for database in (setup, *servers):
-        database.close()
+    for server in servers:
+        server.close()
 
 
 def _load_release_fixture(db_url: str) -> None:
