@@ -194,15 +194,20 @@ def _market(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           timeout=120, env=env)
 
 
-def test_market_db_upgrade_makes_an_empty_database_current_and_says_so(db_url: str) -> None:
+def test_market_db_upgrade_makes_an_empty_database_current_and_says_so(
+        db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from client.main import main
+
+    def market_here(*args: str) -> tuple[int, str]:  # as the program below, without its start
+        return main(list(args)), capsys.readouterr().out
+
     shown = make_url_shown(db_url)
-    first, again = _market("db", "upgrade", "--db-url", db_url), _market("db", "upgrade", "--db-url", db_url)
+    first = _market("db", "upgrade", "--db-url", db_url)
     assert (first.returncode, first.stdout) == (0, f"upgraded the database {shown} from revision none "
                                                    f"(empty) to {head()} (head)\n")
-    assert (again.returncode, again.stdout) == (0, f"the database {shown} is at revision {head()} (head): "
-                                                   "nothing to do\n")
-    current = _market("db", "current", "--db-url", db_url)
-    assert (current.returncode, current.stdout) == (0, f"{head()} (head)\n")
+    assert market_here("db", "upgrade", "--db-url", db_url) == (
+        0, f"the database {shown} is at revision {head()} (head): nothing to do\n")
+    assert market_here("db", "current", "--db-url", db_url) == (0, f"{head()} (head)\n")
 
 
 def test_market_db_current_on_an_older_database_exits_1(db_url: str) -> None:
