@@ -19,7 +19,7 @@ from pathlib import Path
 
 from runtime.config import positive_int
 from simulation.scaleout import drop_database, fresh_database
-from simulation.targets import Figures, read_totals
+from simulation.targets import Figures, read_totals, round_order
 
 HERE = Path(__file__).resolve().parents[2]
 
@@ -64,9 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     ratios: dict[int, list[float]] = {}
     for number in range(1, args.rounds + 1):
-        sides = [("this", HERE), ("other", other)]
+        checkouts = {"this": HERE, "other": other}
         figures = {}
-        for label, checkout in sides if number % 2 else sides[::-1]:
+        for label in round_order(list(checkouts), number):
+            checkout = checkouts[label]
             figures[label] = run_in(checkout, args.sim_args, args.out.resolve() / f"{label}_round{number}",
                                     args.mysql_server)
             for n, f in sorted(figures[label].items()):

@@ -9,11 +9,13 @@ import sys
 from contextlib import closing
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 from support import CARD, Market, running_market
 
 import wire
 from buyer_server.payments import SimulatedProcessor
+from client.main import main
 from db import Database
 from db.ledger import Ledger
 
@@ -83,24 +85,34 @@ def _only_order(market: Market) -> int:
         return int(conn.execute(text("SELECT order_id FROM orders")).scalar_one())
 
 
-def test_a_ledger_kept_apart_is_read_from_its_own_database(database: Database, tmp_path: Path) -> None:
+def test_a_ledger_kept_apart_is_read_from_its_own_database(
+        database: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The buyer servers keep the ledger in another database (MARKET_PAYMENTS_URL): the audit
     reads it there, named by --payments-url or by the variable; without it, every paid order
-    lacks its capture."""
+    lacks its capture. (`market audit` run here, not as a program: the tests above run that.)"""
+    def audit(*options: str) -> tuple[int, list[str]]:
+        status = main(["audit", "--db-url", database.url, *options])
+        return status, capsys.readouterr().out.splitlines()
+
     payments_url = f"sqlite:///{tmp_path / 'payments.db'}"
     with closing(Database(payments_url, pool_size=2)) as ledger_db:
         processor = SimulatedProcessor(Ledger(ledger_db))
         with running_market(database, processor=processor) as market:
             buy_two_lamps(market)
             order_id = _only_order(market)
-    for found in (market_audit(database.url, "--payments-url", payments_url),
-                  market_audit(database.url, env={"MARKET_PAYMENTS_URL": payments_url})):
-        assert found.returncode == 0, found.stdout + found.stderr
-        assert TOTALS.fullmatch(found.stdout.splitlines()[-1])["captured"] == "25.00"  # type: ignore[index]
-    alone = market_audit(database.url)
-    assert alone.returncode == 1
-    assert alone.stdout.splitlines()[:-1] == [f"order {order_id} (paid): paid, but its payment is missing"]
-    assert market_audit(database.url, "--payments-url", f"sqlite:///{tmp_path / 'typo.db'}").returncode == 2
+    monkeypatch.delenv("MARKET_PAYMENTS_URL", raising=False)
+    by_flag = audit("--payments-url", payments_url)
+    monkeypatch.setenv("MARKET_PAYMENTS_URL", payments_url)
+    by_variable = audit()
+    monkeypatch.delenv("MARKET_PAYMENTS_URL")
+    for status, lines in (by_flag, by_variable):
+        assert status == 0, lines
+        assert TOTALS.fullmatch(lines[-1])["captured"] == "25.00"  # type: ignore[index]
+    status, lines = audit()
+    assert status == 1
+    assert lines[:-1] == [f"order {order_id} (paid): paid, but its payment is missing"]
+    assert audit("--payments-url", f"sqlite:///{tmp_path / 'typo.db'}")[0] == 2
 
 
 def test_a_missing_database_file_is_an_error_not_an_empty_database(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import create_engine, func, select
 from support import CARD, PASSWORD, ServerProcess, fresh_mysql_database, unique_name
 
+from db import Database
 from db.schema import orders, users
 from wire import Connection
 from wire.errors import ProtocolError
@@ -66,10 +67,11 @@ def counts(url: str) -> tuple[int, int]:
 
 
 def test_a_backup_taken_under_load_restores_elsewhere_and_its_books_balance(
-        db_url: str, elsewhere: str, tmp_path: Path) -> None:
+        database: Database, elsewhere: str, tmp_path: Path) -> None:
     from db.engine import driver_url
 
-    buyer = ServerProcess("buyer", db_url).wait_ready()  # makes the schema; then the seller
+    db_url = database.url
+    buyer = ServerProcess("buyer", db_url).wait_ready()
     seller = ServerProcess("seller", db_url).wait_ready()
     stop, bought, signed_up = threading.Event(), [], []
     load = [threading.Thread(target=shopper, args=(buyer, seller, stop, bought, signed_up)) for _ in range(4)]
@@ -104,9 +106,8 @@ def test_a_backup_taken_under_load_restores_elsewhere_and_its_books_balance(
     assert 20 <= orders_then < orders_now
 
 
-def test_a_restore_never_writes_over_a_database_or_a_file(db_url: str, tmp_path: Path) -> None:
-    buyer = ServerProcess("buyer", db_url).wait_ready()
-    assert buyer.stop() == 0
+def test_a_restore_never_writes_over_a_database_or_a_file(database: Database, tmp_path: Path) -> None:
+    db_url = database.url
     copy = tmp_path / "copy"
     assert market("backup", "--db-url", db_url, str(copy)).returncode == 0
     again = market("backup", "--db-url", db_url, str(copy))

@@ -37,7 +37,6 @@ from support import (
 )
 
 from db import Database
-from db.database import AWAY_S
 from db.engine import CONNECT_TIMEOUT_S
 from db.migrations import make_current
 from operate.audit import audit
@@ -49,13 +48,13 @@ from wire.framing import encode_frame
 KILLS = 10
 
 
-def test_acknowledged_purchases_survive_ten_server_kills(database: Database) -> None:
-    port = free_port()
-    seller_proc = ServerProcess("seller", database.url).wait_ready()
+def test_acknowledged_purchases_survive_ten_server_kills(market: Market) -> None:
+    """The buyer server (a process) killed again and again while buyers shop; the seller's
+    side is the market's own."""
+    database, port = market.db, free_port()
     buyers = [ServerProcess("buyer", database.url, port).wait_ready()]
     try:
-        seller = sign_up(seller_proc.connect(), "seller")
-        items = list_items(seller, 2, 1_000_000)
+        items = list_items(market.user("seller"), 2, 1_000_000)
         shoppers = [Shopper(sign_up(buyers[0].connect(), "buyer"), items) for _ in range(4)]
         stop = threading.Event()
         threads = run_shoppers(shoppers, stop, at_least=3)
@@ -74,7 +73,7 @@ def test_acknowledged_purchases_survive_ten_server_kills(database: Database) -> 
               f" {KILLS} kills; reconnects per client {[s.conn.reconnects for s in shoppers]}")
         assert all(s.conn.reconnects >= 1 for s in shoppers)
     finally:
-        for proc in [seller_proc, *buyers]:
+        for proc in buyers:
             proc.proc.kill()
             proc.proc.wait()
 
@@ -131,7 +130,7 @@ def test_purchases_whose_clients_hang_up_are_whole_or_not_at_all(market: Market)
 # -- database outage ---------------------------------------------------------------------
 
 def test_installing_a_private_mariadb_leaves_the_machines_temporary_tables_alone(
-        private_mariadb: PrivateMariaDB, tmp_path: Path) -> None:
+        installed_mariadb: Path, tmp_path: Path) -> None:
     # before: the install's bootstrap server had /tmp for its tmpdir and, starting, deleted
     # every #sql* file there: the temporary tables of the machine's MariaDB and of other tests'
     # servers being installed (a CI run failed on 'Unknown table mysql.tmp_proxies_priv')
@@ -144,10 +143,14 @@ def test_installing_a_private_mariadb_leaves_the_machines_temporary_tables_alone
         planted.unlink(missing_ok=True)
 
 
+OUTAGE_AWAY_S = 2.0  # how long the data layer waits out the outage (6.5 s in service: AWAY_S)
+
+
 def test_a_database_outage_answers_unavailable_and_loses_nothing(private_mariadb: PrivateMariaDB) -> None:
     from wire.errors import UnavailableError
 
     database = Database(private_mariadb.url, pool_size=8)
+    database.away_s = OUTAGE_AWAY_S
     make_current(database)
     market = start_market(database)
     try:
@@ -162,9 +165,9 @@ def test_a_database_outage_answers_unavailable_and_loses_nothing(private_mariadb
         time.sleep(1.5)
         down = time.monotonic()
         private_mariadb.kill()
-        # longer than a write whose COMMIT was cut asks about it (db.database, 6.5 s): every
-        # client then sends calls into the outage itself, whose answers the test checks
-        time.sleep(8)
+        # longer than a call waits out the database (a write whose COMMIT was cut asking about
+        # it too): every client then sends calls into the outage itself, whose answers are checked
+        time.sleep(OUTAGE_AWAY_S + 2)
         restarting = time.monotonic()  # the database may answer before start() returns
         private_mariadb.start()
         up = time.monotonic()
@@ -187,9 +190,9 @@ def report_outage(calls: list[Call], down: float, restarting: float, up: float) 
     codes = Counter(c.code for c in calls)
     assert set(codes) <= {"OK", "UNAVAILABLE"}, codes  # never INTERNAL, never anything else
     slowest = max(c.seconds for c in calls)
-    # the longest a call may wait out the outage: AWAY_S of tries, the last one a connect that
-    # timed out (a server starting up), and a little for a loaded machine
-    assert slowest < AWAY_S + CONNECT_TIMEOUT_S + 3, "a call hung during the outage"
+    # the longest a call may wait out the outage: its away_s of tries, the last one a connect
+    # that timed out (a server starting up), and a little for a loaded machine
+    assert slowest < OUTAGE_AWAY_S + CONNECT_TIMEOUT_S + 3, "a call hung during the outage"
     during = [c for c in calls if down + 0.5 < c.started and c.started + c.seconds < restarting]
     assert during and all(c.code == "UNAVAILABLE" for c in during)
     after = [c for c in calls if c.started >= up + 5]

@@ -112,10 +112,9 @@ def test_version_2_on_mysql_compares_keywords_and_idempotency_keys_exactly(datab
     assert audit(database) == []
 
 
-def test_two_servers_upgrading_one_database_at_once_both_start(db_url: str) -> None:
+def test_two_servers_upgrading_one_database_at_once_both_start(database: Database) -> None:
     """As two servers with --upgrade-schema would: each its own Database, upgrading at once."""
-    setup = Database(db_url, pool_size=1)
-    make_current(setup)
+    setup, db_url = database, database.url
     setup.run(lambda tx: tx.execute(insert(users).values(
         user_id=1, role="seller", username="s1", name="S", password_hash="x", created_ms=0)))
     for item_id in range(1, 41):
@@ -141,8 +140,8 @@ def test_two_servers_upgrading_one_database_at_once_both_start(db_url: str) -> N
     pairs = setup.run(lambda tx: tx.execute(select(item_keyword_pairs.c.item_id)).scalars().all())
     assert sorted(pairs) == sorted(list(range(1, 41)) * 3)  # three pairs an item, once each
     assert audit(setup) == []
-    for database in (setup, *servers):
-        database.close()
+    for server in servers:
+        server.close()
 
 
 def _load_release_fixture(db_url: str) -> None:
@@ -195,15 +194,20 @@ def _market(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           timeout=120, env=env)
 
 
-def test_market_db_upgrade_makes_an_empty_database_current_and_says_so(db_url: str) -> None:
+def test_market_db_upgrade_makes_an_empty_database_current_and_says_so(
+        db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from client.main import main
+
+    def market_here(*args: str) -> tuple[int, str]:  # as the program below, without its start
+        return main(list(args)), capsys.readouterr().out
+
     shown = make_url_shown(db_url)
-    first, again = _market("db", "upgrade", "--db-url", db_url), _market("db", "upgrade", "--db-url", db_url)
+    first = _market("db", "upgrade", "--db-url", db_url)
     assert (first.returncode, first.stdout) == (0, f"upgraded the database {shown} from revision none "
                                                    f"(empty) to {head()} (head)\n")
-    assert (again.returncode, again.stdout) == (0, f"the database {shown} is at revision {head()} (head): "
-                                                   "nothing to do\n")
-    current = _market("db", "current", "--db-url", db_url)
-    assert (current.returncode, current.stdout) == (0, f"{head()} (head)\n")
+    assert market_here("db", "upgrade", "--db-url", db_url) == (
+        0, f"the database {shown} is at revision {head()} (head): nothing to do\n")
+    assert market_here("db", "current", "--db-url", db_url) == (0, f"{head()} (head)\n")
 
 
 def test_market_db_current_on_an_older_database_exits_1(db_url: str) -> None:

@@ -41,8 +41,8 @@ def _csv_rows(out: Path) -> dict[str, dict[str, str]]:
 
 
 def test_market_sim_starts_the_servers_runs_and_finds_the_books_balanced(
-        db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = sim.main([*SMALL, "--db-url", db_url, "--out", str(tmp_path)])
+        database: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = sim.main([*SMALL, "--db-url", database.url, "--out", str(tmp_path)])
     output = capsys.readouterr().out
     assert code == 0, output
     assert "consistency: OK" in output

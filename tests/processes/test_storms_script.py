@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ServerProcess
+from support import Market, port_of
 
 
 def test_the_storm_script_explains_itself() -> None:
@@ -20,7 +20,7 @@ def test_the_storm_script_explains_itself() -> None:
 
 @pytest.mark.slow
 def test_a_small_wake_storm_is_survived_and_reported(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "simulation.storms", "-N", "2", "-n", "5", "--scale", "0.1",
+    done = subprocess.run([sys.executable, "-m", "simulation.storms", "-N", "2", "-n", "5", "--scale", "0.05",
                            "--storm", "zero-frames", "--storm", "idle", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -32,18 +32,12 @@ def test_a_small_wake_storm_is_survived_and_reported(tmp_path: Path) -> None:
     assert (tmp_path / "idle" / "buyer_server.log").exists()
 
 
-def test_the_attack_script_measures_a_normal_client_during_long_searches(tmp_path: Path) -> None:
-    db_url = f"sqlite:///{tmp_path / 'market.db'}"
-    buyer = ServerProcess("buyer", db_url).wait_ready()
-    seller = ServerProcess("seller", db_url).wait_ready()
-    try:
-        done = subprocess.run([sys.executable, "-m", "simulation.attacks", "--buyer",
-                               f"127.0.0.1:{buyer.port}", "--seller", f"127.0.0.1:{seller.port}",
-                               "--seed", "40", "--duration", "2"],
-                              capture_output=True, text=True, timeout=240)
-    finally:
-        buyer.stop()
-        seller.stop()
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_attack_script_measures_a_normal_client_during_long_searches(market: Market) -> None:
+    done = subprocess.run([sys.executable, "-m", "simulation.attacks", "--buyer",
+                           f"127.0.0.1:{port_of(market, 'buyer')}", "--seller",
+                           f"127.0.0.1:{port_of(market, 'seller')}", "--seed", "40", "--duration", "2"],
+                          capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"^searches: \d+ long searches answered; normal client: \d+ calls, p50 [\d.]+ ms, "
                      r"p99 [\d.]+ ms", done.stdout, re.MULTILINE), done.stdout

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import CARD, PASSWORD, ServerProcess, a_frozen_worker_is_replaced, unique_name
+from support import CARD, PASSWORD, Market, ServerProcess, a_frozen_worker_is_replaced, port_of, unique_name
 
 from buyer_server.ops import build_app
 from db import Database
@@ -126,14 +126,19 @@ def test_the_shell_and_health_check_speak_tls(tls_server: Server, certificate: t
     assert shell.returncode == 0, shell.stderr
 
 
-def test_the_simulator_runs_over_tls(tmp_path: Path, certificate: tuple[str, str]) -> None:
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_simulator_runs_over_tls(market: Market, tmp_path: Path, certificate: tuple[str, str],
+                                     capsys: pytest.CaptureFixture[str]) -> None:
     from simulation.__main__ import main as market_sim
 
     common = ["-n", "2", "-k", "20", "-r", "1", "--no-progress", "--tls-ca", certificate[0]]
     assert market_sim([*common, "--out", str(tmp_path / "tls"),
                        "--tls-cert", certificate[0], "--tls-key", certificate[1]]) == 0
-    # the same client against plaintext servers cannot even start: it really speaks TLS
-    assert market_sim([*common, "--out", str(tmp_path / "plain")]) != 0
+    # the same client against plaintext servers (the market's) cannot even start: it really speaks TLS
+    assert market_sim([*common, "--out", str(tmp_path / "plain"), "--allow-live", "--db-url", market.db.url,
+                       "--buyer", f"127.0.0.1:{port_of(market, 'buyer')}",
+                       "--seller", f"127.0.0.1:{port_of(market, 'seller')}"]) != 0
+    assert "[SSL: WRONG_VERSION_NUMBER]" in "".join(capsys.readouterr())
 
 
 def test_the_simulator_trusts_the_systems_cas_with_tls(tmp_path: Path, certificate: tuple[str, str]) -> None:
