@@ -73,8 +73,8 @@ def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # the unit of work sends BEGIN IMMEDIATE itself
-        for pragma in ("journal_mode=WAL", f"synchronous={synchronous}",
-                       f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}"):
+        set_wal(dbapi_conn)
+        for pragma in (f"synchronous={synchronous}", f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}"):
             dbapi_conn.execute(f"PRAGMA {pragma}")
 
     @event.listens_for(engine, "begin")
@@ -82,6 +82,21 @@ def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
         begin_immediate(conn.connection.driver_connection)
 
     return engine
+
+
+def set_wal(raw: sqlite3.Connection) -> None:
+    """PRAGMA journal_mode=WAL, asked again for POLL_LOCK_S while another connection switches
+    the same new file: SQLite then says "locked" at once, without waiting (servers starting
+    together on a new file)."""
+    deadline = time.monotonic() + POLL_LOCK_S
+    while True:
+        try:
+            raw.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def begin_immediate(raw: sqlite3.Connection) -> None:
