@@ -116,6 +116,14 @@ def copy_mysql_database(source_url: str, target_url: str) -> None:
     engine.dispose()
 
 
+_DROP_DATABASES = """import sys
+from sqlalchemy import create_engine, text
+with create_engine(sys.argv[1], isolation_level="AUTOCOMMIT").connect() as conn:
+    for name in sys.argv[2:]:
+        conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+"""
+
+
 class MariaDBPool:
     """Databases at this code's schema for one test process, used again once emptied: a copy
     costs a CREATE TABLE per table (seconds on a busy disk), emptying one a DELETE per table.
@@ -136,8 +144,13 @@ class MariaDBPool:
             self._drop(url)
 
     def close(self) -> None:
-        for url in self.free:
-            self._drop(url)
+        """The free databases dropped by a process of its own, which outlives the tests: at the
+        suite's end, with every worker dropping, the drops took 10-17 s of its last worker."""
+        if self.free:
+            subprocess.Popen([sys.executable, "-c", _DROP_DATABASES, self.admin_url,
+                              *(make_url(url).database or "" for url in self.free)],
+                             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
         self.engine.dispose()
 
     def _new(self) -> str:
