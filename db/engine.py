@@ -84,36 +84,36 @@ def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
     return engine
 
 
-def set_wal(raw: sqlite3.Connection) -> None:
-    """PRAGMA journal_mode=WAL, asked again for POLL_LOCK_S while another connection switches
-    the same new file: SQLite then says "locked" at once, without waiting (servers starting
-    together on a new file)."""
-    deadline = time.monotonic() + POLL_LOCK_S
-    while True:
+def _polled(raw: sqlite3.Connection, sql: str) -> bool:
+    """`sql`, asked again every 0.1-1 ms for POLL_LOCK_S while SQLite says "locked" (its busy
+    handler sleeps up to 25 ms between tries): whether it ran. Another error ends the asking;
+    the caller's own try meets it."""
+    pause, deadline = 0.0001, time.monotonic() + POLL_LOCK_S
+    while time.monotonic() < deadline:
         try:
-            raw.execute("PRAGMA journal_mode=WAL")
-            return
+            raw.execute(sql)
+            return True
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
+            if "locked" not in str(exc):
+                return False
+        time.sleep(pause * random.uniform(0.5, 1.5))
+        pause = min(2 * pause, 0.001)
+    return False
+
+
+def set_wal(raw: sqlite3.Connection) -> None:
+    """PRAGMA journal_mode=WAL, polled: while another connection switches the same new file
+    SQLite says "locked" at once, without its busy handler (servers starting together)."""
+    if not _polled(raw, "PRAGMA journal_mode=WAL"):
+        raw.execute("PRAGMA journal_mode=WAL")
 
 
 def begin_immediate(raw: sqlite3.Connection) -> None:
-    """BEGIN IMMEDIATE, asked again every 0.1-1 ms for POLL_LOCK_S while another writer holds the
-    lock (SQLite's busy handler sleeps up to 25 ms between tries); then the busy handler's turn."""
+    """BEGIN IMMEDIATE, polled while another writer holds the lock; then the busy handler's turn."""
     raw.execute("PRAGMA busy_timeout=0")
     try:
-        pause, deadline = 0.0001, time.monotonic() + POLL_LOCK_S
-        while time.monotonic() < deadline:
-            try:
-                raw.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc):
-                    break
-            time.sleep(pause * random.uniform(0.5, 1.5))
-            pause = min(2 * pause, 0.001)
+        if _polled(raw, "BEGIN IMMEDIATE"):
+            return
     finally:
         raw.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     raw.execute("BEGIN IMMEDIATE")
