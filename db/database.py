@@ -23,7 +23,7 @@ from wire.errors import BusyError, ProtocolError, UnavailableError
 from . import commit_tokens
 from .commit_tokens import CommitToken, new_token
 from .connections import DriverConnection
-from .engine import CONNECT_TIMEOUT_S, LOCK_WAIT_S, WalKeeper, is_sqlite, make_engine
+from .engine import LOCK_WAIT_S, SqliteLimits, WalKeeper, connect_timeout_s, is_sqlite, make_engine
 from .unit_of_work import Answer, CommitUnanswered, ReplayUnheld, UnitOfWork
 
 T = TypeVar("T")
@@ -65,16 +65,17 @@ def now_ms() -> int:
 
 
 class Database:
-    def __init__(self, url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL") -> None:
+    def __init__(self, url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL",
+                 sqlite_limits: SqliteLimits = SqliteLimits()) -> None:
         self.url = url
         # How long a call waits out a database that went away (tests shorten it): a restart
         # takes a few seconds, and the answer must reach the client within its 30 s.
         self.away_s = 6.5
-        self.engine = make_engine(url, pool_size, sqlite_synchronous)
+        self.engine = make_engine(url, pool_size, sqlite_synchronous, sqlite_limits)
         self.is_sqlite = is_sqlite(self.engine)
         path = self.engine.url.database or ":memory:"  # a WAL keeper for a file named by its plain path
         plain_file = self.is_sqlite and path != ":memory:" and not path.startswith("file:")
-        self._wal = WalKeeper(path) if plain_file else None
+        self._wal = WalKeeper(path, sqlite_limits) if plain_file else None
         self._has_tokens: bool | None = None  # the commit_tokens table exists (None: not looked yet)
 
     def close(self) -> None:
@@ -203,7 +204,7 @@ class Database:
             return None
         reason = " ".join(str(exc.orig).split())
         if _errno(exc) == 2013:
-            reason += f" (no answer within the {CONNECT_TIMEOUT_S} s connect timeout)"
+            reason += f" (no answer within the {connect_timeout_s(self.engine.url)} s connect timeout)"
         if _errno(exc) == 1049:
             reason += (f"; create it first: CREATE DATABASE {self.engine.url.database} "
                        "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")

@@ -11,6 +11,7 @@ import random
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -19,15 +20,12 @@ from sqlalchemy.engine import URL, make_url
 # How long a statement waits for a lock another transaction holds, on either database,
 # before the call is answered BUSY: well inside the client's 30 s, so the answer arrives.
 LOCK_WAIT_S = 15
-# SQLite's settings, read at each use (tests shorten them): BEGIN IMMEDIATE polled this
-# long, then its busy handler waits the rest; a WAL past WAL_CHECKPOINT_BYTES is emptied,
-# looked at again WAL_WAIT_AFTER_BUSY_S later if a reader kept it from that (WalKeeper).
-POLL_LOCK_S = 5.0
-SQLITE_BUSY_TIMEOUT_MS = int((LOCK_WAIT_S - POLL_LOCK_S) * 1000)
-WAL_CHECKPOINT_BYTES, WAL_WAIT_AFTER_BUSY_S, _WAL_CHECK_EVERY_S = 8 << 20, 5.0, 0.5
+_WAL_CHECK_EVERY_S = 0.5
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 RECYCLE_S = 1800  # a MySQL connection older than this is replaced (the server's idle limit is far longer)
-CONNECT_TIMEOUT_S = 5  # a MySQL server that does not answer is reported after this long
+# A MySQL server that does not answer is reported after this long; the URL's ?connect_timeout=N
+# (whole seconds, the driver's own option) sets another.
+CONNECT_TIMEOUT_S = 5
 log = logging.getLogger("market.db")
 # Connection info, for code using a MySQL engine directly (not Database.run): False, a transaction
 # it begins is not opened with START TRANSACTION (it opens its own). SQLite's is BEGIN IMMEDIATE.
@@ -36,6 +34,19 @@ WRITE_KEY = "market_write"
 # there a replicated write can abort the transaction between two statements of one query,
 # and those after it would then run on their own in autocommit.
 BATCHES_KEY = "market_batches"
+_LIMITS_KEY = "market_sqlite_limits"  # connection info: the SqliteLimits of its engine
+
+
+@dataclass(frozen=True)
+class SqliteLimits:
+    """SQLite's waits (tests shorten them): BEGIN IMMEDIATE polled for `poll_lock_s`, then its
+    busy handler waits `busy_timeout_ms`; a log past `wal_checkpoint_bytes` is emptied, looked at
+    again `wal_wait_after_busy_s` later if a reader kept it from that (WalKeeper)."""
+
+    poll_lock_s: float = 5.0
+    busy_timeout_ms: int = int((LOCK_WAIT_S - 5.0) * 1000)
+    wal_checkpoint_bytes: int = 8 << 20
+    wal_wait_after_busy_s: float = 5.0
 
 
 def driver_url(url: str) -> URL:
@@ -46,14 +57,15 @@ def driver_url(url: str) -> URL:
     return parsed
 
 
-def make_engine(url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL") -> Engine:
+def make_engine(url: str, pool_size: int = 16, sqlite_synchronous: str = "NORMAL",
+                sqlite_limits: SqliteLimits = SqliteLimits()) -> Engine:
     """A pooled engine for an SQLAlchemy URL (mysql:// means mysql-connector). SQLite's
     `sqlite_synchronous`: NORMAL, a commit survives the process's crash; FULL, the machine's too."""
     parsed = driver_url(url)
     if parsed.get_backend_name() == "sqlite":
         if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
             raise ValueError(f"sqlite_synchronous: one of {', '.join(SQLITE_SYNCHRONOUS)}")
-        return _sqlite_engine(url, pool_size, sqlite_synchronous)
+        return _sqlite_engine(url, pool_size, sqlite_synchronous, sqlite_limits)
     if parsed.get_backend_name() in ("mysql", "mariadb"):
         return _mysql_engine(parsed, pool_size)
     raise ValueError(f"unsupported database URL {parsed.render_as_string(hide_password=True)}; "
@@ -64,31 +76,41 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def _sqlite_engine(url: str, pool_size: int, synchronous: str) -> Engine:
+def connect_timeout_s(url: URL) -> int:
+    """The seconds a MySQL server may take to answer a connect: the URL's (either of the
+    driver's names), else CONNECT_TIMEOUT_S."""
+    given = url.query.get("connect_timeout") or url.query.get("connection_timeout")
+    return int(given) if isinstance(given, str) else CONNECT_TIMEOUT_S
+
+
+def _sqlite_engine(url: str, pool_size: int, synchronous: str, limits: SqliteLimits) -> Engine:
     engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_timeout=30,
                            pool_reset_on_return=None,  # as MySQL's (_mysql_engine)
                            paramstyle="named",  # :name, as db.unit_of_work passes a dict of values
                            connect_args={"timeout": 30, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+    def _on_connect(dbapi_conn: Any, record: Any) -> None:
         dbapi_conn.isolation_level = None  # the unit of work sends BEGIN IMMEDIATE itself
-        set_wal(dbapi_conn)
-        for pragma in (f"synchronous={synchronous}", f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}"):
+        record.info[_LIMITS_KEY] = limits
+        if not _polled(dbapi_conn, "PRAGMA journal_mode=WAL", limits.poll_lock_s):
+            dbapi_conn.execute("PRAGMA journal_mode=WAL")  # another connection switching a new file
+        for pragma in (f"synchronous={synchronous}", f"busy_timeout={limits.busy_timeout_ms}"):
             dbapi_conn.execute(f"PRAGMA {pragma}")
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        begin_immediate(conn.connection.driver_connection)
+        begin_immediate(conn.connection)
 
     return engine
 
 
-def _polled(raw: sqlite3.Connection, sql: str) -> bool:
-    """`sql`, asked again every 0.1-1 ms for POLL_LOCK_S while SQLite says "locked" (its busy
-    handler sleeps up to 25 ms between tries): whether it ran. Another error ends the asking;
-    the caller's own try meets it."""
-    pause, deadline = 0.0001, time.monotonic() + POLL_LOCK_S
+def _polled(raw: sqlite3.Connection, sql: str, poll_s: float) -> bool:
+    """`sql`, asked again every 0.1-1 ms for `poll_s` while SQLite says "locked" (its busy
+    handler sleeps up to 25 ms between tries; switching a new file to WAL, another connection
+    doing the same, it says so at once, without it): whether it ran. Another error ends the
+    asking; the caller's own try meets it."""
+    pause, deadline = 0.0001, time.monotonic() + poll_s
     while time.monotonic() < deadline:
         try:
             raw.execute(sql)
@@ -101,31 +123,26 @@ def _polled(raw: sqlite3.Connection, sql: str) -> bool:
     return False
 
 
-def set_wal(raw: sqlite3.Connection) -> None:
-    """PRAGMA journal_mode=WAL, polled: while another connection switches the same new file
-    SQLite says "locked" at once, without its busy handler (servers starting together)."""
-    if not _polled(raw, "PRAGMA journal_mode=WAL"):
-        raw.execute("PRAGMA journal_mode=WAL")
-
-
-def begin_immediate(raw: sqlite3.Connection) -> None:
-    """BEGIN IMMEDIATE, polled while another writer holds the lock; then the busy handler's turn."""
+def begin_immediate(pooled: Any) -> None:
+    """BEGIN IMMEDIATE on a pooled SQLite connection, polled while another writer holds the
+    lock; then the busy handler's turn."""
+    raw, limits = pooled.driver_connection, pooled.info[_LIMITS_KEY]
     raw.execute("PRAGMA busy_timeout=0")
     try:
-        if _polled(raw, "BEGIN IMMEDIATE"):
+        if _polled(raw, "BEGIN IMMEDIATE", limits.poll_lock_s):
             return
     finally:
-        raw.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        raw.execute(f"PRAGMA busy_timeout={limits.busy_timeout_ms}")
     raw.execute("BEGIN IMMEDIATE")
 
 
 class WalKeeper:
     """Keeps an SQLite file's write-ahead log from growing without end (SQLite starts it again only
     when no reader uses it, which under steady reads never comes): a thread looks every 0.5 s and
-    gives a log past WAL_CHECKPOINT_BYTES a TRUNCATE checkpoint."""
+    gives a log past its limit (SqliteLimits) a TRUNCATE checkpoint."""
 
-    def __init__(self, database_path: str) -> None:
-        self._path, self._wal = database_path, database_path + "-wal"
+    def __init__(self, database_path: str, limits: SqliteLimits = SqliteLimits()) -> None:
+        self._path, self._wal, self._limits = database_path, database_path + "-wal", limits
         self._stop = threading.Event()
         self._conn: sqlite3.Connection | None = None  # the thread's own, opened when first needed
         self._thread = threading.Thread(target=self._keep, name="market-wal", daemon=True)
@@ -140,7 +157,8 @@ class WalKeeper:
         wait = _WAL_CHECK_EVERY_S
         try:
             while not self._stop.wait(wait):
-                wait = _WAL_CHECK_EVERY_S if self._checkpoint_if_long() else WAL_WAIT_AFTER_BUSY_S
+                emptied = self._checkpoint_if_long()
+                wait = _WAL_CHECK_EVERY_S if emptied else self._limits.wal_wait_after_busy_s
         finally:
             if self._conn is not None:
                 self._conn.close()
@@ -149,7 +167,7 @@ class WalKeeper:
         """False if the log was long and could not be emptied (a reader held on). The checkpoint
         is asked again every 0.1-1 ms for up to 2 s while writers or readers are in its way."""
         try:
-            if os.path.getsize(self._wal) < WAL_CHECKPOINT_BYTES:  # OSError: no log (yet)
+            if os.path.getsize(self._wal) < self._limits.wal_checkpoint_bytes:  # OSError: no log (yet)
                 return True
             if self._conn is None:
                 self._conn = sqlite3.connect(self._path, timeout=0, isolation_level=None)
@@ -184,8 +202,8 @@ def _mysql_engine(url: Any, pool_size: int) -> Engine:
         # Nothing puts a value into SQL text unquoted, so no injected "; DROP ..." can run
         # (test_engine.py checks). The flags given as a list replace SQLAlchemy's FOUND_ROWS:
         # an UPDATE's rowcount is the rows it changed.
-        connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin",
-                      "connection_timeout": CONNECT_TIMEOUT_S, "client_flags": [ClientFlag.MULTI_STATEMENTS]},
+        connect_args={"charset": "utf8mb4", "collation": "utf8mb4_bin", "connection_timeout":
+                      connect_timeout_s(url), "client_flags": [ClientFlag.MULTI_STATEMENTS]},
     )
     event.listen(engine, "connect", _on_mysql_connect)
     event.listen(engine, "begin", _on_mysql_begin)

@@ -224,7 +224,7 @@ class UnitOfWork:
             return
         self._open = True
         if self._sqlite:
-            self._guarded(lambda: begin_immediate(self.conn.driver), "BEGIN IMMEDIATE")
+            self._guarded(lambda: begin_immediate(self.conn.proxied), "BEGIN IMMEDIATE")
         else:  # even on Galera: nothing can be aborted before the first statement
             self._begin_pending = True
 

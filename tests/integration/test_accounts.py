@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import select
 from support import CARD, PASSWORD, Market, race, running_market, unique_name
 
-import db.engine as engine_module
 from db import Database, accounts
 from db.accounts import token_hash
+from db.engine import SqliteLimits
 from db.migrations import make_current
 from db.schema import (
     cart_lines,
@@ -453,15 +453,13 @@ def _snapshot(market: Market) -> list[object]:
                          write=False)
 
 
-def test_a_read_is_answered_when_its_session_activity_cannot_be_written(tmp_path: Any,
-                                                                        monkeypatch: Any) -> None:
+def test_a_read_is_answered_when_its_session_activity_cannot_be_written(tmp_path: Any) -> None:
     """A read whose last-seen is due writes it after the read; that write waiting out its
     lock wait (another process holding SQLite's write lock) answered the read BUSY, its
     result thrown away. Now the answer stands and the next request writes last-seen."""
-    monkeypatch.setattr(engine_module, "POLL_LOCK_S", 0.05)
-    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 200)
     path = tmp_path / "busy.db"
-    database = Database(f"sqlite:///{path}", pool_size=2)
+    database = Database(f"sqlite:///{path}", pool_size=2,
+                        sqlite_limits=SqliteLimits(poll_lock_s=0.05, busy_timeout_ms=200))
     make_current(database)
     with running_market(database, Settings(role="buyer", session_idle_s=5)) as market:
         buyer = market.user("buyer")

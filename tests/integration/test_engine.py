@@ -32,9 +32,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from support import BUMP, FAILURE_OF, LOGIN_FAILURE, fresh_mysql_database
 
-import db.engine as engine_module
 from db import Database, DatabaseUnusable
-from db.engine import driver_url
+from db.engine import LOCK_WAIT_S, SqliteLimits, driver_url
 from db.migrations import make_current
 from db.schema import login_failures
 from wire.errors import BusyError, UnavailableError
@@ -397,11 +396,10 @@ def test_a_held_writes_error_arrives_where_the_code_expects_it(database: Databas
 
 
 @pytest.mark.parametrize("poll_s", [5.0, 0.05])  # the lock freed while polling, or after: SQLite's wait
-def test_a_sqlite_writer_waits_for_the_write_lock_then_writes(tmp_path: Any, monkeypatch: Any,
-                                                              poll_s: float) -> None:
-    monkeypatch.setattr(engine_module, "POLL_LOCK_S", poll_s)
+def test_a_sqlite_writer_waits_for_the_write_lock_then_writes(tmp_path: Any, poll_s: float) -> None:
+    limits = SqliteLimits(poll_lock_s=poll_s)
     path = tmp_path / "locked.db"
-    database = Database(f"sqlite:///{path}", pool_size=2)
+    database = Database(f"sqlite:///{path}", pool_size=2, sqlite_limits=limits)
     make_current(database)
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process's writer, holding the lock
@@ -417,7 +415,7 @@ def test_a_sqlite_writer_waits_for_the_write_lock_then_writes(tmp_path: Any, mon
         assert wrote == [1] and _failures_of(database, "waited") == 1
         # the busy timeout is back for everything else
         assert database.run(lambda tx: tx.execute(text("PRAGMA busy_timeout")).scalar()) == \
-            engine_module.SQLITE_BUSY_TIMEOUT_MS
+            limits.busy_timeout_ms
     finally:
         holder.close()
         database.close()
@@ -437,14 +435,12 @@ def test_outside_a_write_transaction_deferring_runs_at_once(database: Database) 
     assert _failures_of(database, "at once") == 6
 
 
-def test_a_sqlite_writer_that_waited_its_whole_lock_wait_answers_busy_once(tmp_path: Any,
-                                                                          monkeypatch: Any) -> None:
+def test_a_sqlite_writer_that_waited_its_whole_lock_wait_answers_busy_once(tmp_path: Any) -> None:
     # before: 'database is locked' was retried, 8 waits of 5 s + 30 s in all: the client's
     # 30 s ran out long before, and the call might still commit after it had given up
-    monkeypatch.setattr(engine_module, "POLL_LOCK_S", 0.05)
-    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 200)
     path = tmp_path / "held.db"
-    database = Database(f"sqlite:///{path}", pool_size=1)
+    database = Database(f"sqlite:///{path}", pool_size=1,
+                        sqlite_limits=SqliteLimits(poll_lock_s=0.05, busy_timeout_ms=200))
     make_current(database)
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # a writer that does not let go
@@ -470,7 +466,7 @@ def test_a_sqlite_writer_that_waited_its_whole_lock_wait_answers_busy_once(tmp_p
 def test_a_mariadb_lock_wait_timeout_answers_busy_once(database: Database) -> None:
     waits = database.run(lambda tx: tx.execute(text(
         "SELECT @@innodb_lock_wait_timeout, @@lock_wait_timeout")).one(), write=False)
-    assert tuple(waits) == (engine_module.LOCK_WAIT_S,) * 2  # not the server's 50 s and a year
+    assert tuple(waits) == (LOCK_WAIT_S,) * 2  # not the server's 50 s and a year
     one = Database(database.url, pool_size=1)
     one.run(lambda tx: tx.execute(text("SET SESSION innodb_lock_wait_timeout = 1")), write=False)
     database.run(lambda tx: tx.execute(LOGIN_FAILURE, {"role": "buyer", "username": "held", "n": 1}))
@@ -593,14 +589,13 @@ def test_a_server_opens_its_sqlite_database_as_the_environment_asks(tmp_path: An
     assert done.stdout.splitlines()[0] == f"synchronous {pragma}"
 
 
-def test_a_grown_sqlite_log_is_emptied_once_its_readers_move_on(tmp_path: Any, monkeypatch: Any) -> None:
+def test_a_grown_sqlite_log_is_emptied_once_its_readers_move_on(tmp_path: Any) -> None:
     """Under steady reads SQLite never found a moment to start its log again: it grew to
     144 MB over one 100 + 100 run on a 2.3 MB database."""
-    monkeypatch.setattr(engine_module, "WAL_CHECKPOINT_BYTES", 256 << 10)
-    monkeypatch.setattr(engine_module, "WAL_WAIT_AFTER_BUSY_S", 0.5)
     path = tmp_path / "grown.db"
     wal = tmp_path / "grown.db-wal"
-    database = Database(f"sqlite:///{path}", pool_size=1)
+    database = Database(f"sqlite:///{path}", pool_size=1,
+                        sqlite_limits=SqliteLimits(wal_checkpoint_bytes=256 << 10, wal_wait_after_busy_s=0.5))
     make_current(database)
     reader = sqlite3.connect(path, isolation_level=None)
     reader.execute("BEGIN")
