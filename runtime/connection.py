@@ -99,10 +99,10 @@ class TlsChannel(Outbox):
 class Connection:
     """One client's socket, decoder and queue of requests awaiting an answer."""
 
-    def __init__(self, sock: socket.socket, max_frame: int, address: str, channel: Outbox) -> None:
+    def __init__(self, sock: socket.socket, decoder: FrameDecoder, address: str, channel: Outbox) -> None:
         self.sock = sock
         self.address = address     # the client's IP address: its limits, the App's and the logs'
-        self.decoder = FrameDecoder(max_frame)
+        self.decoder = decoder
         # each request's frame (undecoded) with the now_ns() it was read at
         self.pending: collections.deque[tuple[bytes | ProtocolError, int]] = collections.deque()
         self.queued_bytes = 0      # the frames in `pending`

@@ -10,13 +10,14 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from wire.app import App
 from wire.envelope import error_response, request_id
 from wire.errors import InternalError, ProtocolError
-from wire.framing import DEFAULT_MAX_FRAME, encode_frame
+from wire.framing import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
 from wire.observer import NO_SERVER_OBSERVER, SUPERVISOR, ServerObserver, now_ns
 
 from .admission import REFUSALS, evictable, listen, refuse_busy
@@ -65,13 +66,15 @@ def answer(app: App, message: dict[str, Any] | ProtocolError,
 
 
 class Server(Reader):
-    """A threaded TCP server for one App; see the module docstring."""
+    """A threaded TCP server for one App, each connection's frames read by `decoder(max_frame)`;
+    see the module docstring."""
 
     def __init__(self, app: App, host: str = "127.0.0.1", port: int = 0,
                  limits: ServerLimits = ServerLimits(), listener: socket.socket | None = None,
-                 tls: ssl.SSLContext | None = None, observer: ServerObserver = NO_SERVER_OBSERVER) -> None:
+                 tls: ssl.SSLContext | None = None, observer: ServerObserver = NO_SERVER_OBSERVER,
+                 decoder: Callable[[int], FrameDecoder] = FrameDecoder) -> None:
         super().__init__(listener if listener is not None else listen(host, port), limits, observer)
-        self.app, self.tls = app, tls
+        self.app, self.tls, self.decoder = app, tls, decoder
         self._scheduler = Scheduler(limits.threads, self._admission.addresses)
         self._threads: list[threading.Thread] = []
         self._lead_ended = threading.Event()
@@ -242,7 +245,7 @@ class Server(Reader):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.observer.connection_opened(address)
         channel = TlsChannel(self.tls) if self.tls is not None and not checked else Outbox()
-        conn = Connection(sock, self.limits.max_frame, address, channel)
+        conn = Connection(sock, self.decoder(self.limits.max_frame), address, channel)
         self._connections.add(conn)
         self._admission.opened(address)
         self._watch_events(conn)
