@@ -9,8 +9,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from wire import PROTOCOL_VERSION, __version__
 
-# Set at start (observe.serving.prepare) when /metrics is served: gauges changed on every
-# call (DB_CONNECTIONS_IN_USE) are kept only then; nobody could read them otherwise.
+# Set by start(): /metrics is served. Gauges changed on every call (DB_CONNECTIONS_IN_USE)
+# are kept only then; nobody could read them otherwise.
 served = False
 server = ""  # the `server` label of this process's own events (start() names it: buyer, seller)
 
@@ -66,11 +66,12 @@ LABEL_VALUES = (
 )
 
 
-def start(role: str) -> None:
+def start(role: str, serve: bool = False) -> None:
     """Name this process's server `role` and make every series it reports at 0, each reason
-    and outcome (the requests' are made by its observer, observe.observers)."""
-    global server
-    server = role
+    and outcome (the requests' are made by its observer, observe.observers); `serve`: /metrics
+    is served (--metrics-port)."""
+    global server, served
+    server, served = role, serve
     BUILD_INFO.labels(role, __version__, PROTOCOL_VERSION, platform.python_version()).set(1)
     for gauge in (CONNECTIONS_OPEN, THREADS_BUSY, REQUESTS_QUEUED, DB_CONNECTIONS_IN_USE, SETTLEMENT_DUE):
         gauge.labels(role)

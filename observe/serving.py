@@ -33,7 +33,7 @@ _http: HttpServer | None = None  # the metrics port's server of this process
 
 
 def prepare(settings: Any) -> None:
-    """Set up logging, the multiprocess folder (metrics on, several workers) and metrics.served."""
+    """Set up logging and the multiprocess folder (metrics on, several workers)."""
     global _made_folder
     logs.configure(settings.role, settings.log_level, settings.log_format)
     if settings.metrics_port is not None and settings.workers > 1:
@@ -44,9 +44,6 @@ def prepare(settings: Any) -> None:
         else:
             folder = _made_folder = tempfile.mkdtemp(prefix="market-metrics-")
             os.environ[MULTIPROC_VARIABLE] = folder
-    from . import metrics  # once the folder is known
-
-    metrics.served = settings.metrics_port is not None
 
 
 def serve_metrics(settings: Any, ready: Callable[[], str]) -> None:

@@ -79,7 +79,8 @@ def main(role: str, build_app: BuildApp | None = None, argv: list[str] | None = 
         return 0
     try:
         serving.prepare(settings)
-        importlib.import_module("observe.metrics").start(role)  # every series at 0, named by role
+        # every series at 0, named by role
+        importlib.import_module("observe.metrics").start(role, serve=settings.metrics_port is not None)
         importlib.import_module("observe.tracing").install(role)  # request ids; spans if configured
         # the migrations library logs each plugin and step; db.migrations says what it did in one line
         logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -250,9 +250,16 @@ def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, {"server": metrics.server, **labels}) or 0.0
 
 
+@pytest.fixture
+def metrics_served() -> Iterator[None]:
+    """This process's metrics as a server with --metrics-port keeps them, until the test ends."""
+    metrics.start(metrics.server, serve=True)
+    yield
+    metrics.start(metrics.server)
+
+
 def test_a_transaction_run_again_is_counted_by_cause_and_holds_one_connection(
-        database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metrics, "served", True)  # as --metrics-port sets it
+        database: Database, metrics_served: None) -> None:
     before = sample("market_db_retries_total", cause="conflict")
     in_use: list[float] = []
 
@@ -268,9 +275,8 @@ def test_a_transaction_run_again_is_counted_by_cause_and_holds_one_connection(
     assert in_use == [idle + 1, idle + 1] and sample("market_db_connections_in_use") == idle
 
 
-def test_connections_in_use_are_not_counted_when_no_metrics_are_served(
-        database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metrics, "served", False)  # no --metrics-port: a gauge nobody reads
+def test_connections_in_use_are_not_counted_when_no_metrics_are_served(database: Database) -> None:
+    metrics.start(metrics.server, serve=False)  # no --metrics-port: a gauge nobody reads
     idle = sample("market_db_connections_in_use")
     seen = database.run(lambda tx: sample("market_db_connections_in_use"))
     assert seen == idle
