@@ -32,7 +32,7 @@ class SimulationError(RuntimeError):
 
 
 class SetupUnfinished(SimulationError):
-    """The users did not all reach the start: one failed, or set-up outlasted SETUP_TIMEOUT_S."""
+    """The users did not all reach the start: one failed, or set-up outlasted its time."""
 
 
 @dataclass
@@ -72,10 +72,11 @@ class SimulatedUser(threading.Thread):
     """One simulated user: its actor, its connection and its log."""
 
     def __init__(self, actor: Actor, address: Address, mix: Mix, calls: int,
-                 barrier: threading.Barrier, tls: ssl.SSLContext | None = None) -> None:
+                 barrier: threading.Barrier, tls: ssl.SSLContext | None = None,
+                 setup_timeout_s: float = SETUP_TIMEOUT_S) -> None:
         super().__init__(name=actor.username, daemon=True)
         self.actor, self.address, self.calls, self.barrier = actor, address, calls, barrier
-        self.tls = tls
+        self.tls, self.setup_timeout_s = tls, setup_timeout_s
         weights = mix.weights(actor.role)
         self.ops, self.cum_weights = list(weights), list(itertools.accumulate(weights.values()))
         self.log: dict[str, OpLog] = {}
@@ -97,11 +98,11 @@ class SimulatedUser(threading.Thread):
                 return
             self.busy = self.actor.setup_waits + conn.busy_retries
             try:
-                self.barrier.wait(SETUP_TIMEOUT_S)
+                self.barrier.wait(self.setup_timeout_s)
             except threading.BrokenBarrierError:
                 self.failure = SetupUnfinished(
                     f"{self.actor.username}: the users did not all finish setting up within"
-                    f" {SETUP_TIMEOUT_S:g} s")
+                    f" {self.setup_timeout_s:g} s")
                 return
             # what rng.choices(self.ops, cum_weights=...) does, the same draws, without its
             # Python-level set-up on every call
@@ -134,16 +135,17 @@ class SimulatedUser(threading.Thread):
 
 def run_once(mix: Mix, users: int, calls: int, buyer: Address, seller: Address, *, run: int = 0,
              seed: str | None = None, on_progress: Callable[[int], None] = lambda done: None,
-             tls: ssl.SSLContext | None = None) -> RunResult:
-    """Run N sellers + N buyers for K calls each; `on_progress` gets the calls done so far."""
+             tls: ssl.SSLContext | None = None, setup_timeout_s: float = SETUP_TIMEOUT_S) -> RunResult:
+    """Run N sellers + N buyers for K calls each; `on_progress` gets the calls done so far. A
+    user still setting up after `setup_timeout_s` fails the run."""
     tag, began = secrets.token_hex(3), time.perf_counter()
     rng = random.Random(seed)
     actors = [make_actor(role, f"{role[0]}{tag}r{run}u{i}", random.Random(rng.random()))
               for role in ("seller", "buyer") for i in range(users)]
     start = [0.0]
     barrier = threading.Barrier(len(actors), action=lambda: start.__setitem__(0, time.perf_counter()))
-    threads = [SimulatedUser(actor, seller if actor.role == "seller" else buyer, mix, calls, barrier, tls)
-               for actor in actors]
+    threads = [SimulatedUser(actor, seller if actor.role == "seller" else buyer, mix, calls, barrier, tls,
+                             setup_timeout_s) for actor in actors]
     for thread in threads:
         thread.start()
     wait_for(threads, lambda: on_progress(sum(thread.done for thread in threads)))

@@ -125,15 +125,15 @@ def test_market_sim_refuses_servers_it_did_not_start_without_allow_live(
 
 @SQLITE_ONLY
 def test_market_sim_lists_violations_and_exits_non_zero(
-        market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(series, "audit", lambda database, acknowledged, ledger: ["item 1: sold 2 != 1 units"])
+        market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    market.user("seller")  # a seller of the market's own, whose count the run's audit finds wrong
+    market.db.run(lambda tx: tx.execute(text("UPDATE users SET items_sold = 7 WHERE role = 'seller'")))
     buyer, seller = (":".join(map(str, s.address)) for s in (market.buyer_server, market.seller_server))
     code = sim.main([*SMALL, "--users", "1", "--buyer", buyer, "--seller", seller,
                      "--db-url", market.db.url, "--out", str(tmp_path), "--allow-live"])
     output = capsys.readouterr().out
     assert code == 1
-    assert "consistency: 1 violations" in output and "item 1: sold 2 != 1 units" in output
+    assert "consistency: 1 violations" in output and "items_sold 7 != 0 units in its order lines" in output
 
 
 def _shop(market: Market) -> tuple[int, AckedOrder]:
@@ -323,15 +323,13 @@ def test_an_error_is_counted_but_neither_timed_nor_in_the_throughput() -> None:
 
 
 @SQLITE_ONLY
-def test_a_run_whose_set_up_outlasts_the_barrier_fails_instead_of_counting_nothing(
-        market: Market, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_whose_set_up_outlasts_the_barrier_fails_instead_of_counting_nothing(market: Market) -> None:
     """The seller waits at the start 0.3 s, the buyer's first answer comes after 1 s: the run
     raises, where it used to return an empty run of 0 calls that the report took as passed."""
-    monkeypatch.setattr(scenario, "SETUP_TIMEOUT_S", 0.3)
     relay = AnswerDropper(market.buyer_server.address, delay_s=1.0)
     try:
         with pytest.raises(scenario.SimulationError, match="did not all finish setting up within 0.3 s"):
-            scenario.run_once(DEFAULT, 1, 5, relay.address, market.seller_server.address)
+            scenario.run_once(DEFAULT, 1, 5, relay.address, market.seller_server.address, setup_timeout_s=0.3)
     finally:
         relay.close()
 
