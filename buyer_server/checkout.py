@@ -28,7 +28,6 @@ log = logging.getLogger("market.checkout")
 # Where MARKET_TEST_KILL_AT may stop the process (SIGKILL), for the crash tests.
 KILL_POINTS = ("before_authorise", "after_authorise", "after_capture", "after_order_commit")
 _PROCESSOR_TRIES = 3  # a capture or a void the processor did not answer: asked again
-_DATABASE_TRIES = 6  # about 6 s of completing a captured order while the database is away
 _REPLAY_WAIT_S = 10.0  # how long a request waits for the purchase of the same key to settle
 # A pending order this old, whose key is sent again, was cut off (its steps take
 # milliseconds): the new request settles it rather than wait for the settler.
@@ -43,6 +42,9 @@ class Checkout:
         if kill_at and kill_at not in KILL_POINTS:
             raise ValueError(f"MARKET_TEST_KILL_AT={kill_at}: one of {', '.join(KILL_POINTS)}")
         self.db, self.processor, self.kill_at = db, processor, kill_at
+        # tries at completing a captured order while the database is away, 0.1 s after the
+        # first and twice as long after each (6: about 6.3 s; tests lower it)
+        self.database_tries = 6
 
     def make_purchase(self, first_step: FirstStep) -> dict[str, Any]:
         """Buy the whole cart or nothing; success means the total was captured once."""
@@ -127,7 +129,7 @@ class Checkout:
     def _complete(self, purchase: purchases.Purchase) -> None:
         """Mark the captured order paid and empty the carts. The payment was captured: the
         purchase is made, so a database away for a few seconds leaves it to the settler."""
-        for attempt in range(_DATABASE_TRIES):
+        for attempt in range(self.database_tries):
             try:
                 # not moved: completed already, by a settler or by this very step run again
                 # after its COMMIT landed and the answer was lost (never undone: captured)
