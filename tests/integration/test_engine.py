@@ -33,7 +33,7 @@ from sqlalchemy.exc import IntegrityError
 from support import BUMP, FAILURE_OF, LOGIN_FAILURE, fresh_mysql_database
 
 from db import Database, DatabaseUnusable
-from db.engine import LOCK_WAIT_S, SqliteLimits, driver_url
+from db.engine import LOCK_WAIT_S, SqliteLimits, connect_timeout_s, driver_url
 from db.migrations import make_current
 from db.schema import login_failures
 from wire.errors import BusyError, UnavailableError
@@ -615,3 +615,11 @@ def test_a_grown_sqlite_log_is_emptied_once_its_readers_move_on(tmp_path: Any) -
     finally:
         reader.close()
         database.close()
+
+
+def test_a_mysql_urls_connect_timeout_is_the_drivers_else_five_seconds() -> None:
+    from sqlalchemy.engine import make_url
+
+    assert connect_timeout_s(make_url("mysql://root@db/market")) == 5
+    assert connect_timeout_s(make_url("mysql://root@db/market?connect_timeout=2")) == 2
+    assert connect_timeout_s(make_url("mysql://root@db/market?connection_timeout=30")) == 30
