@@ -1,7 +1,7 @@
 """Observing a server process: logging set up first, the loop's observer, and the metrics
 port (/metrics, summed over `--workers N` by prometheus_client's multiprocess mode; /healthz;
 /readyz) on one thread (an asyncio loop), at most MAX_CONNECTIONS open (the oldest gives
-way), TIME_LIMIT_S each, an 8 KiB head, one GET or HEAD per connection.
+way), MARKET_METRICS_TIMEOUT_S each, an 8 KiB head, one GET or HEAD per connection.
 
 `prepare` must run before anything imports prometheus_client: the library picks its
 multiprocess mode once, from PROMETHEUS_MULTIPROC_DIR, at import.
@@ -24,7 +24,6 @@ from . import logs
 
 log = logging.getLogger("market.observe")
 MULTIPROC_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
-TIME_LIMIT_S = 5.0
 MAX_CONNECTIONS = 16  # open at once (the oldest gives way)
 _MAX_HEAD = 8192
 Route = Callable[[], tuple[int, str, bytes]]  # status, content type, body
@@ -69,7 +68,7 @@ def serve_metrics(settings: Any, ready: Callable[[], str]) -> None:
 
     routes = {"/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry)),
               "/healthz": lambda: (200, "text/plain", b"ok\n"), "/readyz": readiness}
-    _http = HttpServer(settings.metrics_host, settings.metrics_port, routes)
+    _http = HttpServer(settings.metrics_host, settings.metrics_port, routes, settings.metrics_timeout_s)
     log.info("metrics at http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
 
 
@@ -106,10 +105,11 @@ def observer_for(settings: Any, app: Any) -> Any:
 
 
 class HttpServer:
-    """Serves `routes` (path -> Route) on host:port from one thread until `close`."""
+    """Serves `routes` (path -> Route) on host:port from one thread until `close`, each
+    connection for at most `time_limit_s`."""
 
-    def __init__(self, host: str, port: int, routes: dict[str, Route]) -> None:
-        self.routes = routes
+    def __init__(self, host: str, port: int, routes: dict[str, Route], time_limit_s: float) -> None:
+        self.routes, self.time_limit_s = routes, time_limit_s
         self._listener = socket.create_server((host, port), backlog=64)
         self._exchanges: dict[asyncio.Task[None], asyncio.StreamWriter] = {}  # in the order they connected
         self._loop = asyncio.new_event_loop()
@@ -145,7 +145,7 @@ class HttpServer:
         assert task is not None
         self._exchanges[task] = writer
         try:
-            async with asyncio.timeout(TIME_LIMIT_S):
+            async with asyncio.timeout(self.time_limit_s):
                 status, kind, body = await self._answer(reader)
                 writer.write(f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {kind}\r\n"
                              f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)

@@ -79,6 +79,8 @@ class Settings:
     sqlite_synchronous: str = "NORMAL"
     metrics_port: int | None = None  # /metrics served on it when set
     metrics_host: str = "127.0.0.1"
+    # one connection to the metrics port, from connect to its answer sent (observe.serving)
+    metrics_timeout_s: float = _number(5.0, 0.01, 3600, "MARKET_METRICS_TIMEOUT_S")
     log_format: str = "text"
     access_log: float = _number(0.0, 0, 1, "MARKET_ACCESS_LOG")  # the fraction of requests logged
     upgrade_schema: bool = False  # upgrade an older schema at start instead of refusing it
