@@ -44,7 +44,7 @@ class Backoff:
         now = int(self._clock() * 1000)
         with self._lock:
             failures, last_ms = self._counts.get(key, (0, now))
-            wait_ms = last_ms + self._delay_ms(failures) - now
+            wait_ms = last_ms + self._delay_ms(failures) - now if failures else 0  # no failure to wait after
             if wait_ms <= 0:
                 if len(self._counts) >= _MAX_KEYS:
                     longest_ms = self._max_delay_s * 1000

@@ -118,6 +118,18 @@ def test_a_refused_attempt_is_not_counted_and_says_how_long_to_wait() -> None:
     assert limit.claim("key", "ann") == 1
 
 
+def test_with_no_free_failures_a_first_attempt_goes_at_once_and_the_next_waits() -> None:
+    clock = FakeClock()
+    limit = backoff(clock, free=0)  # before: every attempt "must wait 1 s", a login never got in
+    assert limit.claim("key", "ann") == 0  # no failure before it to wait after
+    with pytest.raises(UnauthenticatedError, match="try again in 2 s$"):  # the doubling goes on
+        limit.claim("key", "ann")
+    clock.now += 2
+    assert limit.claim("key", "ann") == 1
+    limit.succeeded("key", clear=True)
+    assert limit.claim("key", "ann") == 0  # cleared: a first attempt again
+
+
 def test_each_key_counts_its_own_failures() -> None:
     clock = FakeClock()
     limit = backoff(clock, free=1)
