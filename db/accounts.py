@@ -63,6 +63,20 @@ class SessionPolicy:
         """How stale last-seen may get before it is written again."""
         return int(min(5.0, self.idle_s / 10) * 1000)
 
+    def expired(self, now: int, created_ms: int, last_seen_ms: int) -> bool:
+        """Whether a session has ended: idle over `idle_s` (and last-seen's lag), or `max_s` old."""
+        return (now - last_seen_ms > self.idle_s * 1000 + self.touch_interval_ms
+                or now - created_ms > self.max_s * 1000)
+
+    def touch_due(self, now: int, last_seen_ms: int) -> bool:
+        """Whether last-seen is stale enough to be written again."""
+        return now - last_seen_ms >= self.touch_interval_ms
+
+    def ended_before(self, now: int) -> tuple[int, int]:
+        """(last-seen, login) before which a session ended over CLEANUP_GRACE_MS ago."""
+        return (now - (self.idle_s * 1000 + self.touch_interval_ms + CLEANUP_GRACE_MS),
+                now - (self.max_s * 1000 + CLEANUP_GRACE_MS))
+
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
@@ -161,18 +175,22 @@ def _end_old_sessions(tx: Connection, user_id: int, policy: SessionPolicy, now: 
     found = tx.execute(select(sessions.c.session_id, ended.label("ended"))
                        .where(sessions.c.user_id == user_id)
                        .order_by(sessions.c.session_id.desc())).all()
-    live = [row.session_id for row in found if not row.ended]
-    over = live[MAX_SESSIONS - 1:]
-    candidates = [row.session_id for row in found if row.ended] + over
+    candidates, over = sessions_to_end(found)
     if candidates:
         end_sessions(tx, sessions.c.session_id.in_(candidates) & (ended | sessions.c.session_id.in_(over)))
 
 
+def sessions_to_end(found: Sequence[Any]) -> tuple[list[int], list[int]]:
+    """Of an account's sessions (session_id, ended), newest first, those a login ends: the ended,
+    and the live past the MAX_SESSIONS - 1 newest (also returned alone)."""
+    over = [row.session_id for row in found if not row.ended][MAX_SESSIONS - 1:]
+    return [row.session_id for row in found if row.ended] + over, over
+
+
 def ended_long_ago(policy: SessionPolicy, now: int) -> ColumnElement[bool]:
     """Sessions that ended over CLEANUP_GRACE_MS ago, whose rows may go."""
-    idle_limit_ms = policy.idle_s * 1000 + policy.touch_interval_ms + CLEANUP_GRACE_MS
-    return ((sessions.c.last_seen_ms < now - idle_limit_ms)
-            | (sessions.c.created_ms < now - (policy.max_s * 1000 + CLEANUP_GRACE_MS)))
+    seen_before, created_before = policy.ended_before(now)
+    return (sessions.c.last_seen_ms < seen_before) | (sessions.c.created_ms < created_before)
 
 
 def end_sessions(tx: Connection, condition: ColumnElement[bool]) -> int:
@@ -257,11 +275,9 @@ class Session:
         if row is None:
             raise UnauthenticatedError("unknown or logged-out session; log in again")
         now = now_ms()
-        idle_ms = now - row.session_last_seen_ms
-        if idle_ms > self._policy.idle_s * 1000 + self._policy.touch_interval_ms or \
-                now - row.session_created_ms > self._policy.max_s * 1000:
+        if self._policy.expired(now, row.session_created_ms, row.session_last_seen_ms):
             raise UnauthenticatedError("session expired; log in again")
-        self.stale = idle_ms >= self._policy.touch_interval_ms
+        self.stale = self._policy.touch_due(now, row.session_last_seen_ms)
         self.live = LiveSession(row.session_id, row.session_user_id)
         if self.stale and self._touch:
             touch_session(self._tx, self.live.session_id)

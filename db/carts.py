@@ -58,15 +58,15 @@ _STOCK_AND_HELD = (
 
 def display_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
     """The session's cart, read with the token check (an empty cart's token is then checked alone)."""
-    return _cart_object(list(session.accept_rows(tx.execute(_CART_OF_TOKEN, session.check_params).all())))
+    return cart_object(list(session.accept_rows(tx.execute(_CART_OF_TOKEN, session.check_params).all())))
 
 
 def _cart_answer(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:
     """The cart a write leaves, read last (with the COMMIT)."""
-    return tx.answer(_CART, {"session_id": session.session_id}, _cart_object)
+    return tx.answer(_CART, {"session_id": session.session_id}, cart_object)
 
 
-def _cart_object(rows: list[Any]) -> dict[str, Any]:
+def cart_object(rows: list[Any]) -> dict[str, Any]:
     lines = [{"item_id": r.item_id, "name": r.name, "price": format_money(r.price_cents),
               "quantity": r.quantity, "available": r.available} for r in rows]
     return {"cart": {"items": lines, "total": format_money(sum(r.price_cents * r.quantity for r in rows))}}
@@ -78,16 +78,23 @@ def add_to_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -
     rows = session.accept_rows(tx.execute(_STOCK_AND_HELD, params).all())
     if not rows:
         raise NotFoundError(f"no item {item_id}")
-    available, held = rows[0].quantity, rows[0].held or 0
+    held = rows[0].held or 0
+    line = {"session_id": session.session_id, "item_id": item_id,
+            "quantity": line_after_add(item_id, quantity, held, rows[0].quantity, rows[0].lines)}
+    tx.execute(_SET_LINE if held else _ADD_LINE, line)
+    return _cart_answer(tx, session)
+
+
+def line_after_add(item_id: int, quantity: int, held: int, available: int, lines: int) -> int:
+    """The units of the item in a cart of `lines` lines (`held` of them) once `quantity` are added;
+    CONFLICT over the stock, or for a new line past MAX_CART_LINES."""
     if held + quantity > available:
         raise ConflictError(f"item {item_id}: only {available} left"
                             + (f", {held} already in your cart" if held else ""))
-    if not held and rows[0].lines >= MAX_CART_LINES:
+    if not held and lines >= MAX_CART_LINES:
         raise ConflictError(f"your cart holds {MAX_CART_LINES} different items, the most it may;"
                             " buy or remove some first")
-    line = {"session_id": session.session_id, "item_id": item_id, "quantity": held + quantity}
-    tx.execute(_SET_LINE if held else _ADD_LINE, line)
-    return _cart_answer(tx, session)
+    return held + quantity
 
 
 def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> Answer[dict[str, Any]]:
@@ -105,7 +112,7 @@ def remove_from_cart(tx: UnitOfWork, session: Session, item_id: int, quantity: i
 def clear_cart(tx: UnitOfWork, session: Session) -> dict[str, Any]:
     """Empty the session's cart (the saved cart stays)."""
     tx.execute(_EMPTY, {"session_id": session.lock().session_id})
-    return _cart_object([])
+    return cart_object([])
 
 
 def save_cart(tx: UnitOfWork, session: Session) -> Answer[dict[str, Any]]:

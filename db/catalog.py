@@ -105,24 +105,14 @@ def _index(tx: UnitOfWork, item_id: int, category: int, name: str, keywords: lis
         tx.execute(INDEX_VOCABULARY, word)
 
 
-def _own_item(tx: UnitOfWork, session: Session, item_id: int) -> ItemRow:
-    """One of the caller's items, locked until the transaction ends (the token check folded in)."""
-    row = item_for_session(tx, session, item_id, lock=True)
-    if row.seller_id != session.user_id:
-        raise ForbiddenError(f"item {item_id} belongs to another seller")
-    return row
-
-
 def change_price(tx: UnitOfWork, session: Session, item_id: int, price: int) -> dict[str, Any]:
-    row = _own_item(tx, session, item_id)
+    row = item_for_session(tx, session, item_id, lock=True, own=True)
     tx.execute(_SET_PRICE, {"item_id": item_id, "price": price})
     return {**item_to_wire(row), "price": format_money(price)}  # the row is locked: nothing else moved
 
 
 def remove_item(tx: UnitOfWork, session: Session, item_id: int, quantity: int) -> dict[str, Any]:
-    row = _own_item(tx, session, item_id)
-    if row.quantity < quantity:
-        raise ConflictError(f"item {item_id}: only {row.quantity} on sale, cannot remove {quantity}")
+    row = item_for_session(tx, session, item_id, lock=True, own=True, remove=quantity)
     # the row is locked: the UPDATE applies (its condition says so again), so it goes with the COMMIT
     tx.execute(_REMOVE, {"item_id": item_id, "n": quantity})
     if row.quantity == quantity:
@@ -156,12 +146,25 @@ def get_item(tx: UnitOfWork, session: Session, item_id: int) -> dict[str, Any]:
     return item_to_wire(item_for_session(tx, session, item_id))
 
 
-def item_for_session(tx: UnitOfWork, session: Session, item_id: int, lock: bool = False) -> ItemRow:
-    """One item row, or NOT_FOUND, with the token check in the same query; `lock`: FOR UPDATE."""
+def item_for_session(tx: UnitOfWork, session: Session, item_id: int, lock: bool = False, *,
+                     own: bool = False, remove: int = 0) -> ItemRow:
+    """One item row with the token check in the same query, checked (checked_item) to be the
+    caller's if `own`, with `remove` on sale; `lock`: FOR UPDATE, until the transaction ends."""
     statement = _ITEM_FOR_SESSION_LOCKED if lock else _ITEM_FOR_SESSION
     rows = session.accept_rows(tx.execute(statement, {**session.check_params, "item_id": item_id}).all())
+    return checked_item(rows, item_id, session.user_id if own else None, remove)
+
+
+def checked_item(rows: Sequence[ItemRow], item_id: int, seller_id: int | None = None,
+                 remove: int = 0) -> ItemRow:
+    """The row of an item op, checked in the contract's order: NOT_FOUND (no row), FORBIDDEN
+    (not `seller_id`'s, when given), CONFLICT (fewer than `remove` on sale)."""
     if not rows:
         raise NotFoundError(f"no item {item_id}")
+    if seller_id is not None and rows[0].seller_id != seller_id:
+        raise ForbiddenError(f"item {item_id} belongs to another seller")
+    if rows[0].quantity < remove:
+        raise ConflictError(f"item {item_id}: only {rows[0].quantity} on sale, cannot remove {remove}")
     return rows[0]
 
 

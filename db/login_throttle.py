@@ -41,6 +41,11 @@ class AccountBucket:
             return 0
         return over * self.step_ms - (now - last_ms) % self.step_ms
 
+    def claim(self, units: int, last_ms: int, now: int, lane: int) -> tuple[int, int]:
+        """(0, the units with this attempt's) when it fits now; else (how long to wait, `units`)."""
+        wait_ms = self.wait_ms(units, last_ms, now, lane)
+        return (wait_ms, units) if wait_ms else (0, self.level(units, last_ms, now) + 1)
+
 
 _FAILURES = select(lf.c.failures, lf.c.last_failure_ms).where(
     lf.c.role == bindparam("role"), lf.c.username == bindparam("username")).with_for_update()
@@ -61,11 +66,10 @@ def claim(tx: Connection, bucket: AccountBucket, role: str, username: str, lane:
         except IntegrityError:
             raise RetryTransaction from None  # another attempt counted itself at the same moment
         return 0
-    wait_ms = bucket.wait_ms(row.failures, row.last_failure_ms, now, lane)
+    wait_ms, units = bucket.claim(row.failures, row.last_failure_ms, now, lane)
     if wait_ms == 0:
-        level = bucket.level(row.failures, row.last_failure_ms, now)
         tx.execute(update(lf).where((lf.c.role == role) & (lf.c.username == username))
-                   .values(failures=level + 1, last_failure_ms=now))
+                   .values(failures=units, last_failure_ms=now))
     return wait_ms
 
 

@@ -152,13 +152,23 @@ def open_order(tx: UnitOfWork, session: Session, idempotency_key: str | None,
     if cart[0].cut_off:  # its lines may be bought already: settle it before buying them again
         pending = tx.execute(_PENDING_OF_SESSION, ids).first()
         raise OrderInProgressError(pending) if pending is not None else RetryTransaction  # settled meanwhile
-    total = sum(line.cents * line.quantity for line in cart)
-    if expected_total is not None and total != expected_total:
-        raise ConflictError(f"the cart's total is now {format_money(total)}; nothing was bought")
+    total = cart_total(cart, expected_total)
     _take(tx, live.user_id, order_id, cart)  # held: sent with the COMMIT
     tx.execute(_SET_TOTAL, {"order_id": order_id, "total": total})
     return OpenOrder(order_id, live.user_id, live.session_id, tuple(line.item_id for line in cart),
-                     payment_key, total, _receipt(order_id, total, cart))
+                     payment_key, total, receipt(order_id, total, cart))
+
+
+def cart_total(cart: Sequence[Any], expected_total: int | None) -> int:
+    """The total of cart lines (quantity, cents, available); CONFLICT unless it is `expected_total`
+    (when given), then for a line over its stock."""
+    total = sum(line.cents * line.quantity for line in cart)
+    if expected_total is not None and total != expected_total:
+        raise ConflictError(f"the cart's total is now {format_money(total)}; nothing was bought")
+    for line in cart:
+        if line.quantity > line.available:
+            raise ConflictError(f"item {line.item_id}: only {line.available} left")
+    return total
 
 
 def _replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
@@ -169,7 +179,7 @@ def _replay(tx: UnitOfWork, buyer_id: int, key: str) -> dict[str, Any] | None:
     if order.status != PAID:  # pending (or capturing: a purchase of revision 0006)
         raise OrderInProgressError(order)
     rows = tx.execute(_LINES_OF_ORDER, {"order_id": order.order_id}).all()
-    return _receipt(order.order_id, order.total_cents, rows)
+    return receipt(order.order_id, order.total_cents, rows)
 
 
 def complete(tx: UnitOfWork, purchase: Purchase) -> None:
@@ -218,12 +228,9 @@ def due_orders(tx: UnitOfWork, pending_before_ms: int, limit: int = 100) -> list
 
 
 def _take(tx: UnitOfWork, buyer_id: int, order_id: int, cart: Sequence[Any]) -> None:
-    """Take the cart's units, write the order's lines, count each seller's units sold and
-    unlist what sold out. The cart's read locked the item rows, so `available` is exact and
-    every update applies: all is held for the COMMIT (each keeps `quantity >= n` all the same)."""
-    for line in cart:
-        if line.quantity > line.available:
-            raise ConflictError(f"item {line.item_id}: only {line.available} left")
+    """Take the cart's units (checked by cart_total), write the order's lines, count each seller's
+    units sold and unlist what sold out. The cart's read locked the item rows, so `available` is
+    exact and every update applies: all is held for the COMMIT (each keeps `quantity >= n`)."""
     for line in cart:
         tx.execute(_SELL, {"item_id": line.item_id, "n": line.quantity})
     tx.execute(insert(order_lines), [
@@ -235,11 +242,16 @@ def _take(tx: UnitOfWork, buyer_id: int, order_id: int, cart: Sequence[Any]) -> 
 
 def _count_sold(tx: UnitOfWork, lines: Sequence[Any], sign: int) -> None:
     """Each seller's units sold, counted up (sign 1) or back down (-1), in seller order."""
+    for seller_id, units in sold_by_seller(lines):
+        tx.execute(_ITEMS_SOLD, {"seller_id": seller_id, "n": sign * units})
+
+
+def sold_by_seller(lines: Sequence[Any]) -> list[tuple[int, int]]:
+    """(seller_id, units) of lines (seller_id, quantity), in seller order, as the rows are locked."""
     sold: Counter[int] = Counter()
     for line in lines:
         sold[line.seller_id] += line.quantity
-    for seller_id in sorted(sold):
-        tx.execute(_ITEMS_SOLD, {"seller_id": seller_id, "n": sign * sold[seller_id]})
+    return sorted(sold.items())
 
 
 def _give_stock_back(tx: UnitOfWork, lines: Sequence[Any]) -> None:
@@ -252,7 +264,7 @@ def _give_stock_back(tx: UnitOfWork, lines: Sequence[Any]) -> None:
             relist(tx, [item])
 
 
-def _receipt(order_id: int, total: int, lines: Sequence[Any]) -> dict[str, Any]:
+def receipt(order_id: int, total: int, lines: Sequence[Any]) -> dict[str, Any]:
     """The answer to make_purchase, of order or cart lines (item_id, name, quantity, cents)."""
     return {"order_id": order_id, "total": format_money(total),
             "lines": [{"item_id": ln.item_id, "name": ln.name, "quantity": ln.quantity,

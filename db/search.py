@@ -55,10 +55,10 @@ def search_items(tx: UnitOfWork, session: Session, category: int | None, keyword
         weighed = [(word, n, 1) for n, word in enumerate(terms)]
         return _ranked(tx, session, params, weighed, by_category, last, keywords=True)
     elif len(terms) == 1:
-        params["after"] = _after_at_rank(last, 1)
+        params["after"] = after_at_rank(last, 1)
         statement = _one_keyword_search(category is not None)
     elif len(terms) == 2 and category is None:
-        params.update(pair_params(terms), after_both=_after_at_rank(last, 2), after=_after_at_rank(last, 1))
+        params.update(pair_params(terms), after_both=after_at_rank(last, 2), after=after_at_rank(last, 1))
         statement = _two_keyword_search()
     else:
         params["after"] = decode_cursor(cursor, 1)[0] if cursor else 0
@@ -82,7 +82,7 @@ def _plain_search(by_category: bool) -> Select[Any]:
 _AFTER_EVERYTHING = 2**63 - 1  # past the largest BIGINT: a cursor below rank 1 has nothing after it
 
 
-def _after_at_rank(last: tuple[int, ...] | None, rank: int) -> int:
+def after_at_rank(last: tuple[int, ...] | None, rank: int) -> int:
     """The item_id after which the items of one rank (matching `rank` keywords) continue,
     given the decoded cursor: within a rank the order is item_id, and every rank follows
     the ranks above it."""
@@ -147,7 +147,7 @@ def _limited(ranked: Select[Any], limit: str | int = "limit") -> Select[Any]:
 
 
 # An item with m of the keywords has m(m-1)/2 of their pairs: its rank from its pair count.
-_RANK_OF_PAIR_COUNT = {m * (m - 1) // 2: m for m in range(1, 6)}
+RANK_OF_PAIR_COUNT = {m * (m - 1) // 2: m for m in range(1, 6)}
 
 
 @functools.cache
@@ -172,7 +172,7 @@ def _many_keywords_first_page(keyword_count: int) -> Select[Any]:
                       .where(_pair(n)).order_by(item_keyword_pairs.c.item_id), "window")
              for n in range(keyword_count * (keyword_count - 1) // 2)]
     hits = union_all(*ranges, *pairs).subquery()
-    matches = case(_RANK_OF_PAIR_COUNT, value=func.sum(hits.c.pairs)).label("matches")
+    matches = case(RANK_OF_PAIR_COUNT, value=func.sum(hits.c.pairs)).label("matches")
     ranked = select(hits.c.item_id, matches).group_by(hits.c.item_id)
     return _page_with_items(ranked.order_by(desc(matches), hits.c.item_id))
 
@@ -232,10 +232,7 @@ def _ranked(tx: UnitOfWork, session: Session, params: dict[str, Any], terms: Ter
     page), each later one twice the last, up to WINDOW; its cursor holds (rank, item_id,
     window): a page holds the items of its window ranked after the last one shown."""
     last = decode_cursor(cursor, 3) if isinstance(cursor, str) else cursor
-    if keywords:
-        window = WINDOW
-    else:
-        window = min(max(last[2], 1), WINDOW) if last else min(max(FIRST_WINDOW, 2 * params["limit"]), WINDOW)
+    window = WINDOW if keywords else query_window(last, params["limit"])
     for n, (word, group, weight) in enumerate(terms):
         params.update({f"term{n}": word, f"group{n}": group, f"weight{n}": weight})
     # One query word's first page: an item on it is within the first `limit` (L) rows of its best
@@ -249,6 +246,12 @@ def _ranked(tx: UnitOfWork, session: Session, params: dict[str, Any], terms: Ter
     rows, next_cursor = split_page(rows, params["limit"] - 1,
                                    lambda row: encode_cursor(int(row.matches), row.item_id, *wider))
     return {"items": [item_to_wire(r) for r in rows], "next_cursor": next_cursor}
+
+
+def query_window(last: tuple[int, ...] | None, limit: int) -> int:
+    """The rows a search by text reads of each term's range: FIRST_WINDOW (or `limit` twice) on a
+    first page, else the cursor's (last[2]), in 1..WINDOW whatever the cursor says."""
+    return min(max(last[2], 1), WINDOW) if last else min(max(FIRST_WINDOW, 2 * limit), WINDOW)
 
 
 def query_terms(words: list[str], typos: dict[str, list[str]]) -> list[tuple[str, int, int]]:
@@ -272,13 +275,22 @@ def _typos(tx: UnitOfWork, words: list[str]) -> dict[str, list[str]]:
         return {}
     params: dict[str, Any] = {}
     for n, word in enumerate(long_words):
-        shared = (len(word) - 1) // 2  # a word one edit away starts or ends with this many of its letters
-        head, tail = word[:shared], word[::-1][:shared]
+        head, tail = typo_reach(word)
         params.update({f"length{n}": len(word), f"head{n}": head, f"head_end{n}": head + _LAST,
                        f"tail{n}": tail, f"tail_end{n}": tail + _LAST})
     found = {row[0] for row in tx.execute(_typo_candidates(len(long_words)), params).all()}
-    return {word: sorted(other for other in found if one_edit_apart(word, other))[:TYPOS]
-            for word in long_words}
+    return {word: typos_of(word, found) for word in long_words}
+
+
+def typo_reach(word: str) -> tuple[str, str]:
+    """The first letters, and the last (reversed), of which a word one edit away has either."""
+    shared = (len(word) - 1) // 2
+    return word[:shared], word[::-1][:shared]
+
+
+def typos_of(word: str, candidates: set[str]) -> list[str]:
+    """The candidates one edit from `word` that it matches: the first TYPOS, in word order."""
+    return sorted(other for other in candidates if one_edit_apart(word, other))[:TYPOS]
 
 
 @functools.cache

@@ -8,7 +8,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,20 +30,21 @@ class Backoff:
     """Failed attempts per key: past the free ones, the next must wait 1, 2, 4, ... s after
     the last. Each attempt counts itself before its password is checked, so attempts sent at
     once take turns; `succeeded` takes it back (or clears the key). `reason` names its
-    refusals in the metrics and the security log."""
+    refusals in the metrics and the security log; `clock` is monotonic, in seconds."""
 
-    def __init__(self, free_failures: int, max_delay_s: float, message: str, reason: str) -> None:
-        self._free, self._max_delay_s = free_failures, max_delay_s
+    def __init__(self, free_failures: int, max_delay_s: float, message: str, reason: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._free, self._max_delay_s, self._clock = free_failures, max_delay_s, clock
         self._message, self.reason = message, reason
         self._lock = threading.Lock()
         self._counts: dict[Hashable, tuple[int, int]] = {}  # key: (failures, last attempt, ms)
 
     def claim(self, key: Hashable, username: str) -> int:
         """Count this attempt; the failures on record before it. UNAUTHENTICATED while it must wait."""
-        now = int(time.monotonic() * 1000)
+        now = int(self._clock() * 1000)
         with self._lock:
             failures, last_ms = self._counts.get(key, (0, now))
-            wait_ms = last_ms + self._delay_ms(failures) - now
+            wait_ms = last_ms + self._delay_ms(failures) - now if failures else 0  # no failure to wait after
             if wait_ms <= 0:
                 if len(self._counts) >= _MAX_KEYS:
                     longest_ms = self._max_delay_s * 1000
@@ -71,12 +72,12 @@ class Backoff:
 class Waits:
     """When each key was told it may try again, for `ttl_s` after."""
 
-    def __init__(self, ttl_s: float) -> None:
-        self._ttl_s, self._lock = ttl_s, threading.Lock()
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl_s, self._lock, self._clock = ttl_s, threading.Lock(), clock
         self._due: dict[Hashable, float] = {}
 
     def told(self, key: Hashable, wait_s: float) -> None:
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             if len(self._due) >= _MAX_KEYS:
                 self._due = {k: due for k, due in self._due.items() if due > now - self._ttl_s}
@@ -86,7 +87,7 @@ class Waits:
         """Whether the key was told to wait lately and waited as long as it was told."""
         with self._lock:
             due = self._due.get(key)
-        return due is not None and due <= time.monotonic() < due + self._ttl_s
+        return due is not None and due <= self._clock() < due + self._ttl_s
 
 
 class SignupLimit:

@@ -12,8 +12,9 @@ def admitted(bucket: AccountBucket, arrivals: list[tuple[int, int]]) -> list[int
     """The times (ms) of the attempts let through, each (time, lane), as claim() keeps the row."""
     units, last, let_through = 0, 0, []
     for now, lane in arrivals:
-        if bucket.wait_ms(units, last, now, lane) == 0:
-            units, last = bucket.level(units, last, now) + 1, now
+        wait_ms, after = bucket.claim(units, last, now, lane)
+        if wait_ms == 0:
+            units, last = after, now
             let_through.append(now)
     return let_through
 
