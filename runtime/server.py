@@ -112,7 +112,7 @@ class Server(Reader):
         """Serve until shutdown() is called; then finish in-flight work."""
         self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._scheduler.put_lead()
+        self._scheduler.put(lead=True)
         self._threads = [threading.Thread(target=self._work, name=f"market-worker-{n}", daemon=True)
                          for n in range(self.limits.threads)]
         for thread in self._threads:
@@ -172,8 +172,7 @@ class Server(Reader):
                 self._housekeep()
                 if self._ready or runnable:
                     ready, self._ready = self._ready, []
-                    self._scheduler.put(*ready)
-                    self._scheduler.put_lead()
+                    self._scheduler.put(*ready, lead=True)
                     return
         except BaseException as exc:  # serve_forever raises it once everything is closed
             self._failure = exc
