@@ -42,21 +42,21 @@ SPACED_CARD = " ".join(CARD["card_number"][i:i + 4] for i in range(0, len(CARD["
 
 @pytest.fixture(scope="module")
 def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
-    """Both servers over one SQLite file, sessions idle out after 2 s (the keepalive tests)."""
-    db = Database(f"sqlite:///{tmp_path_factory.mktemp('shells') / 'market.db'}", pool_size=8)
+    """Both servers over one SQLite file, with sessions of the default idle limit: questions
+    answered one by one on a loaded machine may take seconds."""
+    db = Database(f"sqlite:///{tmp_path_factory.mktemp('shells') / 'market.db'}", pool_size=4)
     make_current(db)
-    with running_market(db, Settings(role="buyer", session_idle_s=2)) as m:
+    with running_market(db) as m:
         yield m
     db.close()
 
 
 @pytest.fixture(scope="module")
-def unhurried_market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
-    """Both servers with sessions of the default idle limit: questions answered one by one on a
-    loaded machine may take longer than the 2 s of the module's market."""
-    db = Database(f"sqlite:///{tmp_path_factory.mktemp('unhurried') / 'market.db'}", pool_size=4)
+def idle_market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
+    """Both servers with sessions that idle out after 2 s (the keepalive tests)."""
+    db = Database(f"sqlite:///{tmp_path_factory.mktemp('idle') / 'market.db'}", pool_size=4)
     make_current(db)
-    with running_market(db) as m:
+    with running_market(db, Settings(role="buyer", session_idle_s=2)) as m:
         yield m
     db.close()
 
@@ -83,8 +83,8 @@ def saved_cart(market: Market, home: Path, name: str) -> str:
     return done.stdout + done.stderr  # its rows, or the sentence saying it is empty
 
 
-def test_categories_are_shown_and_accepted_by_name(unhurried_market: Market, home: Path) -> None:
-    seller = spawn("seller", port_of(unhurried_market, "seller"), home)
+def test_categories_are_shown_and_accepted_by_name(market: Market, home: Path) -> None:
+    seller = spawn("seller", port_of(market, "seller"), home)
     name = unique_name("cats")
     me = f"{name}@seller> "
     run(seller, f"signup {name} --name C -p '{PASSWORD}'", me)
@@ -101,13 +101,13 @@ def test_categories_are_shown_and_accepted_by_name(unhurried_market: Market, hom
     assert "missing category" in wait(seller, me)
     seller.sendline("quit")
     seller.expect(pexpect.EOF)
-    found = script("buyer", port_of(unhurried_market, "buyer"), home, f"signup {unique_name()} --name B",
+    found = script("buyer", port_of(market, "buyer"), home, f"signup {unique_name()} --name B",
                    "search --category Garden", MARKET_PASSWORD=PASSWORD)
     assert "Rake\tGarden\t" in found.stdout, found.stderr
 
 
-def test_a_wrong_answer_at_a_prompt_is_said_and_asked_again(unhurried_market: Market, home: Path) -> None:
-    seller = spawn("seller", port_of(unhurried_market, "seller"), home)
+def test_a_wrong_answer_at_a_prompt_is_said_and_asked_again(market: Market, home: Path) -> None:
+    seller = spawn("seller", port_of(market, "seller"), home)
     name = unique_name("asks")
     me = f"{name}@seller> "
     run(seller, f"signup {name} --name A -p '{PASSWORD}'", me)
@@ -136,11 +136,11 @@ def test_help_lists_the_ranges_of_sell_and_buy(market: Market, home: Path) -> No
     assert "--expiry CARD_EXPIRY: MM/YY" in buy.stderr
 
 
-def test_buy_looks_at_the_cart_before_asking_for_a_card(unhurried_market: Market, home: Path) -> None:
-    buyer, me, _name = buyer_logged_in(unhurried_market, home)
+def test_buy_looks_at_the_cart_before_asking_for_a_card(market: Market, home: Path) -> None:
+    buyer, me, _name = buyer_logged_in(market, home)
     out = run(buyer, "buy", me)  # before: card name, number and expiry were asked, then CONFLICT
     assert "your cart is empty: `add ITEM_ID` first" in out and "card name" not in out
-    lamp = unhurried_market.item(unhurried_market.user("seller"), quantity=3)
+    lamp = market.item(market.user("seller"), quantity=3)
     assert f"Item {lamp} (Lamp): 3 in stock, 2 in your cart." in run(buyer, f"add {lamp} 2", me)
     buyer.sendline("buy")
     answer(buyer, "card name: ", "S Buyer")
@@ -209,9 +209,9 @@ def test_a_script_drops_an_unsaved_cart_unless_told_to_save_it(market: Market, h
 
 
 @pytest.mark.slow
-def test_an_open_shell_keeps_its_session_alive(market: Market, home: Path) -> None:
-    buyer, me, _name = buyer_logged_in(market, home, MARKET_KEEPALIVE_S="0.5")
-    lamp = market.item(market.user("seller"))
+def test_an_open_shell_keeps_its_session_alive(idle_market: Market, home: Path) -> None:
+    buyer, me, _name = buyer_logged_in(idle_market, home, MARKET_KEEPALIVE_S="0.5")
+    lamp = idle_market.item(idle_market.user("seller"))
     run(buyer, f"add {lamp}", me)
     time.sleep(4)  # twice the server's idle limit of sessions, quietly at the prompt
     out = run(buyer, "cart", me)
@@ -222,9 +222,9 @@ def test_an_open_shell_keeps_its_session_alive(market: Market, home: Path) -> No
 
 
 @pytest.mark.slow
-def test_an_expired_session_says_what_the_cart_held_and_puts_it_back(market: Market, home: Path) -> None:
-    buyer, me, name = buyer_logged_in(market, home, MARKET_KEEPALIVE_S="0")  # no keepalive
-    lamp = market.item(market.user("seller"))
+def test_an_expired_session_says_what_the_cart_held_and_puts_it_back(idle_market: Market, home: Path) -> None:
+    buyer, me, name = buyer_logged_in(idle_market, home, MARKET_KEEPALIVE_S="0")  # no keepalive
+    lamp = idle_market.item(idle_market.user("seller"))
     run(buyer, f"add {lamp} 2", me)
     time.sleep(4)
     buyer.sendline("cart")
