@@ -23,6 +23,7 @@ from support import (
     copy_sqlite_database,
     fresh_mysql_database,
     missing,
+    new_mysql_database,
     running_market,
 )
 
@@ -77,11 +78,12 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
-def mysql_template(mysql_server: str) -> Iterator[str]:
-    """A MariaDB database the migrations made current, once per test process, to copy."""
-    for url in fresh_mysql_database(mysql_server, "market_template"):
-        make_current(url)
-        yield url
+def mysql_template(mysql_server: str) -> str:
+    """A MariaDB database the migrations made current, once per test process, to copy (the pool
+    drops it at the end)."""
+    url = new_mysql_database(mysql_server, "market_template")
+    make_current(url)
+    return url
 
 
 @pytest.fixture(scope="session")

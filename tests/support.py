@@ -76,17 +76,24 @@ def require_tool(name: str, package: str | None = None) -> str:
     return path
 
 
-def fresh_mysql_database(admin_url: str, prefix: str = "market_test") -> Iterator[str]:
-    """Create a database of its own for one test; drop it afterwards."""
+def new_mysql_database(admin_url: str, prefix: str = "market_test") -> str:
+    """The URL of a new, empty database of its own on the server of `admin_url`."""
     name = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     with admin.connect() as conn:
         conn.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"))
+    return admin.url.set(database=name).render_as_string(hide_password=False)
+
+
+def fresh_mysql_database(admin_url: str, prefix: str = "market_test") -> Iterator[str]:
+    """Create a database of its own for one test; drop it afterwards."""
+    url = new_mysql_database(admin_url, prefix)
     try:
-        yield admin.url.set(database=name).render_as_string(hide_password=False)
+        yield url
     finally:
+        admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
         with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+            conn.execute(text(f"DROP DATABASE IF EXISTS {make_url(url).database}"))
         admin.dispose()
 
 
@@ -144,20 +151,16 @@ class MariaDBPool:
             self._drop(url)
 
     def close(self) -> None:
-        """The free databases dropped by a process of its own, which outlives the tests: at the
-        suite's end, with every worker dropping, the drops took 10-17 s of its last worker."""
-        if self.free:
-            subprocess.Popen([sys.executable, "-c", _DROP_DATABASES, self.admin_url,
-                              *(make_url(url).database or "" for url in self.free)],
-                             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+        """The free databases and the template dropped by a process of its own, which outlives the
+        tests: at the suite's end, with every worker dropping, the drops took 10-18 s of its last worker."""
+        names = [make_url(url).database or "" for url in [*self.free, self.template_url]]
+        subprocess.Popen([sys.executable, "-c", _DROP_DATABASES, self.admin_url, *names],
+                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
         self.engine.dispose()
 
     def _new(self) -> str:
-        name = f"market_test_{os.getpid()}_{secrets.token_hex(4)}"
-        with self.engine.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        url = make_url(self.admin_url).set(database=name).render_as_string(hide_password=False)
+        url = new_mysql_database(self.admin_url)
         copy_mysql_database(self.template_url, url)
         return url
 
