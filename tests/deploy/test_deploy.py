@@ -520,28 +520,31 @@ def test_start_and_test_scripts_taking_turns_install_once_each(tmp_path: Path) -
     python.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'installs'}\n")
     python.chmod(0o755)
     (tmp_path / ".venv" / "bin" / "pip").symlink_to(python)  # a venv with pip is whole
+    (tmp_path / ".venv" / "bin" / "uv").symlink_to(python)  # as if pip had installed uv
 
     def venv(extra: str) -> list[str]:
         subprocess.run(["bash", "-c", f"source scripts/_venv.sh {extra}"], cwd=tmp_path, check=True)
         log = tmp_path / "installs"
         return log.read_text().splitlines() if log.exists() else []
 
-    locked = ("-m pip install --quiet --require-hashes --no-deps -r requirements/{}.txt"
-              " -r requirements/build.txt")
-    checkout = "-m pip install --quiet --no-deps --no-build-isolation -e ."
-    assert venv("dev") == [locked.format("dev"), checkout]
-    assert venv("runtime")[2:] == [locked.format("runtime"), checkout]
-    assert len(venv("dev")) == 4 and len(venv("runtime")) == 4  # both stamps kept
+    locked = "--require-hashes --no-deps -r requirements/{}.txt -r requirements/build.txt"
+    checkout = "--no-deps --no-build-isolation -e ."
+    pip, uv = "-m pip install --quiet", "pip install --quiet --python .venv/bin/python"
+    # the dev set: pip installs the locked uv, which installs the rest
+    assert venv("dev") == [f"{pip} --require-hashes --no-deps -r .venv/uv.txt",
+                           f"{uv} {locked.format('dev')}", f"{uv} {checkout}"]
+    assert venv("runtime")[3:] == [f"{pip} {locked.format('runtime')}", f"{pip} {checkout}"]
+    assert len(venv("dev")) == 5 and len(venv("runtime")) == 5  # both stamps kept
     (tmp_path / "requirements" / "dev.txt").write_text("# dev, refreshed\n")
-    assert len(venv("dev")) == 6  # a refreshed lock file installs again
+    assert len(venv("dev")) == 8  # a refreshed lock file installs again
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")
-    assert len(venv("dev")) == 8  # a changed pyproject.toml installs again
+    assert len(venv("dev")) == 11  # a changed pyproject.toml installs again
     (tmp_path / "wire").mkdir()
     (tmp_path / "wire" / "__init__.py").write_text('__version__ = "1.1.0"\n')
-    assert len(venv("dev")) == 10  # so does a version (the package's metadata carries it)
-    assert len(venv("dev")) == 10
+    assert len(venv("dev")) == 14  # so does a version (the package's metadata carries it)
+    assert len(venv("dev")) == 14
     (tmp_path / "wire" / "__init__.py").write_text('"""The protocol."""\n__version__ = "1.1.0"\n')
-    assert len(venv("dev")) == 10  # the rest of the file is not the metadata's
+    assert len(venv("dev")) == 14  # the rest of the file is not the metadata's
     assert sorted(p.name.rsplit("-", 1)[1] for p in (tmp_path / ".venv").glob(".installed-*")) == ["dev"]
 
 
@@ -572,14 +575,16 @@ def test_a_half_made_venv_is_made_again(tmp_path: Path) -> None:
     # python3-venv installed now: venv makes python and pip (stand-ins that record the install)
     python3.write_text("#!/bin/sh\nmkdir -p .venv/bin && "
                        f"printf '#!/bin/sh\\necho \"$*\" >> {tmp_path}/log\\n'"
-                       " > .venv/bin/python && chmod +x .venv/bin/python && ln -s python .venv/bin/pip\n")
+                       " > .venv/bin/python && chmod +x .venv/bin/python && ln -s python .venv/bin/pip"
+                       " && ln -s python .venv/bin/uv\n")
     half_made.mkdir(parents=True)
     (half_made / "python").symlink_to(sys.executable)
     made = venv()
     assert made.returncode == 0, made.stderr
-    assert "-m pip install --quiet --require-hashes --no-deps -r requirements/dev.txt" in (
-        tmp_path / "log").read_text()
-    assert "-m pip install --quiet --no-deps --no-build-isolation -e ." in (tmp_path / "log").read_text()
+    log = (tmp_path / "log").read_text()
+    assert "-m pip install --quiet --require-hashes --no-deps -r .venv/uv.txt" in log
+    assert "--python .venv/bin/python --require-hashes --no-deps -r requirements/dev.txt" in log
+    assert "--python .venv/bin/python --no-deps --no-build-isolation -e ." in log
 
 
 def test_the_servers_containers_get_no_password_in_their_environment_but_a_file() -> None:
