@@ -523,7 +523,7 @@ def _answers(port: int) -> bool:
 
 
 def _wait_until_both_answer(serve: subprocess.Popen[str], buyer_port: int, seller_port: int) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90  # a loaded machine starts them slowly
     while not (_answers(buyer_port) and _answers(seller_port)):
         if serve.poll() is not None or time.monotonic() >= deadline:
             serve.kill()
