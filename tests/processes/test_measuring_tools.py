@@ -286,7 +286,7 @@ def test_targets_run_each_database_audit_it_and_drop_the_mariadb_one(
     """A round on each database (SQLite on a fresh file); the medians and the alternation of
     rounds are the pure functions' tests above."""
     server = admin_url(mysql_server).set(drivername="mysql").render_as_string(hide_password=False)
-    argv = ["--rounds", "1", "-n", "1,10", "-k", "5", "--mysql", server, "--out", str(tmp_path)]
+    argv = ["--rounds", "1", "-n", "1,10", "-k", "2", "--mysql", server, "--out", str(tmp_path)]
     assert targets.main(argv) == 0
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("round ")]
     assert printed == ["round 1, sqlite: market-sim exited 0", "round 1, mysql: market-sim exited 0"]
