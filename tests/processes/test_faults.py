@@ -45,10 +45,10 @@ from wire.framing import encode_frame
 
 # -- server crash ------------------------------------------------------------------------
 
-KILLS = 10
+KILLS = 3  # each kill: a new server process; every client must have reconnected at least once
 
 
-def test_acknowledged_purchases_survive_ten_server_kills(market: Market) -> None:
+def test_acknowledged_purchases_survive_three_server_kills(market: Market) -> None:
     """The buyer server (a process) killed again and again while buyers shop; the seller's
     side is the market's own."""
     database, port = market.db, free_port()
@@ -80,7 +80,7 @@ def test_acknowledged_purchases_survive_ten_server_kills(market: Market) -> None
 
 # -- client crash ------------------------------------------------------------------------
 
-HANG_UPS = 1000
+HANG_UPS = 400  # 40 a buyer: each of the four ways to hang up (key or not, FIN or RST) ten times
 HANGING_BUYERS = 10
 
 
@@ -162,7 +162,7 @@ def test_a_database_outage_answers_unavailable_and_loses_nothing(private_mariadb
         threads = [threading.Thread(target=r.browse_and_shop, args=(stop,), daemon=True) for r in recorders]
         for thread in threads:
             thread.start()
-        time.sleep(1.5)
+        time.sleep(0.5)  # every client under way
         down = time.monotonic()
         private_mariadb.kill()
         # longer than a call waits out the database (a write whose COMMIT was cut asking about
@@ -171,7 +171,7 @@ def test_a_database_outage_answers_unavailable_and_loses_nothing(private_mariadb
         restarting = time.monotonic()  # the database may answer before start() returns
         private_mariadb.start()
         up = time.monotonic()
-        time.sleep(7)
+        time.sleep(6)  # a second of calls from +5 s, whose successes are counted
         stop.set()
         for thread in threads:
             thread.join(timeout=RETRY_FOR_S + 10)

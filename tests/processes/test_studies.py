@@ -94,7 +94,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_the_threads_study_fills_its_grid(tmp_path: Path) -> None:
-    done = _study("threads", "--threads", "1,3", "--users", "1,3", "--calls", "10", "--out", str(tmp_path))
+    done = _study("threads", "--threads", "1,3", "--users", "1,3", "--calls", "2", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     rows = _rows(tmp_path / "threads.csv")
     grid = sorted((r["threads"], r["clients"]) for r in rows)
@@ -110,7 +110,7 @@ def test_the_remote_database_study_delays_the_database_and_leaves_nothing_runnin
         missing("root", "the study starts a mariadbd as the mysql user")
     # one delay (the proxy's own tests compare delays): each axis measured through it
     done = _study("remote_db", "--delays", "5", "--threads", "2", "--processes", "1", "--users", "1",
-                  "--calls", "10", "--out", str(tmp_path), timeout=400)
+                  "--process-threads", "2", "--calls", "2", "--out", str(tmp_path), timeout=400)
     assert done.returncode == 0, done.stderr[-2000:]
     trips = [float(line.split("takes ")[1].split(" ms")[0]) for line in done.stdout.splitlines()
              if "a round trip to the database takes" in line]
